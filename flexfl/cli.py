@@ -1,0 +1,54 @@
+"""The `flexfl` command: one entry point, one subcommand per package that owns the work."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from flexfl import __version__
+from flexfl.errors import FlexFLError
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Subcommand modules are imported here, not at module import, so `flexfl --help`
+    # stays cheap and an edge device never imports the simulator.
+    from simulator import cli as sim_cli
+    from trace_recorder import cli as traces_cli
+    from workloads import cli as data_cli
+
+    parser = argparse.ArgumentParser(
+        prog="flexfl",
+        description="Federated learning testbed for devices that finish part of their work, "
+        "go silent, leave or join late.",
+    )
+    parser.add_argument("--version", action="version", version=f"flexfl {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (sim_cli, traces_cli, data_cli):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except FlexFLError as exc:
+        print(f"flexfl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flexfl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

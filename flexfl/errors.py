@@ -1,0 +1,29 @@
+"""The project's exception hierarchy: one base class, narrow subclasses per concern."""
+
+
+class FlexFLError(Exception):
+    """Base class of every error FlexFL raises on purpose."""
+
+
+class ConfigError(FlexFLError):
+    """A configuration value or command-line flag is invalid."""
+
+
+class DataError(FlexFLError):
+    """A dataset is missing, malformed or cannot be partitioned as asked."""
+
+
+class DatasetNotFoundError(DataError):
+    """A dataset that cannot be downloaded at run time is not where it should be."""
+
+
+class TraceFormatError(FlexFLError):
+    """A trace set (manifest or trace CSV) is malformed; the message names file, line and field."""
+
+
+class AggregationError(FlexFLError):
+    """Aggregation inputs are inconsistent (shapes, lengths, non-finite values)."""
+
+
+class UpdateRejected(FlexFLError):
+    """A device's update failed validation and was not applied."""
