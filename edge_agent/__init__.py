@@ -1,0 +1,1 @@
+"""Edge agent: the deadline-aware local trainer that runs on each device."""

@@ -1,0 +1,126 @@
+"""The local trainer: plain SGD for s local updates, returning the model delta.
+
+One local update is one minibatch SGD step (paper eq. (1)); `unit="epoch"` makes one update
+a full pass over the local data instead. Minibatches follow a *batch plan* drawn from a
+numpy Generator: consecutive batches of independent random permutations of the local
+indices. The plan for s updates is a prefix of the plan for E updates, so a device that is
+stopped early (deadline) has trained on exactly the first s batches a full round would use,
+and the simulator's batched trainer can replay the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from flexfl.errors import ConfigError
+from workloads.datasets import ArrayDataset
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What a device sends back: the delta w_k - w and how it got there."""
+
+    delta: dict[str, torch.Tensor]
+    updates_completed: int  # s: local updates (in `unit`) finished
+    steps_completed: int  # minibatch SGD steps behind them
+    samples_used: int  # sum of minibatch sizes
+    mean_loss: float  # mean minibatch training loss over the steps (nan when s = 0)
+    train_s: float
+
+
+def step_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Endless stream of minibatch index arrays: consecutive batches of fresh permutations.
+
+    A batch may straddle two permutations; with n_samples < batch_size it repeats indices.
+    """
+    if n_samples < 1 or batch_size < 1:
+        raise ConfigError(f"need n_samples >= 1 and batch_size >= 1, got {n_samples}, {batch_size}")
+    buffer = np.empty(0, dtype=np.int64)
+    while True:
+        while len(buffer) < batch_size:
+            buffer = np.concatenate([buffer, rng.permutation(n_samples)])
+        yield buffer[:batch_size]
+        buffer = buffer[batch_size:]
+
+
+def step_plan(n_samples: int, *, batch_size: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """The first `steps` batches of step_batches as an int64 array [steps, batch_size]."""
+    stream = step_batches(n_samples, batch_size=batch_size, rng=rng)
+    if steps == 0:
+        return np.empty((0, batch_size), dtype=np.int64)
+    return np.stack([next(stream) for _ in range(steps)])
+
+
+def epoch_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One full pass: a fresh permutation cut into ceil(n / B) batches (the last may be short)."""
+    order = rng.permutation(n_samples)
+    return [order[i : i + batch_size] for i in range(0, n_samples, batch_size)]
+
+
+def train_local(
+    model: nn.Module,
+    data: ArrayDataset,
+    *,
+    updates: int,
+    lr: float,
+    batch_size: int,
+    rng: np.random.Generator,
+    unit: str = "step",
+    keep_going: Callable[[int], bool] | None = None,
+) -> LocalResult:
+    """Run up to `updates` local updates of plain SGD on `model` (trained in place).
+
+    `keep_going(done)` is asked before each update after the first `done` ones and may stop
+    early (the edge agent's deadline check); the result reports the updates completed.
+    The delta is taken against the model's parameters at entry.
+    """
+    if unit not in ("step", "epoch"):
+        raise ConfigError(f"unknown local update unit {unit!r}; use 'step' or 'epoch'")
+    if updates < 0:
+        raise ConfigError(f"updates must be >= 0, got {updates}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"learning rate must be a positive number, got {lr!r}")
+    start = time.perf_counter()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    x_all = torch.from_numpy(data.x)
+    y_all = torch.from_numpy(data.y)
+    stream = step_batches(len(data), batch_size=batch_size, rng=rng) if unit == "step" else None
+    loss_fn = nn.CrossEntropyLoss()
+    done = steps = samples = 0
+    loss_sum = 0.0
+    model.train()
+    while done < updates and (keep_going is None or keep_going(done)):
+        batches = [next(stream)] if stream is not None else epoch_batches(len(data), batch_size=batch_size, rng=rng)
+        for idx in batches:
+            index = torch.from_numpy(idx)
+            loss = loss_fn(model(x_all[index]), y_all[index])
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(p.grad, alpha=lr)
+            loss_sum += float(loss.detach())
+            steps += 1
+            samples += len(idx)
+        done += 1
+    delta = {name: (p.detach() - initial[name]) for name, p in model.named_parameters()}
+    return LocalResult(
+        delta=delta,
+        updates_completed=done,
+        steps_completed=steps,
+        samples_used=samples,
+        mean_loss=loss_sum / steps if steps else float("nan"),
+        train_s=time.perf_counter() - start,
+    )
+
+
+def device_rng(seed: int, round_index: int, device_index: int) -> np.random.Generator:
+    """The minibatch generator of one device in one round; shared by agents and the simulator."""
+    return np.random.default_rng([seed, 3, round_index, device_index])

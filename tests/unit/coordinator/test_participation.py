@@ -1,0 +1,74 @@
+"""Learning-rate schedule, fast-reboot decay, and the include/exclude departure policies."""
+
+import numpy as np
+import pytest
+
+from coordinator.participation import DeparturePolicy, FastReboot, LearningRate, Objective
+from flexfl.errors import ConfigError
+
+
+def test_staircase_rate_and_reset_after_shift():
+    lr = LearningRate(eta0=0.5)
+    assert lr.at(round_index=1) == 0.5
+    assert lr.at(round_index=10) == pytest.approx(0.05)
+    # After a shift at round 30 the rate restarts from eta0.
+    assert lr.at(round_index=31, shift_round=30) == 0.5
+    assert lr.at(round_index=40, shift_round=30) == pytest.approx(0.05)
+    with pytest.raises(ConfigError):
+        lr.at(round_index=30, shift_round=30)
+
+
+def test_fast_reboot_starts_at_boost_and_decays_quadratically():
+    fr = FastReboot(boost=3.0, decay_power=2.0)
+    assert fr.multiplier(rounds_since_arrival=0) == 3.0
+    extra = [fr.multiplier(rounds_since_arrival=r) - 1 for r in range(0, 40)]
+    assert all(a > b for a, b in zip(extra, extra[1:]))
+    # O(r^-2): doubling r+1 quarters the extra weight.
+    assert extra[19] / extra[39] == pytest.approx(4.0)
+    assert FastReboot(boost=1.0).multiplier(rounds_since_arrival=0) == 1.0
+    with pytest.raises(ConfigError):
+        FastReboot(boost=0.5)
+
+
+def test_arrival_shifts_objective_and_boosts_newcomer():
+    obj = Objective()
+    for d in "abc":
+        obj.add_initial(d, 100)
+    obj.arrive("d", 100, round_index=30)
+    assert obj.shift_round == 30
+    fr = FastReboot()
+    p = obj.weights(list("abcd"), round_index=31, fast_reboot=fr)
+    np.testing.assert_allclose(p, [0.25, 0.25, 0.25, 0.75])
+    p_later = obj.weights(list("abcd"), round_index=40, fast_reboot=fr)
+    assert p_later[3] == pytest.approx(0.25 * (1 + 2 / 100))
+    assert LearningRate(eta0=1.0).at(round_index=31, shift_round=obj.shift_round) == 1.0
+
+
+def test_departure_include_keeps_share_exclude_renormalises():
+    include, exclude = Objective(), Objective()
+    for obj in (include, exclude):
+        obj.add_initial("a", 100)
+        obj.add_initial("b", 300)
+    include.depart("a", round_index=20, policy=DeparturePolicy.INCLUDE)
+    exclude.depart("a", round_index=20, policy="exclude")
+    np.testing.assert_allclose(include.weights(["a", "b"], round_index=21), [0.25, 0.75])
+    assert include.shift_round == 0  # include does not shift the objective
+    np.testing.assert_allclose(exclude.weights(["a", "b"], round_index=21), [0.0, 1.0])
+    assert exclude.shift_round == 20
+
+
+def test_objective_round_trips_and_rejects_bad_input():
+    obj = Objective()
+    obj.add_initial("a", 10)
+    obj.arrive("b", 5, round_index=3)
+    obj.depart("a", round_index=4, policy="include")
+    again = Objective.from_dict(obj.to_dict())
+    assert again == obj
+    with pytest.raises(ConfigError, match="already"):
+        obj.add_initial("a", 1)
+    with pytest.raises(ConfigError, match="positive"):
+        obj.add_initial("z", 0)
+    with pytest.raises(ConfigError, match="not in the objective"):
+        obj.depart("nope", round_index=5, policy="exclude")
+    with pytest.raises(ConfigError, match="malformed"):
+        Objective.from_dict({"sample_counts": {}})

@@ -1,0 +1,89 @@
+"""The local trainer: s SGD steps, deltas, early stop, epoch unit, batch plans."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.trainer import epoch_batches, step_plan, train_local
+from flexfl.errors import ConfigError
+from workloads.datasets import ArrayDataset
+from workloads.models import build_model
+
+
+def _data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 60)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)  # learnable by a linear model
+    return ArrayDataset(x=x, y=y)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return build_model("logreg", in_features=60, num_classes=10)
+
+
+def test_step_plan_is_a_prefix_of_longer_plans():
+    short = step_plan(23, batch_size=10, steps=3, rng=np.random.default_rng(5))
+    long = step_plan(23, batch_size=10, steps=9, rng=np.random.default_rng(5))
+    np.testing.assert_array_equal(short, long[:3])
+    # Consecutive batches walk permutations: the first 23 indices are a permutation.
+    assert sorted(long.reshape(-1)[:23]) == list(range(23))
+
+
+def test_epoch_batches_cover_data_once():
+    batches = epoch_batches(23, batch_size=10, rng=np.random.default_rng(0))
+    assert [len(b) for b in batches] == [10, 10, 3]
+    assert sorted(np.concatenate(batches)) == list(range(23))
+
+
+def test_train_local_runs_s_steps_and_returns_delta():
+    model = _model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    res = train_local(model, _data(), updates=7, lr=0.1, batch_size=8, rng=np.random.default_rng(1))
+    assert res.updates_completed == 7 and res.steps_completed == 7 and res.samples_used == 56
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(res.delta[n], p.detach() - before[n])
+    assert any(float(d.abs().sum()) > 0 for d in res.delta.values())
+    assert math.isfinite(res.mean_loss)
+
+
+def test_zero_updates_is_a_zero_delta():
+    res = train_local(_model(), _data(), updates=0, lr=0.1, batch_size=8, rng=np.random.default_rng(1))
+    assert res.updates_completed == 0 and math.isnan(res.mean_loss)
+    assert all(float(d.abs().sum()) == 0 for d in res.delta.values())
+
+
+def test_keep_going_stops_early_and_early_stop_is_a_prefix():
+    full = _model()
+    train_local(full, _data(), updates=3, lr=0.1, batch_size=8, rng=np.random.default_rng(2))
+    stopped = _model()
+    res = train_local(stopped, _data(), updates=10, lr=0.1, batch_size=8, rng=np.random.default_rng(2),
+                      keep_going=lambda done: done < 3)
+    assert res.updates_completed == 3
+    for (n, a), (_, b) in zip(full.named_parameters(), stopped.named_parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_epoch_unit_makes_full_passes():
+    res = train_local(_model(), _data(n=25), updates=2, lr=0.1, batch_size=10, rng=np.random.default_rng(0), unit="epoch")
+    assert res.updates_completed == 2 and res.steps_completed == 6 and res.samples_used == 50
+
+
+def test_training_reduces_loss():
+    model = _model()
+    data = _data(n=400)
+    first = train_local(model, data, updates=5, lr=0.5, batch_size=20, rng=np.random.default_rng(0))
+    train_local(model, data, updates=200, lr=0.5, batch_size=20, rng=np.random.default_rng(1))
+    last = train_local(model, data, updates=5, lr=0.5, batch_size=20, rng=np.random.default_rng(2))
+    assert last.mean_loss < 0.5 * first.mean_loss
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"updates": -1}, "updates"), ({"lr": float("nan")}, "learning rate"), ({"unit": "hour"}, "unit"),
+])
+def test_bad_arguments_rejected(kwargs, fragment):
+    args = {"updates": 1, "lr": 0.1, "batch_size": 8, "rng": np.random.default_rng(0)} | kwargs
+    with pytest.raises(ConfigError, match=fragment):
+        train_local(_model(), _data(), **args)
