@@ -1,0 +1,1 @@
+"""Trace files: format (read, write, validate), the paper-calibrated generator, the recorder."""

@@ -1,0 +1,198 @@
+"""The trace-set manifest: schema, validation, and JSON parsing with line numbers.
+
+`trace_recorder.format` re-exports everything public here; import from there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flexfl.errors import TraceFormatError
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+MANIFEST_NAME = "manifest.json"
+KINDS = ("calibrated", "recorded")
+
+# Trace and column names end up in file names and CSV headers: keep them plain. No leading
+# "." either, so a name can never collide with the writer's hidden temp files.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+
+
+def format_error(file: Path | str, line: int, field_name: str, problem: str) -> TraceFormatError:
+    """The one shape of every reading error: `<file>:<line>: field '<field>': <problem>`."""
+    return TraceFormatError(f"{file}:{line}: field '{field_name}': {problem}")
+
+
+def utc_now_iso() -> str:
+    """The current time as an ISO 8601 UTC timestamp, e.g. `2024-05-01T12:00:00Z`."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class TraceManifest:
+    """What a trace set is, where it came from, and which traces it holds (in order)."""
+
+    schema_version: int
+    name: str
+    kind: str  # "calibrated" (generated to match published statistics) or "recorded"
+    description: str
+    source: dict  # how/where it was made: command line, seed, tool versions, date
+    required_updates: int  # E while recording, or the grid resolution of generated fractions
+    deadline_s: float | None
+    traces: tuple[str, ...]  # ordered; trace `n` lives in `n.csv`
+    conditions: dict  # trace name -> load condition, e.g. {"cpu_load_pct": 30}
+    hosts: tuple[dict, ...]  # host facts of a recording; empty for calibrated sets
+    created: str  # ISO 8601 UTC
+
+    def to_json(self) -> str:
+        """The manifest as indented JSON text (what `manifest.json` holds)."""
+        d = asdict(self)
+        d["traces"] = list(self.traces)
+        d["hosts"] = list(self.hosts)
+        try:
+            # allow_nan=False: JSON has no NaN, and a reader elsewhere would choke on it.
+            return json.dumps(d, indent=2, allow_nan=False) + "\n"
+        except (TypeError, ValueError) as exc:
+            raise TraceFormatError(
+                f"manifest of set '{self.name}' cannot be written as JSON: {exc}"
+            ) from exc
+
+    @classmethod
+    def from_dict(
+        cls, d: Any, *, path: Path | str, lines: Mapping[str, int] | None = None
+    ) -> TraceManifest:
+        """Validate a parsed manifest; `lines` maps keys to their line in `path` for errors."""
+        key_lines = dict(lines or {})
+
+        def fail(key: str, problem: str) -> TraceFormatError:
+            return format_error(path, key_lines.get(key, 1), key, problem)
+
+        if not isinstance(d, dict):
+            raise fail("manifest", f"expected a JSON object, got {_json_type(d)}")
+
+        def take(key: str, types: tuple[type, ...], what: str) -> Any:
+            if key not in d:
+                raise fail(key, "missing")
+            value = d[key]
+            # bool is an int in Python but never a valid count or version here.
+            if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+                raise fail(key, f"expected {what}, got {_json_type(value)}")
+            return value
+
+        # The version first: a newer writer may have changed every other field.
+        version = take("schema_version", (int,), "an integer")
+        if version not in SUPPORTED_SCHEMA_VERSIONS:
+            supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
+            raise fail("schema_version", f"unsupported version {version}; this reader supports {supported}")
+        known = [f.name for f in cls.__dataclass_fields__.values()]
+        for key in d:
+            if key not in known:
+                raise fail(key, f"unknown field (schema {version} has: {', '.join(known)})")
+
+        name = take("name", (str,), "a string")
+        if not name.strip():
+            raise fail("name", "empty")
+        kind = take("kind", (str,), "a string")
+        if kind not in KINDS:
+            raise fail("kind", f"value '{kind}' is not one of {', '.join(KINDS)}")
+        description = take("description", (str,), "a string")
+        source = take("source", (dict,), "an object")
+        required_updates = take("required_updates", (int,), "an integer")
+        if required_updates < 1:
+            raise fail("required_updates", f"value {required_updates} is not >= 1")
+        deadline_s = take("deadline_s", (int, float, type(None)), "a number or null")
+        if deadline_s is not None:
+            deadline_s = float(deadline_s)
+            if not math.isfinite(deadline_s) or deadline_s <= 0:
+                raise fail("deadline_s", f"value {deadline_s} is not a positive number")
+
+        traces = take("traces", (list,), "an array of trace names")
+        if not traces:
+            raise fail("traces", "no traces listed")
+        seen: set[str] = set()
+        for t in traces:
+            if not isinstance(t, str) or not NAME_RE.match(t):
+                raise fail("traces", f"value {t!r} is not a plain name (letters, digits, _ . -)")
+            if t in seen:
+                raise fail("traces", f"duplicate trace name '{t}'")
+            seen.add(t)
+
+        conditions = take("conditions", (dict,), "an object")
+        for t, cond in conditions.items():
+            if t not in seen:
+                raise fail("conditions", f"condition given for unlisted trace '{t}'")
+            if not isinstance(cond, dict):
+                raise fail("conditions", f"condition of '{t}' is {_json_type(cond)}, not an object")
+        hosts = take("hosts", (list,), "an array of objects")
+        for i, host in enumerate(hosts):
+            if not isinstance(host, dict):
+                raise fail("hosts", f"entry {i} is {_json_type(host)}, not an object")
+        created = take("created", (str,), "a string")
+        try:
+            stamp = datetime.fromisoformat(created)
+        except ValueError:
+            stamp = None
+        if stamp is None or stamp.tzinfo is None:
+            raise fail("created", f"value '{created}' is not an ISO 8601 time with zone, "
+                                  "e.g. 2024-05-01T12:00:00Z")
+
+        return cls(
+            schema_version=version,
+            name=name,
+            kind=kind,
+            description=description,
+            source=source,
+            required_updates=required_updates,
+            deadline_s=deadline_s,
+            traces=tuple(traces),
+            conditions=conditions,
+            hosts=tuple(hosts),
+            created=created,
+        )
+
+
+def parse_manifest(text: str, *, path: Path | str) -> tuple[TraceManifest, dict[str, int]]:
+    """Parse and validate manifest text; also returns the line of each top-level key."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise format_error(path, exc.lineno, "manifest",
+                           f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    lines = _top_level_key_lines(text, path=path) if isinstance(raw, dict) else {}
+    return TraceManifest.from_dict(raw, path=path, lines=lines), lines
+
+
+def _top_level_key_lines(text: str, *, path: Path | str) -> dict[str, int]:
+    """Line of each top-level key of a JSON object already known to parse; rejects duplicates."""
+    decoder = json.JSONDecoder()
+    idx = _JSON_WS.match(text, 0).end() + 1  # past "{"
+    idx = _JSON_WS.match(text, idx).end()
+    lines: dict[str, int] = {}
+    while text.startswith('"', idx):
+        line = text.count("\n", 0, idx) + 1
+        key, idx = json.decoder.scanstring(text, idx + 1)
+        if key in lines:
+            # json.loads silently keeps the last one; a hand-edited duplicate is a mistake.
+            raise format_error(path, line, key, f"duplicate key (first on line {lines[key]})")
+        lines[key] = line
+        idx = _JSON_WS.match(text, idx).end() + 1  # past ":"
+        _, idx = decoder.raw_decode(text, _JSON_WS.match(text, idx).end())
+        idx = _JSON_WS.match(text, idx).end()
+        if text.startswith(",", idx):
+            idx = _JSON_WS.match(text, idx + 1).end()
+    return lines
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "an integer", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
