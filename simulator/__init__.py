@@ -1,0 +1,1 @@
+"""Simulator: replays participation traces over simulated devices; paper experiments."""

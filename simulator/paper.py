@@ -1,0 +1,16 @@
+"""The paper's published numbers that the simulator's experiments are compared against."""
+
+from __future__ import annotations
+
+# Table 3 ("tab:exp_schemes"): % improvement of test accuracy, (B over A, C over B), |T| = 1..8.
+PAPER_TABLE3: dict[tuple[str, str], list[tuple[float, float]]] = {
+    ("mnist", "iid"): [(-0.6, 0.3), (1.9, 0.1), (5.6, 0.1), (8.3, 0.7), (10.4, 2.6), (14.0, 2.2), (5.8, 1.9), (11.8, 2.4)],
+    ("mnist", "niid"): [(0.2, -0.3), (9.5, 1.8), (19.3, 1.6), (33.8, 3.3), (33.2, 3.2), (28.7, 6.2), (36.0, 3.6), (43.4, 6.9)],
+    ("emnist", "iid"): [(0.7, -0.6), (0.9, 0.1), (4.2, 0.7), (4.8, 1.0), (6.9, 1.1), (6.6, 1.2), (4.0, 1.5), (7.6, 1.2)],
+    ("emnist", "niid"): [(-0.1, -0.7), (17.0, -2.0), (34.2, 1.8), (37.9, 4.8), (30.2, 2.5), (22.5, 3.0), (25.3, 2.2), (18.6, 1.8)],
+    ("synthetic", "iid"): [(-0.6, 0.5), (2.1, 0.1), (6.6, 0.0), (9.0, 0.7), (11.6, 3.0), (16.4, 2.5), (6.3, 1.9), (14.4, 2.8)],
+    ("synthetic", "niid"): [(0.1, -0.4), (9.6, 1.5), (22.2, 1.8), (38.2, 3.2), (33.3, 3.9), (30.5, 7.9), (37.9, 4.5), (41.6, 8.0)],
+}
+
+# Section 5.1: devices per dataset in the scheme comparison.
+PAPER_DEVICES = {"mnist": 100, "emnist": 62, "synthetic": 50}

@@ -1,0 +1,89 @@
+"""Participation from traces: which trace each simulated device follows and its s every round.
+
+Rules (the paper leaves them open; see results/README.md):
+- Assignment: each device gets one trace uniformly at random from the first |T| traces of
+  the set (seeded).
+- Sampling: `iid` (default) draws each round's fraction uniformly from the device's trace,
+  independently across rounds and devices ("randomly samples from its trace");
+  `replay` walks the trace in order from a random starting round per device, wrapping.
+- Fraction to s: `round` (default) is round-half-up of fraction * E, clipped to 0..E, so a
+  trace recorded with the same E maps exactly and the mean of s / E tracks the trace's
+  mean; `floor` counts only updates finished in full. Neither maps a zero to anything but 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from flexfl.errors import ConfigError
+from trace_recorder.format import Trace
+
+SAMPLING_MODES = ("iid", "replay")
+S_RULES = ("round", "floor")
+
+
+def fraction_to_updates(fraction: np.ndarray | float, *, E: int, rule: str = "round") -> np.ndarray:
+    """Map completed fractions (0..1) to integer local updates s in 0..E."""
+    f = np.asarray(fraction, dtype=np.float64)
+    if np.any(~np.isfinite(f)) or np.any(f < 0) or np.any(f > 1):
+        raise ConfigError(f"fractions must lie in 0..1, got {f[(~np.isfinite(f)) | (f < 0) | (f > 1)][:3]}")
+    # The 1e-9 guards against k/E stored as 0.34999999 becoming one update less.
+    if rule == "round":
+        s = np.floor(f * E + 0.5 + 1e-9)
+    elif rule == "floor":
+        s = np.floor(f * E + 1e-9)
+    else:
+        raise ConfigError(f"unknown fraction-to-s rule {rule!r}; use one of {S_RULES}")
+    return np.clip(s, 0, E).astype(np.int64)
+
+
+class TraceParticipation:
+    """Draws s_tau^k for N simulated devices from their assigned traces."""
+
+    def __init__(
+        self,
+        traces: Sequence[Trace],
+        *,
+        n_devices: int,
+        E: int,
+        seed: int,
+        sampling: str = "iid",
+        s_rule: str = "round",
+    ) -> None:
+        if not traces:
+            raise ConfigError("no traces to draw participation from")
+        if sampling not in SAMPLING_MODES:
+            raise ConfigError(f"unknown sampling mode {sampling!r}; use one of {SAMPLING_MODES}")
+        if n_devices < 1 or E < 1:
+            raise ConfigError(f"need n_devices >= 1 and E >= 1, got {n_devices}, {E}")
+        self.traces = tuple(traces)
+        self.E = E
+        self.sampling = sampling
+        self.s_rule = s_rule
+        assign_rng = np.random.default_rng([seed, 1])
+        self.assignment = assign_rng.integers(0, len(self.traces), size=n_devices)
+        self._offsets = assign_rng.integers(0, 1 << 30, size=n_devices)
+        self._rng = np.random.default_rng([seed, 2])
+        # Precompute s per trace row once; drawing then is pure indexing.
+        self._updates = [fraction_to_updates(t.fraction, E=E, rule=s_rule) for t in self.traces]
+
+    @property
+    def trace_names(self) -> list[str]:
+        return [self.traces[i].name for i in self.assignment]
+
+    def draw(self, round_index: int) -> np.ndarray:
+        """s for every device in round `round_index` (counted from 1); int64 [N]."""
+        s = np.empty(len(self.assignment), dtype=np.int64)
+        if self.sampling == "iid":
+            # One uniform per device keeps the stream independent of the traces' lengths' mix.
+            u = self._rng.random(len(self.assignment))
+            for k, j in enumerate(self.assignment):
+                updates = self._updates[j]
+                s[k] = updates[int(u[k] * len(updates))]
+        else:
+            for k, j in enumerate(self.assignment):
+                updates = self._updates[j]
+                s[k] = updates[(self._offsets[k] + round_index - 1) % len(updates)]
+        return s

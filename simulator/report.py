@@ -1,0 +1,121 @@
+"""Tables and plots of simulation results: per-round CSVs, the Table 3 layout, accuracy curves."""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simulator.paper import PAPER_TABLE3
+
+
+def write_csv_atomic(path: Path, rows: Sequence[dict]) -> None:
+    """Write dict rows (same keys) to CSV via a temp file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def improvement_pct(new: float, old: float) -> float:
+    """% improvement of `new` over `old` (relative): 100 (new - old) / old."""
+    return 100.0 * (new - old) / old
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (setting, |T|) cell of Table 3 over seeds."""
+
+    b_over_a: np.ndarray  # per seed
+    c_over_b: np.ndarray
+
+    @staticmethod
+    def _fmt(v: np.ndarray) -> str:
+        if len(v) == 0:
+            return "n/a"
+        spread = f" ± {np.std(v, ddof=1):.1f}" if len(v) > 1 else ""
+        return f"{np.mean(v):.1f}{spread}"
+
+    def text(self) -> str:
+        return f"{self._fmt(self.b_over_a)}, {self._fmt(self.c_over_b)}"
+
+
+def table3_cells(final: Iterable[dict]) -> dict[tuple[str, int], Cell]:
+    """Group final accuracies {setting, num_traces, scheme, seed, final_acc} into Table 3 cells.
+
+    Improvements are computed per seed (schemes of one seed share data, traces and s draws),
+    then summarised over seeds.
+    """
+    acc: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
+    for r in final:
+        acc[(r["setting"], int(r["num_traces"]), int(r["seed"]))][r["scheme"]] = float(r["final_acc"])
+    per_cell: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+    for (setting, j, _seed), by_scheme in sorted(acc.items()):
+        if {"A", "B", "C"} <= set(by_scheme):
+            b_a, c_b = per_cell[(setting, j)]
+            b_a.append(improvement_pct(by_scheme["B"], by_scheme["A"]))
+            c_b.append(improvement_pct(by_scheme["C"], by_scheme["B"]))
+    return {key: Cell(np.array(v[0]), np.array(v[1])) for key, v in per_cell.items()}
+
+
+def table3_markdown(dataset: str, cells: dict[tuple[str, int], Cell], *, settings: Sequence[str]) -> str:
+    """The paper's Table 3 layout: rows per setting (ours, paper), columns |T| = 1..8."""
+    header = "| data | " + " | ".join(f"\\|T\\|={j}" for j in range(1, 9)) + " |"
+    lines = [header, "|---" * 9 + "|"]
+    for setting in settings:
+        label = f"{dataset.upper()} {setting.upper()}"
+        ours = [cells[(setting, j)].text() if (setting, j) in cells else "not run" for j in range(1, 9)]
+        paper = [f"{a}, {c}" for a, c in PAPER_TABLE3.get((dataset, setting), [])] or ["-"] * 8
+        lines.append(f"| {label} (FlexFL) | " + " | ".join(ours) + " |")
+        lines.append(f"| {label} (paper) | " + " | ".join(paper) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy_curves(
+    path: Path,
+    curves: dict[str, dict[str, np.ndarray]],
+    *,
+    title: str,
+) -> None:
+    """One panel per key of `curves` ({panel: {scheme: accuracy per round}}), schemes overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(curves)
+    cols = min(4, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    size = (6.4, 4.2) if len(panels) == 1 else (3.6 * cols, 2.9 * rows)
+    fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False, sharey=True)
+    styles = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-")}
+    for ax, panel in zip(axes.flat, panels):
+        for scheme, acc in sorted(curves[panel].items()):
+            color, ls = styles.get(scheme, (None, "-"))
+            ax.plot(np.arange(1, len(acc) + 1), 100 * np.asarray(acc), color=color, linestyle=ls, label=f"Scheme {scheme}", lw=1.3)
+        ax.set_title(panel, fontsize=10)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,178 @@
+"""The paper's scheme comparison (Table 3): Schemes A, B, C over |T| = 1..8, IID and non-IID, seeds.
+
+Each (setting, seed) builds its data once; for each |T| the three schemes then run on the
+same data, initial model, trace assignment and s draws, so "B over A" and "C over B" are
+paired comparisons. Every finished run is written to the work folder at once (per-round
+CSV + JSON summary), so an interrupted comparison resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from simulator.engine import SimConfig, load_data, records_as_rows, run_simulation
+from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
+from trace_recorder.format import read_trace_set
+
+log = logging.getLogger(__name__)
+
+# Setting name -> how the dataset is made non-IID (paper Section 5.1).
+SETTINGS = {
+    "synthetic": {"iid": {"iid": True, "alpha": 0.0, "beta": 0.0}, "niid": {"iid": False, "alpha": 1.0, "beta": 1.0}},
+    "mnist": {"iid": {"iid": True}, "niid": {"iid": False}},
+    "emnist": {"iid": {"iid": True}, "niid": {"iid": False}},
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (setting, seed, |T|) group: the three schemes share its data."""
+
+    setting: str
+    seed: int
+    num_traces: int
+    schemes: tuple[str, ...]
+    base: SimConfig
+
+
+def _run_name(setting: str, num_traces: int, seed: int, scheme: str) -> str:
+    return f"{setting}_T{num_traces}_seed{seed}_{scheme}"
+
+
+def _done(work_dir: Path, name: str, cfg: SimConfig) -> dict | None:
+    summary = work_dir / f"{name}.json"
+    if not summary.exists():
+        return None
+    try:
+        saved = json.loads(summary.read_text())
+    except json.JSONDecodeError:
+        return None
+    return saved if saved.get("config") == asdict(cfg) else None
+
+
+_DATA_CACHE: dict = {}
+
+
+def _run_job(args: tuple[Job, str, int]) -> list[dict]:
+    job, work_dir_str, threads = args
+    import torch
+
+    torch.set_num_threads(threads)
+    work_dir = Path(work_dir_str)
+    cfg0 = replace(job.base, seed=job.seed, num_traces=job.num_traces, **SETTINGS[job.base.dataset][job.setting]).resolved()
+    key = cfg0.data_key()
+    if key not in _DATA_CACHE:  # per worker process: one (setting, seed) data set at a time
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = load_data(cfg0)
+    data = _DATA_CACHE[key]
+    traces = read_trace_set(Path(cfg0.trace_set))
+    out = []
+    for scheme in job.schemes:
+        cfg = replace(cfg0, scheme=scheme)
+        name = _run_name(job.setting, job.num_traces, job.seed, scheme)
+        saved = _done(work_dir, name, cfg)
+        if saved is None:
+            result = run_simulation(cfg, data=data, traces=traces)
+            write_csv_atomic(work_dir / f"{name}.csv", records_as_rows(result))
+            saved = {
+                "config": asdict(cfg), "setting": job.setting, "num_traces": job.num_traces,
+                "seed": job.seed, "scheme": scheme, "final_acc": result.final_accuracy,
+                "final_loss": result.records[-1].test_loss, "wall_s": result.wall_s,
+                "device_updates": result.device_updates,
+                "discarded_rounds": sum(r.discarded for r in result.records),
+                "resumed": False,
+            }
+            tmp = work_dir / f".{name}.json.tmp"
+            tmp.write_text(json.dumps(saved, indent=1))
+            tmp.replace(work_dir / f"{name}.json")
+        else:
+            saved = {**saved, "resumed": True}
+        out.append(saved)
+    return out
+
+
+def run_comparison(
+    base: SimConfig,
+    *,
+    settings: Sequence[str],
+    num_traces: Sequence[int],
+    seeds: Sequence[int],
+    schemes: Sequence[str] = ("A", "B", "C"),
+    work_dir: Path,
+    jobs: int = 1,
+) -> list[dict]:
+    """Run every (setting, |T|, seed, scheme); returns one summary dict per run."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # Seeds outermost: an interrupted comparison has every cell for the first seeds.
+    todo = [Job(st, sd, j, tuple(schemes), base) for sd in seeds for st in settings for j in num_traces]
+    total_runs = len(todo) * len(schemes)
+    threads = max(1, (mp.cpu_count() or 1) // max(1, jobs))
+    summaries: list[dict] = []
+    started = time.perf_counter()
+    computed = 0
+    ctx = mp.get_context("fork")
+    pool = ctx.Pool(jobs) if jobs > 1 else None
+    try:
+        results = (pool.imap(_run_job, [(j, str(work_dir), threads) for j in todo]) if pool
+                   else (_run_job((j, str(work_dir), threads)) for j in todo))
+        for group in results:
+            for s in group:
+                summaries.append(s)
+                computed += not s["resumed"]
+                elapsed = time.perf_counter() - started
+                left = total_runs - len(summaries)
+                eta = elapsed / computed * left if computed else float("nan")
+                took = "cached" if s["resumed"] else f"{s['wall_s']:.1f} s"
+                print(
+                    f"[{len(summaries)}/{total_runs}] {base.dataset} {s['setting']} |T|={s['num_traces']} "
+                    f"seed {s['seed']} scheme {s['scheme']}: acc {100 * s['final_acc']:.2f}% "
+                    f"({took}), ETA {eta / 60:.1f} min",
+                    flush=True,
+                )
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+    return summaries
+
+
+def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_dir: Path, settings: Sequence[str]) -> dict[str, Path | str]:
+    """Final-accuracy CSV, accuracy-curve plots (mean over seeds), and the Table 3 markdown body."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final_rows = [
+        {k: s[k] for k in ("setting", "num_traces", "seed", "scheme", "final_acc", "final_loss", "wall_s", "device_updates", "discarded_rounds")}
+        for s in sorted(summaries, key=lambda s: (s["setting"], s["num_traces"], s["seed"], s["scheme"]))
+    ]
+    paths: dict[str, Path | str] = {"final_csv": out_dir / f"schemes_{dataset}_final.csv"}
+    write_csv_atomic(paths["final_csv"], final_rows)
+    curves: dict[str, dict[str, dict[str, list]]] = {st: {} for st in settings}
+    for r in final_rows:
+        name = _run_name(r["setting"], r["num_traces"], r["seed"], r["scheme"])
+        with open(work_dir / f"{name}.csv", newline="") as f:
+            acc = [float(row["test_acc"]) for row in csv.DictReader(f)]
+        curves[r["setting"]].setdefault(f"|T| = {r['num_traces']}", {}).setdefault(r["scheme"], []).append(acc)
+    for setting in settings:
+        if curves[setting]:
+            mean_curves = {panel: {sc: np.mean(v, axis=0) for sc, v in by.items()} for panel, by in curves[setting].items()}
+            p = out_dir / f"schemes_{dataset}_{setting}.png"
+            plot_accuracy_curves(p, mean_curves, title=f"{dataset.upper()} {setting.upper()}: test accuracy per round (mean over seeds)")
+            paths[f"plot_{setting}"] = p
+    paths["table"] = table3_markdown(dataset, table3_cells(final_rows), settings=settings)
+    return paths
+
+
+def speed_figures(summaries: list[dict]) -> tuple[float, float]:
+    """Mean wall seconds of one run and simulated device-updates (SGD steps) per second."""
+    fresh = [s for s in summaries if not s["resumed"]] or summaries
+    wall = np.array([s["wall_s"] for s in fresh])
+    updates = np.array([s["device_updates"] for s in fresh])
+    return float(wall.mean()), float(updates.sum() / wall.sum())
