@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     # Subcommand modules are imported here, not at module import, so `flexfl --help`
     # stays cheap and an edge device never imports the simulator.
+    from coordinator import cli as coordinator_cli
+    from edge_agent import cli as agent_cli
     from simulator import cli as sim_cli
     from trace_recorder import cli as traces_cli
     from workloads import cli as data_cli
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"flexfl {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (sim_cli, traces_cli, data_cli):
+    for module in (coordinator_cli, agent_cli, sim_cli, traces_cli, data_cli):
         module.register(sub)
     return parser
 

@@ -86,20 +86,3 @@ class BatchedTrainer:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_loss = np.where(steps > 0, loss_sum.numpy() / np.maximum(steps, 1), np.nan)
         return deltas, mean_loss
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDataset, *, chunk: int = 8192
-) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of `params` (loaded into `model`'s architecture) on `data`."""
-    correct = 0
-    loss_sum = 0.0
-    x = torch.from_numpy(data.x)
-    y = torch.from_numpy(data.y)
-    for start in range(0, len(data), chunk):
-        logits = functional_call(model, params, (x[start : start + chunk],))
-        target = y[start : start + chunk]
-        loss_sum += float(nn.functional.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == target).sum())
-    return correct / len(data), loss_sum / len(data)

@@ -21,7 +21,8 @@ from coordinator.aggregation import Scheme, apply_update, coefficients, stack_de
 from coordinator.participation import LearningRate, Objective
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import ConfigError
-from simulator.batched import BatchedTrainer, evaluate
+from simulator.batched import BatchedTrainer
+from workloads.evaluation import evaluate
 from simulator.participation import TraceParticipation
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.federated import DEFAULTS, FederatedData, build_federated

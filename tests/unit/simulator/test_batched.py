@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from edge_agent.trainer import device_rng, train_local
-from simulator.batched import BatchedTrainer, evaluate
+from simulator.batched import BatchedTrainer
+from workloads.evaluation import evaluate
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

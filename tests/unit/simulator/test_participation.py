@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.participation import TraceParticipation, fraction_to_updates
+from simulator.participation import TraceParticipation
+from trace_recorder.replay import fraction_to_updates
 from trace_recorder.format import Trace
 
 

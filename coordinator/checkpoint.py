@@ -1,0 +1,66 @@
+"""Atomic checkpoints of the coordinator: global model, round, registry, objective (schedule state)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flexfl.errors import ConfigError
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    params: dict[str, torch.Tensor]
+    completed_round: int
+    run_id: str
+    registry: dict
+    objective: dict
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write via a temp file in the same folder, fsync, rename: a crash leaves the old or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({
+                "version": CHECKPOINT_VERSION, "params": {n: p.detach().cpu() for n, p in ckpt.params.items()},
+                "completed_round": ckpt.completed_round, "run_id": ckpt.run_id,
+                "registry": ckpt.registry, "objective": ckpt.objective,
+            }, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Checkpoint:
+    """Read and validate a checkpoint against the model it must restore."""
+    if not path.exists():
+        raise ConfigError(f"--resume: no checkpoint at {path}")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a corrupt file
+        raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("version") != CHECKPOINT_VERSION:
+        raise ConfigError(f"checkpoint {path}: unsupported or missing version (want {CHECKPOINT_VERSION})")
+    params = raw.get("params", {})
+    if set(params) != set(expected):
+        raise ConfigError(f"checkpoint {path}: tensors {sorted(params)} do not match the model {sorted(expected)}")
+    for name, (shape, _dtype) in expected.items():
+        if tuple(params[name].shape) != tuple(shape):
+            raise ConfigError(f"checkpoint {path}: tensor '{name}' has shape {tuple(params[name].shape)}, model needs {shape}")
+    try:
+        return Checkpoint(params=params, completed_round=int(raw["completed_round"]), run_id=str(raw["run_id"]),
+                          registry=dict(raw["registry"]), objective=dict(raw["objective"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"checkpoint {path} is malformed: {exc!r}") from None

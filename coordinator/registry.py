@@ -1,0 +1,61 @@
+"""The device registry: who has joined, with what data and hardware, and in which state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from flexfl.errors import ConfigError
+
+
+@dataclass
+class DeviceRecord:
+    device_id: str
+    index: int  # stable, in join order; seeds the device's minibatch stream
+    sample_count: int
+    hardware: dict = field(default_factory=dict)
+    agent_version: str = ""
+    joined_after_round: int = 0  # rounds completed when it (last) joined
+    departed: bool = False
+    last_seen: float = 0.0  # unix time
+
+
+class Registry:
+    """Known devices by id. Not thread-safe by itself: the round engine holds its lock."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, DeviceRecord] = {}
+
+    def __contains__(self, device_id: str) -> bool:
+        return device_id in self.devices
+
+    def get(self, device_id: str) -> DeviceRecord | None:
+        return self.devices.get(device_id)
+
+    def add(self, device_id: str, *, sample_count: int, hardware: dict, agent_version: str, after_round: int) -> DeviceRecord:
+        if not device_id or len(device_id) > 128 or not device_id.isprintable():
+            raise ConfigError(f"device id {device_id!r} must be 1-128 printable characters")
+        record = DeviceRecord(
+            device_id=device_id, index=len(self.devices), sample_count=sample_count, hardware=hardware,
+            agent_version=agent_version, joined_after_round=after_round, last_seen=time.time(),
+        )
+        self.devices[device_id] = record
+        return record
+
+    def ordered(self, device_ids: list[str] | None = None) -> list[str]:
+        """Device ids (all, or the given ones) in registry-index order."""
+        ids = self.devices if device_ids is None else device_ids
+        return sorted(ids, key=lambda d: self.devices[d].index)
+
+    def to_dict(self) -> dict:
+        return {d: asdict(r) for d, r in self.devices.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Registry:
+        reg = cls()
+        try:
+            for device_id, rec in d.items():
+                reg.devices[str(device_id)] = DeviceRecord(**rec)
+        except TypeError as exc:
+            raise ConfigError(f"registry state is malformed: {exc}") from None
+        return reg

@@ -1,0 +1,47 @@
+"""`flexfl agent`: run an edge agent against a coordinator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+from edge_agent.config import load_agent_config
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="run an edge agent (joins a coordinator and trains)")
+    p.add_argument("--config", type=Path, help="TOML config (see edge_agent/example.toml)")
+    p.add_argument("--coordinator", help="HOST:PORT of the coordinator")
+    p.add_argument("--device-id", dest="device_id")
+    p.add_argument("--token-file", dest="fleet_token_file")
+    p.add_argument("--shard-index", dest="shard_index", type=int)
+    p.add_argument("--trace", help="FOLDER:NAME participation trace that caps s per round")
+    p.add_argument("--no-train", dest="no_train", action="store_true", default=None,
+                   help="benchmark mode: skip SGD, send a zero delta with s = E")
+    p.add_argument("--silent-exit", dest="silent", action="store_true",
+                   help="on SIGTERM just go silent instead of announcing a departure")
+    p.set_defaults(func=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from edge_agent.agent import EdgeAgent, load_shard
+
+    cfg = load_agent_config(args.config, overrides={
+        "coordinator": args.coordinator, "device_id": args.device_id, "fleet_token_file": args.fleet_token_file,
+        "announce_departure": False if args.silent else None,
+        "data": {"shard_index": args.shard_index},
+        "participation": {"trace": args.trace, "no_train": args.no_train},
+    })
+    agent = EdgeAgent(cfg, load_shard(cfg))
+
+    def on_signal(signum, _frame):
+        log.info("%s: received %s", cfg.device_id, signal.Signals(signum).name)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return agent.run()

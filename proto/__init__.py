@@ -1,0 +1,1 @@
+"""Wire contract (fleet.proto) and its generated modules; arrives with the live-FL issue."""

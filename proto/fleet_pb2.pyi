@@ -1,0 +1,203 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+FLOAT64: DType
+INT64: DType
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "shape", "dtype", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class Payload(_message.Message):
+    __slots__ = ("tensors", "total_bytes", "sha256")
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    total_bytes: int
+    sha256: bytes
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class HardwareFacts(_message.Message):
+    __slots__ = ("cpu_model", "cpu_count", "memory_bytes", "os", "machine", "python", "hostname")
+    CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OS_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    cpu_model: str
+    cpu_count: int
+    memory_bytes: int
+    os: str
+    machine: str
+    python: str
+    hostname: str
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., os: _Optional[str] = ..., machine: _Optional[str] = ..., python: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("device_id", "sample_count", "hardware", "agent_version", "protocol_version")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    sample_count: int
+    hardware: HardwareFacts
+    agent_version: str
+    protocol_version: int
+    def __init__(self, device_id: _Optional[str] = ..., sample_count: _Optional[int] = ..., hardware: _Optional[_Union[HardwareFacts, _Mapping]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("device_id", "device_index", "arrival", "current_round", "run_id")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    device_index: int
+    arrival: bool
+    current_round: int
+    run_id: str
+    def __init__(self, device_id: _Optional[str] = ..., device_index: _Optional[int] = ..., arrival: _Optional[bool] = ..., current_round: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("device_id", "reason")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    reason: str
+    def __init__(self, device_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    def __init__(self, policy: _Optional[str] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("device_id", "after_round", "wait_s")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    after_round: int
+    wait_s: float
+    def __init__(self, device_id: _Optional[str] = ..., after_round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class ModelDescription(_message.Message):
+    __slots__ = ("architecture", "num_classes", "in_features")
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    IN_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    architecture: str
+    num_classes: int
+    in_features: int
+    def __init__(self, architecture: _Optional[str] = ..., num_classes: _Optional[int] = ..., in_features: _Optional[int] = ...) -> None: ...
+
+class RoundHeader(_message.Message):
+    __slots__ = ("status", "round_id", "required_updates", "learning_rate", "batch_size", "deadline_s", "model", "payload", "seed", "unit", "device_index")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS_UNSPECIFIED: _ClassVar[RoundHeader.Status]
+        ROUND: _ClassVar[RoundHeader.Status]
+        WAIT: _ClassVar[RoundHeader.Status]
+        FINISHED: _ClassVar[RoundHeader.Status]
+    STATUS_UNSPECIFIED: RoundHeader.Status
+    ROUND: RoundHeader.Status
+    WAIT: RoundHeader.Status
+    FINISHED: RoundHeader.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    status: RoundHeader.Status
+    round_id: int
+    required_updates: int
+    learning_rate: float
+    batch_size: int
+    deadline_s: float
+    model: ModelDescription
+    payload: Payload
+    seed: int
+    unit: str
+    device_index: int
+    def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ...) -> None: ...
+
+class RoundChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: RoundHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UpdateHeader(_message.Message):
+    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_USED_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    round_id: int
+    updates_completed: int
+    samples_used: int
+    train_s: float
+    previous_upload_s: float
+    local_loss: float
+    payload: Payload
+    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+
+class UpdateChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("round_id", "accepted", "message")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    accepted: bool
+    message: str
+    def __init__(self, round_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...

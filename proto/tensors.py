@@ -1,0 +1,110 @@
+"""Tensors on the wire: named, shaped, typed little-endian buffers in <= 1 MiB chunks with a SHA-256.
+
+Encoding concatenates the tensors' raw bytes in order; decoding checks the description
+against the bytes (sizes, checksum) and, when told what to expect, against the model
+(names, shapes, dtypes) and rejects non-finite values. Every problem raises
+PayloadError naming the tensor and what was wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from flexfl.errors import UpdateRejected
+from proto import fleet_pb2 as pb
+
+MAX_CHUNK_BYTES = 1 << 20  # gRPC's default message cap is 4 MiB; 1 MiB chunks stay well inside
+
+_DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT64: np.dtype("<f8"), pb.INT64: np.dtype("<i8")}
+_CODES = {np.dtype(np.float32): pb.FLOAT32, np.dtype(np.float64): pb.FLOAT64, np.dtype(np.int64): pb.INT64}
+
+
+class PayloadError(UpdateRejected):
+    """A tensor payload does not match its description or the expected model."""
+
+
+def encode(tensors: Mapping[str, np.ndarray]) -> tuple[pb.Payload, bytes]:
+    """Describe and serialise `tensors` (numpy arrays or torch tensors) in insertion order."""
+    specs, parts = [], []
+    for name, value in tensors.items():
+        arr = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        if arr.dtype not in _CODES:
+            raise PayloadError(f"tensor '{name}': dtype {arr.dtype} cannot be sent (float32, float64, int64)")
+        code = _CODES[arr.dtype]
+        raw = np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes()
+        specs.append(pb.TensorSpec(name=name, shape=list(arr.shape), dtype=code, nbytes=len(raw)))
+        parts.append(raw)
+    data = b"".join(parts)
+    return pb.Payload(tensors=specs, total_bytes=len(data), sha256=hashlib.sha256(data).digest()), data
+
+
+def chunks(data: bytes, *, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
+    """Cut a payload into pieces of at most `size` bytes (one empty piece for an empty payload)."""
+    view = memoryview(data)
+    if not data:
+        yield b""
+    for start in range(0, len(data), size):
+        yield bytes(view[start : start + size])
+
+
+def join(pieces: Iterable[bytes], *, limit_bytes: int) -> bytes:
+    """Reassemble chunks, refusing to buffer more than `limit_bytes`."""
+    buf = bytearray()
+    for piece in pieces:
+        if len(piece) > MAX_CHUNK_BYTES:
+            raise PayloadError(f"chunk of {len(piece)} bytes exceeds the {MAX_CHUNK_BYTES}-byte chunk limit")
+        buf += piece
+        if len(buf) > limit_bytes:
+            raise PayloadError(f"payload exceeds the size limit of {limit_bytes} bytes")
+    return bytes(buf)
+
+
+def decode(
+    payload: pb.Payload,
+    data: bytes,
+    *,
+    expected: Mapping[str, tuple[tuple[int, ...], np.dtype]] | None = None,
+    require_finite: bool = True,
+) -> dict[str, np.ndarray]:
+    """Check `data` against `payload` (and `expected` {name: (shape, dtype)}) and return the arrays."""
+    if payload.total_bytes != len(data):
+        raise PayloadError(f"payload is {len(data)} bytes, header announced {payload.total_bytes}")
+    if hashlib.sha256(data).digest() != payload.sha256:
+        raise PayloadError("payload checksum (SHA-256) mismatch: the transfer was corrupted")
+    declared = sum(t.nbytes for t in payload.tensors)
+    if declared != len(data):
+        raise PayloadError(f"tensor sizes add up to {declared} bytes, payload has {len(data)}")
+    names = [t.name for t in payload.tensors]
+    if len(set(names)) != len(names):
+        raise PayloadError(f"duplicate tensor names in {names}")
+    if expected is not None and set(names) != set(expected):
+        missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
+        raise PayloadError(f"tensor names do not match the model: missing {missing}, unexpected {extra}")
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for spec in payload.tensors:
+        dtype = _DTYPES.get(spec.dtype)
+        if dtype is None:
+            raise PayloadError(f"tensor '{spec.name}': unknown dtype code {spec.dtype}")
+        shape = tuple(int(d) for d in spec.shape)
+        if any(d < 0 for d in shape):
+            raise PayloadError(f"tensor '{spec.name}': negative dimension in shape {shape}")
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != spec.nbytes:
+            raise PayloadError(f"tensor '{spec.name}': shape {shape} of {dtype} needs "
+                               f"{int(np.prod(shape)) * dtype.itemsize} bytes, header says {spec.nbytes}")
+        if expected is not None:
+            want_shape, want_dtype = expected[spec.name]
+            if shape != tuple(want_shape):
+                raise PayloadError(f"tensor '{spec.name}': shape {shape}, the model expects {tuple(want_shape)}")
+            if dtype != np.dtype(want_dtype).newbyteorder("<"):
+                raise PayloadError(f"tensor '{spec.name}': dtype {dtype}, the model expects {np.dtype(want_dtype)}")
+        arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
+        if require_finite and dtype.kind == "f" and not np.isfinite(arr).all():
+            bad = int((~np.isfinite(arr)).sum())
+            raise PayloadError(f"tensor '{spec.name}': {bad} non-finite values (NaN/Inf)")
+        out[spec.name] = arr.astype(dtype.newbyteorder("="), copy=True)
+        offset += spec.nbytes
+    return out
