@@ -165,7 +165,9 @@ class RoundEngine:
                 if self.finished:
                     return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), b""
                 r = self.current
-                if (r is not None and not r.closed and r.round_id > after_round and device_id in r.participants
+                # `after_round` is informational: a restarted (resumed) coordinator may reopen a
+                # round the device already saw, and it must be served again.
+                if (r is not None and not r.closed and device_id in r.participants
                         and device_id not in r.delivered and time.monotonic() < r.opened_at + t.deadline_s):
                     header = pb.RoundHeader(
                         status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=t.required_updates,
@@ -308,7 +310,8 @@ class RoundEngine:
             # Wait until every participant answered or its deadline passed.
             while not self._stop.is_set():
                 now = time.monotonic()
-                pending = [d for d in participants if d not in r.updates and d not in r.rejected]
+                # A rejected update does not end a device's round: it may still send a valid one.
+                pending = [d for d in participants if d not in r.updates]
                 if not pending:
                     reason = "all answered"
                     break

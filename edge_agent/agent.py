@@ -201,7 +201,13 @@ class EdgeAgent:
         cap = self._cap(header.round_id, E)
         part = self.cfg.participation
 
+        last = [time.monotonic()]
+
         def keep_going(done: int) -> bool:
+            if part.min_update_s and done:
+                # Pad the update that just finished (emulated slow device), then measure as usual.
+                time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
+            last[0] = time.monotonic()
             if self._stop.is_set():
                 return False
             if part.forced_updates:  # forced participation ignores time (tests, no deadline pressure)
@@ -218,6 +224,8 @@ class EdgeAgent:
                                  rng=device_rng(header.seed, header.round_id, header.device_index),
                                  unit=header.unit or "step", keep_going=keep_going)
             delta, s, samples, loss = result.delta, result.updates_completed, result.samples_used, result.mean_loss
+            if part.min_update_s and s:
+                time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
             if s:
                 per_update = (time.monotonic() - started) / s
                 self._update_s = per_update if self._update_s is None else 0.5 * self._update_s + 0.5 * per_update

@@ -28,6 +28,7 @@ class ParticipationConfig:
     trace_sampling: str = "iid"  # iid | replay
     forced_updates: tuple[int, ...] = ()  # tests/benchmarks: s per round (cycled); empty = deadline-driven
     no_train: bool = False  # benchmarks: skip SGD, report s = E with a zero delta
+    min_update_s: float = 0.0  # emulate a slower device: each local update takes at least this long
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import ConfigError
 from simulator.batched import BatchedTrainer
 from workloads.evaluation import evaluate
-from simulator.participation import TraceParticipation
+from simulator.participation import FixedParticipation, TraceParticipation
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model
@@ -136,19 +136,24 @@ def run_simulation(
     *,
     data: FederatedData | None = None,
     traces: TraceSet | None = None,
+    participation: TraceParticipation | FixedParticipation | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
 ) -> SimResult:
-    """Run `config.rounds` rounds and return per-round metrics and the final model."""
+    """Run `config.rounds` rounds and return per-round metrics and the final model.
+
+    `participation` overrides the trace-driven s draws (e.g. FixedParticipation).
+    """
     cfg = config.resolved()
     started = time.perf_counter()
     data = data if data is not None else load_data(cfg)
     if len(data.train) != cfg.n_devices:
         raise ConfigError(f"data has {len(data.train)} devices, config asks for {cfg.n_devices}")
-    traces = traces if traces is not None else read_trace_set(Path(cfg.trace_set))
-    participation = TraceParticipation(
-        traces.first(cfg.num_traces), n_devices=cfg.n_devices, E=cfg.E, seed=cfg.seed,
-        sampling=cfg.sampling, s_rule=cfg.s_rule,
-    )
+    if participation is None:
+        traces = traces if traces is not None else read_trace_set(Path(cfg.trace_set))
+        participation = TraceParticipation(
+            traces.first(cfg.num_traces), n_devices=cfg.n_devices, E=cfg.E, seed=cfg.seed,
+            sampling=cfg.sampling, s_rule=cfg.s_rule,
+        )
     model = initial_model(cfg)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     objective = Objective()

@@ -72,3 +72,19 @@ class TraceParticipation:
                 updates = self._updates[j]
                 s[k] = updates[(self._offsets[k] + round_index - 1) % len(updates)]
         return s
+
+
+class FixedParticipation:
+    """A given s per device per round (cycled): forced participation, e.g. to replay a live run."""
+
+    def __init__(self, schedule: Sequence[Sequence[int]], *, E: int) -> None:
+        arr = np.asarray(schedule, dtype=np.int64)  # [rounds, devices]
+        if arr.ndim != 2 or arr.size == 0:
+            raise ConfigError(f"schedule must be a non-empty [rounds][devices] table, got shape {arr.shape}")
+        if arr.min() < 0 or arr.max() > E:
+            raise ConfigError(f"schedule values must lie in 0..E (E = {E})")
+        self._schedule = arr
+        self.trace_names = ["fixed"] * arr.shape[1]
+
+    def draw(self, round_index: int) -> np.ndarray:
+        return self._schedule[(round_index - 1) % len(self._schedule)].copy()

@@ -74,3 +74,9 @@ def fleet_factory():
     yield make
     for f in fleets:
         f.close()
+
+
+@pytest.fixture
+def live_config(tmp_path):
+    """make_config bound to this test's tmp_path: live_config(**training_overrides)."""
+    return lambda **training: make_config(tmp_path, **training)

@@ -1,0 +1,138 @@
+"""Malformed updates, wrong tokens and unknown devices are refused with the right status; nothing changes."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from proto import fleet_pb2 as pb
+from proto import fleet_pb2_grpc as pb_grpc
+from proto import tensors as wire
+from proto.options import AUTH_HEADER, DEVICE_HEADER
+
+TOKEN = "test-fleet-token"
+
+
+class RawDevice:
+    """A hand-driven client speaking the wire protocol directly (to send what agents never would)."""
+
+    def __init__(self, port: int, device_id: str, token: str = TOKEN) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pb_grpc.FleetStub(self.channel)
+        self.md = [(AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, device_id)]
+        self.device_id = device_id
+
+    def join(self, samples: int = 100) -> pb.JoinReply:
+        return self.stub.Join(pb.JoinRequest(device_id=self.device_id, sample_count=samples, protocol_version=1),
+                              metadata=self.md, timeout=5)
+
+    def pull(self) -> tuple[pb.RoundHeader, dict[str, np.ndarray]]:
+        stream = self.stub.PullRound(pb.PullRequest(device_id=self.device_id, after_round=0, wait_s=5),
+                                     metadata=self.md, timeout=10)
+        chunks = list(stream)
+        header = chunks[0].header
+        data = b"".join(c.data for c in chunks[1:])
+        return header, wire.decode(header.payload, data)
+
+    def push(self, header: pb.UpdateHeader, data: bytes) -> pb.PushReply:
+        def gen():
+            yield pb.UpdateChunk(header=header)
+            for piece in wire.chunks(data):
+                yield pb.UpdateChunk(data=piece)
+        return self.stub.PushUpdate(gen(), metadata=self.md, timeout=5)
+
+
+def _update(device_id, round_id, delta, *, s=3, payload=None, data=None):
+    p, d = wire.encode(delta)
+    return pb.UpdateHeader(device_id=device_id, round_id=round_id, updates_completed=s, samples_used=30,
+                           train_s=0.1, local_loss=1.0, payload=payload or p), (d if data is None else data)
+
+
+@pytest.fixture
+def open_round(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0))
+    dev = RawDevice(fleet.port, "evil")
+    dev.join()
+    header, model = dev.pull()
+    assert header.status == pb.RoundHeader.ROUND
+    yield fleet, dev, header, model
+    dev.channel.close()
+
+
+def _bad_variants(header, model):
+    zero = {n: np.zeros_like(v) for n, v in model.items()}
+    name = next(iter(model))
+    wrong_shape = dict(zero)
+    wrong_shape[name] = np.zeros(model[name].shape[:-1] + (model[name].shape[-1] + 1,), dtype=np.float32)
+    nan = {n: v.copy() for n, v in zero.items()}
+    nan[name].flat[0] = np.nan
+    h_ok, d_ok = _update("evil", header.round_id, zero)
+    corrupt = bytearray(d_ok)
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    missing = {n: v for n, v in zero.items() if n != name}
+    return {
+        "wrong shape": (_update("evil", header.round_id, wrong_shape), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
+        "NaN": (_update("evil", header.round_id, nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+        "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1), grpc.StatusCode.INVALID_ARGUMENT, "outside 0..E"),
+        "bad checksum": ((h_ok, bytes(corrupt)), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
+        "truncated": ((h_ok, d_ok[:-4]), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
+        "missing tensor": (_update("evil", header.round_id, missing), grpc.StatusCode.INVALID_ARGUMENT, "missing"),
+        "stale round": (_update("evil", header.round_id - 1, zero), grpc.StatusCode.FAILED_PRECONDITION, "not open"),
+        "future round": (_update("evil", header.round_id + 5, zero), grpc.StatusCode.FAILED_PRECONDITION, "not open"),
+        "other device": (_update("someone-else", header.round_id, zero), grpc.StatusCode.PERMISSION_DENIED, "names device"),
+    }
+
+
+def test_malformed_updates_rejected_and_model_unchanged(open_round):
+    fleet, dev, header, model = open_round
+    engine = fleet.coordinator.engine
+    before = {n: p.clone() for n, p in engine.params.items()}
+    for label, ((h, d), code, fragment) in _bad_variants(header, model).items():
+        with pytest.raises(grpc.RpcError) as err:
+            dev.push(h, d)
+        assert err.value.code() == code, label
+        assert fragment in err.value.details(), (label, err.value.details())
+        assert engine.current is not None and not engine.current.closed, f"{label} closed the round"
+        assert "evil" not in engine.current.updates, label
+        for n, p in engine.params.items():
+            assert torch.equal(p, before[n]), label
+    # After all that the device can still send a valid update, and only that moves the model.
+    ones = {n: np.full_like(v, 0.01) for n, v in model.items()}
+    reply = dev.push(*_update("evil", header.round_id, ones, s=header.required_updates))
+    assert reply.accepted
+    assert fleet.coordinator.wait(timeout=30)
+    assert any(not torch.equal(engine.params[n], before[n]) for n in before)
+    assert engine.completed_round == 1
+
+
+def test_duplicate_update_refused(open_round):
+    fleet, dev, header, model = open_round
+    zero = {n: np.zeros_like(v) for n, v in model.items()}
+    # Two participants (n_devices=2 but min 1 joined): the round stays open after the first update.
+    assert dev.push(*_update("evil", header.round_id, zero)).accepted
+    if not fleet.coordinator.engine.current.closed:
+        with pytest.raises(grpc.RpcError) as err:
+            dev.push(*_update("evil", header.round_id, zero))
+        assert err.value.code() in (grpc.StatusCode.FAILED_PRECONDITION,)
+
+
+def test_wrong_token_and_unknown_device_get_unauthenticated(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, min_devices=1))
+    intruder = RawDevice(fleet.port, "dev-x", token="not-the-token")
+    with pytest.raises(grpc.RpcError) as err:
+        intruder.join()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "fleet token" in err.value.details()
+    stranger = RawDevice(fleet.port, "never-joined")
+    with pytest.raises(grpc.RpcError) as err:
+        stranger.pull()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "unknown device" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stranger.push(*_update("never-joined", 1, {"w": np.zeros(2, np.float32)}))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert len(fleet.coordinator.engine.registry.devices) == 0
+    for d in (intruder, stranger):
+        d.channel.close()
