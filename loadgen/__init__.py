@@ -1,0 +1,2 @@
+"""Load generators: CPU pressure with stress-ng, bandwidth shaping with tc, and the control
+daemon that drives both over ZeroMQ (see README.md in this folder for the wire schema)."""

@@ -1,0 +1,94 @@
+"""How many CPUs this process may use: its cgroup CPU quota (v1 or v2), else its affinity."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def available_cpus() -> float:
+    """CPUs this process may use: min(cgroup quota, affinity count); fractional under a quota."""
+    affinity = float(len(os.sched_getaffinity(0)))
+    quota = cgroup_quota_cpus()
+    return affinity if quota is None else min(quota, affinity)
+
+
+def cgroup_quota_cpus(*, proc: Path = Path("/proc/self")) -> float | None:
+    """The tightest CPU quota (quota/period) on the way from this cgroup to its mount root.
+
+    None when no quota is set. A quota on a parent cgroup limits its children too, which
+    is why every ancestor is read, not only the process's own cgroup.
+    """
+    limits: list[float] = []
+    for path, mount_root, version in _cpu_cgroup_dirs(proc):
+        for d in _ancestors(path, mount_root):
+            value = _read_v1(d) if version == 1 else _read_v2(d)
+            if value is not None:
+                limits.append(value)
+    return min(limits) if limits else None
+
+
+def _read_v1(d: Path) -> float | None:
+    try:
+        quota = int((d / "cpu.cfs_quota_us").read_text())
+        period = int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _read_v2(d: Path) -> float | None:
+    try:
+        quota, period = (d / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _ancestors(path: Path, mount_root: Path) -> list[Path]:
+    out = [path]
+    while path != mount_root and mount_root in path.parents:
+        path = path.parent
+        out.append(path)
+    return out
+
+
+def _cpu_cgroup_dirs(proc: Path) -> list[tuple[Path, Path, int]]:
+    """(this process's cgroup dir, mount point, version) for each mounted cpu hierarchy."""
+    try:
+        cgroups = (proc / "cgroup").read_text().splitlines()
+        mounts = (proc / "mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    v1_paths: dict[str, str] = {}
+    v2_path: str | None = None
+    for line in cgroups:
+        hier, controllers, path = line.split(":", 2)
+        if hier == "0" and controllers == "":
+            v2_path = path
+        elif "cpu" in controllers.split(","):
+            v1_paths["cpu"] = path
+    found: list[tuple[Path, Path, int]] = []
+    for line in mounts:
+        # mountinfo: id parent major:minor root mountpoint opts ... - fstype source superopts
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mountpoint, fstype, superopts = fields[3], Path(fields[4]), tail[0], tail[2]
+        if fstype == "cgroup" and "cpu" in superopts.split(",") and "cpu" in v1_paths:
+            found.append((_join(mountpoint, root, v1_paths["cpu"]), mountpoint, 1))
+        elif fstype == "cgroup2" and v2_path is not None:
+            found.append((_join(mountpoint, root, v2_path), mountpoint, 2))
+    log.debug("cpu cgroup dirs: %s", found)
+    return found
+
+
+def _join(mountpoint: Path, mount_root: str, cgroup_path: str) -> Path:
+    # Inside a cgroup namespace or a bind mount the mount root is not "/": strip it.
+    rel = os.path.relpath(cgroup_path, mount_root) if cgroup_path.startswith(mount_root) else cgroup_path
+    rel = rel.lstrip("/")
+    return mountpoint if rel in ("", ".") else mountpoint / rel
