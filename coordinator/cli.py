@@ -50,3 +50,49 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     print(f"coordinator stopped after round {rounds}; checkpoint {coord.engine.checkpoint_path}, "
           f"metrics {coord.engine.metrics.path}", flush=True)
     return 0
+
+
+def register_live(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("live", help="a live run on this machine: coordinator + N agent processes, "
+                                    "one late arrival and one departure")
+    p.add_argument("--devices", type=int, default=5, help="number of agents, incl. the late one (default 5)")
+    p.add_argument("--dataset", choices=["synthetic", "mnist"], default="synthetic")
+    p.add_argument("--iid", action="store_true", help="IID data (default non-IID)")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--E", dest="required_updates", type=int, default=20, help="required local updates per round")
+    p.add_argument("--deadline-s", type=float, default=2.0)
+    p.add_argument("--scheme", choices=["A", "B", "C"], default="C")
+    p.add_argument("--departure-policy", choices=["include", "exclude"], default="exclude")
+    p.add_argument("--arrive-after", type=int, default=10, help="late device joins after this round (0: none)")
+    p.add_argument("--depart-after", type=int, default=20, help="dev-0 leaves after this round (0: none)")
+    p.add_argument("--trace-set", default="traces/paper", help="agents cycle through its first traces ('' = none)")
+    p.add_argument("--num-traces", type=int, default=5, help="how many of the set's traces to use (default 5)")
+    p.add_argument("--eta0", type=float, default=0.0, help="initial learning rate (0: the paper's)")
+    p.add_argument("--update-s", type=float, default=0.05,
+                   help="emulated device speed: each local update takes at least this long (default 0.05; 0 = full speed)")
+    p.add_argument("--total-samples", type=int, default=0)
+    p.add_argument("--sizes", choices=["pareto", "equal"], default="equal", help="samples per device (default equal)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="out/live")
+    p.set_defaults(func=cmd_live)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from coordinator.live import LiveConfig, LiveRun
+
+    cfg = LiveConfig(
+        devices=args.devices, dataset=args.dataset, iid=args.iid, rounds=args.rounds,
+        required_updates=args.required_updates, deadline_s=args.deadline_s, scheme=args.scheme,
+        departure_policy=args.departure_policy, arrive_after=args.arrive_after, depart_after=args.depart_after,
+        trace_set=args.trace_set, num_traces=args.num_traces, eta0=args.eta0, update_s=args.update_s,
+        total_samples=args.total_samples, sizes=args.sizes,
+        seed=args.seed, out=args.out,
+    )
+    print(f"flexfl live: {cfg.devices} agents on loopback, {cfg.dataset}, {cfg.rounds} rounds, E={cfg.required_updates}, "
+          f"deadline {cfg.deadline_s:g} s, Scheme {cfg.scheme}; arrival after round {cfg.arrive_after}, "
+          f"departure ({cfg.departure_policy}) after round {cfg.depart_after}", flush=True)
+    s = LiveRun(cfg).run()
+    print(f"final test accuracy {100 * s['final_acc']:.2f}% after {s['rounds']} rounds ({s['wall_s']:.0f} s); "
+          f"arrival handled at round {s['arrival_round']}, departure at round {s['departure_round']}; "
+          f"results in {cfg.out}/ (coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
+    return 0

@@ -34,6 +34,7 @@ class TrainingConfig:
     n_devices: int = 10
     data_seed: int = 0
     total_samples: int = 0  # 0: the dataset's default
+    sizes: str = "pareto"  # sample counts per device: pareto (paper default) or equal
     rounds: int = 100
     required_updates: int = 20
     deadline_s: float = 10.0

@@ -18,6 +18,7 @@ class DeviceRecord:
     joined_after_round: int = 0  # rounds completed when it (last) joined
     departed: bool = False
     last_seen: float = 0.0  # unix time
+    shard_index: int | None = None  # shard of the seeded partition, when the device says
 
 
 class Registry:
@@ -32,12 +33,14 @@ class Registry:
     def get(self, device_id: str) -> DeviceRecord | None:
         return self.devices.get(device_id)
 
-    def add(self, device_id: str, *, sample_count: int, hardware: dict, agent_version: str, after_round: int) -> DeviceRecord:
+    def add(self, device_id: str, *, sample_count: int, hardware: dict, agent_version: str, after_round: int,
+            shard_index: int | None = None) -> DeviceRecord:
         if not device_id or len(device_id) > 128 or not device_id.isprintable():
             raise ConfigError(f"device id {device_id!r} must be 1-128 printable characters")
         record = DeviceRecord(
             device_id=device_id, index=len(self.devices), sample_count=sample_count, hardware=hardware,
             agent_version=agent_version, joined_after_round=after_round, last_seen=time.time(),
+            shard_index=shard_index,
         )
         self.devices[device_id] = record
         return record

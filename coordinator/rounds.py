@@ -72,11 +72,14 @@ class OpenRound:
 class RoundEngine:
     """Runs `training.rounds` federated rounds against whichever devices join."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, test_data: ArrayDataset, resume: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, test_data: ArrayDataset,
+                 device_test: tuple[ArrayDataset, ...] | None = None, resume: bool = False) -> None:
         self.cfg = cfg
         t = cfg.training
         d = DEFAULTS[t.dataset]
         self.test_data = test_data
+        self.device_test = device_test
+        self._test_cache: tuple[tuple[int, ...], ArrayDataset] | None = None
         torch.manual_seed(t.seed)  # same initial model as the simulator for this seed
         self.model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
         self.model_description = pb.ModelDescription(architecture=d.model, num_classes=d.num_classes, in_features=d.in_features)
@@ -114,8 +117,13 @@ class RoundEngine:
             record = self.registry.get(device_id)
             arrival = False
             if record is None:
+                shard = request.shard_index if request.HasField("shard_index") else None
+                if shard is not None and self.device_test is not None and shard >= len(self.device_test):
+                    raise ConfigError(f"device {device_id!r}: shard_index {shard} is outside the partition's "
+                                      f"0..{len(self.device_test) - 1}")
                 record = self.registry.add(device_id, sample_count=request.sample_count, hardware=hardware,
-                                           agent_version=request.agent_version, after_round=self.completed_round)
+                                           agent_version=request.agent_version, after_round=self.completed_round,
+                                           shard_index=shard)
                 if self.started:
                     arrival = True
                     self._pending_arrivals.append(device_id)
@@ -343,7 +351,7 @@ class RoundEngine:
             arrivals, departures = list(self._pending_arrivals), list(self._pending_departures)
             self.completed_round = r.round_id
             self._apply_membership_changes()
-        acc, loss = evaluate(self.model, self.params, self.test_data)
+        acc, loss = evaluate(self.model, self.params, self._objective_test_set())
         self._save()
         self._last_close = time.monotonic()
         updates = {d: u for d, u in r.updates.items()}
@@ -361,6 +369,26 @@ class RoundEngine:
             "overhead_s": overhead_s,
         })
         log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, s.tolist(), reason)
+
+    def _objective_test_set(self) -> ArrayDataset:
+        """The holdout data of the devices in the objective, where devices hold per-device holdouts.
+
+        As in the paper's experiments, an arrival's holdout joins the test set and an
+        excluded device's leaves it. Without per-device holdouts (MNIST, EMNIST) or with a
+        device of unknown shard, the global test set is used.
+        """
+        if self.device_test is None:
+            return self.test_data
+        with self._cond:
+            shards = [self.registry.get(d).shard_index for d in self.registry.ordered(self.objective.members())]
+        if not shards or any(s is None for s in shards):
+            return self.test_data
+        key = tuple(sorted(shards))
+        if self._test_cache is None or self._test_cache[0] != key:
+            parts = [self.device_test[i] for i in key]
+            self._test_cache = (key, ArrayDataset(x=np.concatenate([p.x for p in parts]),
+                                                  y=np.concatenate([p.y for p in parts])))
+        return self._test_cache[1]
 
     def _apply_membership_changes(self) -> None:
         """Arrivals and departures announced during a round take effect after it (lock held)."""

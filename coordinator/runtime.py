@@ -21,10 +21,10 @@ class Coordinator:
         t = cfg.training
         data = build_federated(
             t.dataset, n_devices=t.n_devices, iid=t.iid, seed=t.data_seed, alpha=t.alpha, beta=t.beta,
-            total_samples=t.total_samples or None,
+            total_samples=t.total_samples or None, sizes=t.sizes,
         )
         self.cfg = cfg
-        self.engine = RoundEngine(cfg, test_data=data.test, resume=resume)
+        self.engine = RoundEngine(cfg, test_data=data.test, device_test=data.device_test, resume=resume)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None

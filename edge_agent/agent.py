@@ -144,7 +144,8 @@ class EdgeAgent:
 
     def _join(self) -> int:
         request = pb.JoinRequest(device_id=self.cfg.device_id, sample_count=len(self.shard), hardware=hardware_facts(),
-                                 agent_version=__version__, protocol_version=PROTOCOL_VERSION)
+                                 agent_version=__version__, protocol_version=PROTOCOL_VERSION,
+                                 shard_index=self.cfg.data.shard_index)
         try:
             reply = self._retrying("join", lambda: self._stub.Join(request, metadata=self._metadata(),
                                                                     timeout=self.cfg.rpc_timeout_s))
@@ -296,5 +297,5 @@ def load_shard(cfg: AgentConfig) -> ArrayDataset:
     if not 0 <= d.shard_index < d.n_devices:
         raise ConfigError(f"data.shard_index {d.shard_index} is outside 0..{d.n_devices - 1}")
     data = build_federated(d.dataset, n_devices=d.n_devices, iid=d.iid, seed=d.data_seed, alpha=d.alpha, beta=d.beta,
-                           total_samples=d.total_samples or None)
+                           total_samples=d.total_samples or None, sizes=d.sizes)
     return data.train[d.shard_index]

@@ -19,6 +19,7 @@ class DataConfig:
     n_devices: int = 10
     data_seed: int = 0
     total_samples: int = 0
+    sizes: str = "pareto"
     shard_index: int = 0
 
 

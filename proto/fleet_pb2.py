@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/fleet.proto\x12\tflexfl.v1\"Z\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x1f\n\x05\x64type\x18\x03 \x01(\x0e\x32\x10.flexfl.v1.DType\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"V\n\x07Payload\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.flexfl.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\"\x8a\x01\n\rHardwareFacts\x12\x11\n\tcpu_model\x18\x01 \x01(\t\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\n\n\x02os\x18\x04 \x01(\t\x12\x0f\n\x07machine\x18\x05 \x01(\t\x12\x0e\n\x06python\x18\x06 \x01(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\"\x93\x01\n\x0bJoinRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x14\n\x0csample_count\x18\x02 \x01(\x04\x12*\n\x08hardware\x18\x03 \x01(\x0b\x32\x18.flexfl.v1.HardwareFacts\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x18\n\x10protocol_version\x18\x05 \x01(\r\"l\n\tJoinReply\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61rrival\x18\x03 \x01(\x08\x12\x15\n\rcurrent_round\x18\x04 \x01(\x04\x12\x0e\n\x06run_id\x18\x05 \x01(\t\"1\n\x0cLeaveRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1c\n\nLeaveReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\"E\n\x0bPullRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x02 \x01(\x04\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"R\n\x10ModelDescription\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x13\n\x0bnum_classes\x18\x02 \x01(\r\x12\x13\n\x0bin_features\x18\x03 \x01(\r\"\xef\x02\n\x0bRoundHeader\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.flexfl.v1.RoundHeader.Status\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x18\n\x10required_updates\x18\x03 \x01(\r\x12\x15\n\rlearning_rate\x18\x04 \x01(\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x12\n\ndeadline_s\x18\x06 \x01(\x01\x12*\n\x05model\x18\x07 \x01(\x0b\x32\x1b.flexfl.v1.ModelDescription\x12#\n\x07payload\x18\x08 \x01(\x0b\x32\x12.flexfl.v1.Payload\x12\x0c\n\x04seed\x18\t \x01(\x04\x12\x0c\n\x04unit\x18\n \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x0b \x01(\r\"C\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05ROUND\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\"N\n\nRoundChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.flexfl.v1.RoundHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xc9\x01\n\x0cUpdateHeader\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x19\n\x11updates_completed\x18\x03 \x01(\r\x12\x14\n\x0csamples_used\x18\x04 \x01(\x04\x12\x0f\n\x07train_s\x18\x05 \x01(\x01\x12\x19\n\x11previous_upload_s\x18\x06 \x01(\x01\x12\x12\n\nlocal_loss\x18\x07 \x01(\x01\x12#\n\x07payload\x18\x08 \x01(\x0b\x32\x12.flexfl.v1.Payload\"P\n\x0bUpdateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.flexfl.v1.UpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"@\n\tPushReply\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t*C\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\t\n\x05INT64\x10\x03\x32\xf2\x01\n\x05\x46leet\x12\x34\n\x04Join\x12\x16.flexfl.v1.JoinRequest\x1a\x14.flexfl.v1.JoinReply\x12\x37\n\x05Leave\x12\x17.flexfl.v1.LeaveRequest\x1a\x15.flexfl.v1.LeaveReply\x12<\n\tPullRound\x12\x16.flexfl.v1.PullRequest\x1a\x15.flexfl.v1.RoundChunk0\x01\x12<\n\nPushUpdate\x12\x16.flexfl.v1.UpdateChunk\x1a\x14.flexfl.v1.PushReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/fleet.proto\x12\tflexfl.v1\"Z\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x1f\n\x05\x64type\x18\x03 \x01(\x0e\x32\x10.flexfl.v1.DType\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"V\n\x07Payload\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.flexfl.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\"\x8a\x01\n\rHardwareFacts\x12\x11\n\tcpu_model\x18\x01 \x01(\t\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\n\n\x02os\x18\x04 \x01(\t\x12\x0f\n\x07machine\x18\x05 \x01(\t\x12\x0e\n\x06python\x18\x06 \x01(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\"\xbd\x01\n\x0bJoinRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x14\n\x0csample_count\x18\x02 \x01(\x04\x12*\n\x08hardware\x18\x03 \x01(\x0b\x32\x18.flexfl.v1.HardwareFacts\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x18\n\x10protocol_version\x18\x05 \x01(\r\x12\x18\n\x0bshard_index\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_shard_index\"l\n\tJoinReply\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61rrival\x18\x03 \x01(\x08\x12\x15\n\rcurrent_round\x18\x04 \x01(\x04\x12\x0e\n\x06run_id\x18\x05 \x01(\t\"1\n\x0cLeaveRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1c\n\nLeaveReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\"E\n\x0bPullRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x02 \x01(\x04\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"R\n\x10ModelDescription\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x13\n\x0bnum_classes\x18\x02 \x01(\r\x12\x13\n\x0bin_features\x18\x03 \x01(\r\"\xef\x02\n\x0bRoundHeader\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.flexfl.v1.RoundHeader.Status\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x18\n\x10required_updates\x18\x03 \x01(\r\x12\x15\n\rlearning_rate\x18\x04 \x01(\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x12\n\ndeadline_s\x18\x06 \x01(\x01\x12*\n\x05model\x18\x07 \x01(\x0b\x32\x1b.flexfl.v1.ModelDescription\x12#\n\x07payload\x18\x08 \x01(\x0b\x32\x12.flexfl.v1.Payload\x12\x0c\n\x04seed\x18\t \x01(\x04\x12\x0c\n\x04unit\x18\n \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x0b \x01(\r\"C\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05ROUND\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\"N\n\nRoundChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.flexfl.v1.RoundHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xc9\x01\n\x0cUpdateHeader\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x19\n\x11updates_completed\x18\x03 \x01(\r\x12\x14\n\x0csamples_used\x18\x04 \x01(\x04\x12\x0f\n\x07train_s\x18\x05 \x01(\x01\x12\x19\n\x11previous_upload_s\x18\x06 \x01(\x01\x12\x12\n\nlocal_loss\x18\x07 \x01(\x01\x12#\n\x07payload\x18\x08 \x01(\x0b\x32\x12.flexfl.v1.Payload\"P\n\x0bUpdateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.flexfl.v1.UpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"@\n\tPushReply\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t*C\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\t\n\x05INT64\x10\x03\x32\xf2\x01\n\x05\x46leet\x12\x34\n\x04Join\x12\x16.flexfl.v1.JoinRequest\x1a\x14.flexfl.v1.JoinReply\x12\x37\n\x05Leave\x12\x17.flexfl.v1.LeaveRequest\x1a\x15.flexfl.v1.LeaveReply\x12<\n\tPullRound\x12\x16.flexfl.v1.PullRequest\x1a\x15.flexfl.v1.RoundChunk0\x01\x12<\n\nPushUpdate\x12\x16.flexfl.v1.UpdateChunk\x1a\x14.flexfl.v1.PushReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.fleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1651
-  _globals['_DTYPE']._serialized_end=1718
+  _globals['_DTYPE']._serialized_start=1693
+  _globals['_DTYPE']._serialized_end=1760
   _globals['_TENSORSPEC']._serialized_start=32
   _globals['_TENSORSPEC']._serialized_end=122
   _globals['_PAYLOAD']._serialized_start=124
@@ -40,29 +40,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HARDWAREFACTS']._serialized_start=213
   _globals['_HARDWAREFACTS']._serialized_end=351
   _globals['_JOINREQUEST']._serialized_start=354
-  _globals['_JOINREQUEST']._serialized_end=501
-  _globals['_JOINREPLY']._serialized_start=503
-  _globals['_JOINREPLY']._serialized_end=611
-  _globals['_LEAVEREQUEST']._serialized_start=613
-  _globals['_LEAVEREQUEST']._serialized_end=662
-  _globals['_LEAVEREPLY']._serialized_start=664
-  _globals['_LEAVEREPLY']._serialized_end=692
-  _globals['_PULLREQUEST']._serialized_start=694
-  _globals['_PULLREQUEST']._serialized_end=763
-  _globals['_MODELDESCRIPTION']._serialized_start=765
-  _globals['_MODELDESCRIPTION']._serialized_end=847
-  _globals['_ROUNDHEADER']._serialized_start=850
-  _globals['_ROUNDHEADER']._serialized_end=1217
-  _globals['_ROUNDHEADER_STATUS']._serialized_start=1150
-  _globals['_ROUNDHEADER_STATUS']._serialized_end=1217
-  _globals['_ROUNDCHUNK']._serialized_start=1219
-  _globals['_ROUNDCHUNK']._serialized_end=1297
-  _globals['_UPDATEHEADER']._serialized_start=1300
-  _globals['_UPDATEHEADER']._serialized_end=1501
-  _globals['_UPDATECHUNK']._serialized_start=1503
-  _globals['_UPDATECHUNK']._serialized_end=1583
-  _globals['_PUSHREPLY']._serialized_start=1585
-  _globals['_PUSHREPLY']._serialized_end=1649
-  _globals['_FLEET']._serialized_start=1721
-  _globals['_FLEET']._serialized_end=1963
+  _globals['_JOINREQUEST']._serialized_end=543
+  _globals['_JOINREPLY']._serialized_start=545
+  _globals['_JOINREPLY']._serialized_end=653
+  _globals['_LEAVEREQUEST']._serialized_start=655
+  _globals['_LEAVEREQUEST']._serialized_end=704
+  _globals['_LEAVEREPLY']._serialized_start=706
+  _globals['_LEAVEREPLY']._serialized_end=734
+  _globals['_PULLREQUEST']._serialized_start=736
+  _globals['_PULLREQUEST']._serialized_end=805
+  _globals['_MODELDESCRIPTION']._serialized_start=807
+  _globals['_MODELDESCRIPTION']._serialized_end=889
+  _globals['_ROUNDHEADER']._serialized_start=892
+  _globals['_ROUNDHEADER']._serialized_end=1259
+  _globals['_ROUNDHEADER_STATUS']._serialized_start=1192
+  _globals['_ROUNDHEADER_STATUS']._serialized_end=1259
+  _globals['_ROUNDCHUNK']._serialized_start=1261
+  _globals['_ROUNDCHUNK']._serialized_end=1339
+  _globals['_UPDATEHEADER']._serialized_start=1342
+  _globals['_UPDATEHEADER']._serialized_end=1543
+  _globals['_UPDATECHUNK']._serialized_start=1545
+  _globals['_UPDATECHUNK']._serialized_end=1625
+  _globals['_PUSHREPLY']._serialized_start=1627
+  _globals['_PUSHREPLY']._serialized_end=1691
+  _globals['_FLEET']._serialized_start=1763
+  _globals['_FLEET']._serialized_end=2005
 # @@protoc_insertion_point(module_scope)

@@ -59,18 +59,20 @@ class HardwareFacts(_message.Message):
     def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., os: _Optional[str] = ..., machine: _Optional[str] = ..., python: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("device_id", "sample_count", "hardware", "agent_version", "protocol_version")
+    __slots__ = ("device_id", "sample_count", "hardware", "agent_version", "protocol_version", "shard_index")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     sample_count: int
     hardware: HardwareFacts
     agent_version: str
     protocol_version: int
-    def __init__(self, device_id: _Optional[str] = ..., sample_count: _Optional[int] = ..., hardware: _Optional[_Union[HardwareFacts, _Mapping]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    shard_index: int
+    def __init__(self, device_id: _Optional[str] = ..., sample_count: _Optional[int] = ..., hardware: _Optional[_Union[HardwareFacts, _Mapping]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., shard_index: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("device_id", "device_index", "arrival", "current_round", "run_id")

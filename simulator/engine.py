@@ -56,6 +56,7 @@ class SimConfig:
     unit: str = "step"
     trainer: str = "batched"  # "batched" (vmap) or "plain" (edge_agent.trainer per device)
     total_samples: int | None = None
+    sizes: str = "pareto"  # sample counts: pareto (paper default) or equal
     emnist_root: str | None = None
 
     def resolved(self) -> SimConfig:
@@ -79,7 +80,8 @@ class SimConfig:
 
     def data_key(self) -> tuple:
         """Runs with equal data keys can share one FederatedData."""
-        return (self.dataset, self.iid, self.alpha, self.beta, self.n_devices, self.seed, self.total_samples, self.emnist_root)
+        return (self.dataset, self.iid, self.alpha, self.beta, self.n_devices, self.seed, self.total_samples,
+                self.sizes, self.emnist_root)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def load_data(cfg: SimConfig) -> FederatedData:
         alpha=cfg.alpha,
         beta=cfg.beta,
         total_samples=cfg.total_samples,
+        sizes=cfg.sizes,
         emnist_root=Path(cfg.emnist_root) if cfg.emnist_root else None,
     )
 

@@ -81,6 +81,7 @@ def build_federated(
     min_samples: int | None = None,
     emnist_root: Path | None = None,
     cache_dir: Path | None = None,
+    sizes: str = "pareto",
 ) -> FederatedData:
     """Split dataset `name` ("mnist", "emnist", "synthetic") over n_devices, reproducibly.
 
@@ -90,6 +91,7 @@ def build_federated(
     SYNTHETIC: `total_samples` defaults to 20000, `min_samples` to 50; iid=True is the IID
     variant, iid=False the alpha/beta formula; each device is split 90/10 into train and
     holdout, and test = all holdouts concatenated.
+    `sizes="equal"` gives every device the same count instead (the paper's fast-reboot setup).
     """
     if name not in DEFAULTS:
         raise ConfigError(f"unknown dataset {name!r}; valid names: {', '.join(DEFAULTS)}")
@@ -97,14 +99,21 @@ def build_federated(
         raise ConfigError(f"n_devices must be >= 1, got {n_devices}")
     defaults = DEFAULTS[name]
     sizes_seed, split_seed, data_seed = _derived_seeds(seed, 3)
+    if sizes not in ("pareto", "equal"):
+        raise ConfigError(f"sizes must be 'pareto' or 'equal', got {sizes!r}")
+
+    def device_sizes(total: int, min_size: int) -> np.ndarray:
+        if sizes == "equal":
+            return np.full(n_devices, total // n_devices, dtype=np.int64)
+        return pareto_sizes(n_devices, total=total, min_size=min_size, seed=sizes_seed)
 
     if name == "synthetic":
         if iid and (alpha or beta):
             raise ConfigError(f"alpha/beta ({alpha}, {beta}) apply to non-IID SYNTHETIC only; pass iid=False (--non-iid)")
-        sizes = pareto_sizes(n_devices, total=total_samples or 20000, min_size=min_samples or 50, seed=sizes_seed)
-        if sizes.min() < 2:
+        counts = device_sizes(total_samples or 20000, min_samples or 50)
+        if counts.min() < 2:
             raise ConfigError("SYNTHETIC needs at least 2 samples per device (train + holdout); raise min_samples")
-        devices = make_synthetic(alpha=alpha, beta=beta, sizes=sizes, seed=data_seed, iid=iid,
+        devices = make_synthetic(alpha=alpha, beta=beta, sizes=counts, seed=data_seed, iid=iid,
                                  dim=defaults.in_features, num_classes=defaults.num_classes)
         train, holdout = _split_devices(devices, seed=split_seed)
         test = ArrayDataset(x=np.concatenate([d.x for d in holdout]), y=np.concatenate([d.y for d in holdout]))
@@ -122,11 +131,11 @@ def build_federated(
     total = total_samples or len(full_train)
     if total > len(full_train):
         raise DataError(f"total_samples {total} exceeds the {len(full_train)} training samples of {name}")
-    sizes = pareto_sizes(n_devices, total=total, min_size=min_samples or 20, seed=sizes_seed)
+    counts = device_sizes(total, min_samples or 20)
     if iid:
-        parts = partition_iid(len(full_train), sizes, seed=split_seed)
+        parts = partition_iid(len(full_train), counts, seed=split_seed)
     else:
-        parts, _ = partition_by_label(full_train.y, sizes, seed=split_seed)
+        parts, _ = partition_by_label(full_train.y, counts, seed=split_seed)
     return FederatedData(name=name, train=tuple(full_train.subset(p) for p in parts), test=test,
                          device_test=None, num_classes=defaults.num_classes, in_features=defaults.in_features)
 

@@ -103,3 +103,11 @@ def test_emnist_from_folder(tmp_path: Path, make_emnist) -> None:
     data = build_federated("emnist", n_devices=4, iid=True, seed=0, emnist_root=tmp_path, min_samples=10)
     assert data.sample_counts.sum() == 400 and len(data.test) == 50
     assert (data.num_classes, data.in_features) == (47, 784)
+
+
+def test_equal_sizes_give_every_device_the_same_count():
+    from workloads.federated import build_federated
+
+    data = build_federated("synthetic", n_devices=5, iid=False, alpha=1.0, beta=1.0, seed=0, total_samples=1000, sizes="equal")
+    counts = [len(d) + len(h) for d, h in zip(data.train, data.device_test)]
+    assert counts == [200] * 5
