@@ -60,7 +60,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eta0", type=float, help="initial learning rate (default: the paper's per dataset)")
     p.add_argument("--batch-size", dest="batch_size", type=int, help="minibatch size (default: the paper's per dataset)")
     p.add_argument("--unit", choices=["step", "epoch"], help="one local update = one SGD step (default) or one pass")
-    p.add_argument("--trainer", choices=["batched", "plain"], help="batched vmap trainer (default) or per-device trainer")
+    p.add_argument("--trainer", choices=["auto", "batched", "plain"], help="batched (vmap), plain (per device), or auto (default: batched for logreg, plain otherwise)")
     p.add_argument("--total-samples", dest="total_samples", type=int, help="samples spread over devices (default per dataset)")
     p.add_argument("--sizes", choices=["pareto", "equal"], help="samples per device: Pareto(0.5) (default) or equal")
     p.add_argument("--emnist-root", dest="emnist_root", help="folder with EMNIST in torchvision layout")
