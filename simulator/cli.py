@@ -174,7 +174,9 @@ choices behind these numbers and the discussion of differences from the paper).
 Each cell: % improvement of final test accuracy (after round {cfg.rounds}), "B over A, C over B",
 mean ± sample standard deviation over seeds {seeds}; improvements are computed per seed
 (the three schemes of one seed share data, initial model, trace assignment and s draws).
-Rows marked (paper) are the published values.
+Rows marked (paper) are the published values. Where every trace in use is always complete
+(|T| = 1: trace T0), all devices finish E updates every round and A, B, C are the same
+algorithm; that run is computed once and shared by the three schemes (marked in its JSON).
 
 Setup: {cfg.n_devices} devices, {cfg.rounds} rounds, E = {cfg.E} local SGD steps per round,
 batch size {cfg.batch_size}, eta_tau = {cfg.eta0:g} / tau, traces `{Path(cfg.trace_set).name}` (|T| = {num_traces}),

@@ -98,7 +98,12 @@ def test_cli_schemes_writes_table_and_resumes(tmp_path, capsys):
     assert "SYNTHETIC NIID (paper) | 0.1, -0.4" in md and "not run" in md
     # |T| = 1 is trace T0 only: everyone completes, all schemes are FedAvg, 0 % improvement.
     assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 |" in md
-    capsys.readouterr()
+    first = capsys.readouterr().out
+    assert first.count("same run as A: all complete") == 4  # |T| = 1, schemes B and C, two seeds
+    shared = json.loads((tmp_path / "runs" / "schemes_synthetic" / "niid_T1_seed0_C.json").read_text())
+    assert shared["identical_to"] == "A"
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "schemes_synthetic" / "niid_T1_seed0_C.csv")))
+    assert {r["scheme"] for r in rows} == {"C"}
     assert main(args) == 0
     assert capsys.readouterr().out.count("cached") == 12
 
