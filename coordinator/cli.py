@@ -8,8 +8,6 @@ import signal
 import threading
 from pathlib import Path
 
-from coordinator.config import load_config
-
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from coordinator.config import load_config
     from coordinator.runtime import Coordinator
 
     cfg = load_config(args.config, overrides={

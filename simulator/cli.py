@@ -9,14 +9,11 @@ import tomllib
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-import numpy as np
-
 from flexfl.errors import ConfigError
-from simulator.engine import SimConfig, records_as_rows, run_simulation, load_data
-from simulator.paper import PAPER_DEVICES
-from simulator.report import plot_accuracy_curves, write_csv_atomic
-from simulator.schemes import SETTINGS, run_comparison, speed_figures, write_outputs
-from trace_recorder.format import read_trace_set
+from simulator.paper import PAPER_DEVICES, SETTINGS
+
+# Simulation modules (torch, the trainers) are imported by the handlers, so that building
+# the `flexfl` parser stays light for the edge agent.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,8 +63,10 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emnist-root", dest="emnist_root", help="folder with EMNIST in torchvision layout")
 
 
-def config_from_args(args: argparse.Namespace, **defaults) -> SimConfig:
-    """Dataclass defaults < `defaults` < TOML config file < CLI flags."""
+def config_from_args(args: argparse.Namespace, **defaults):
+    """Dataclass defaults < `defaults` < TOML config file < CLI flags; returns a resolved SimConfig."""
+    from simulator.engine import SimConfig
+
     values = dict(defaults)
     names = {f.name for f in fields(SimConfig)}
     if args.config is not None:
@@ -101,6 +100,12 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from simulator.engine import load_data, records_as_rows, run_simulation
+    from simulator.report import plot_accuracy_curves, write_csv_atomic
+    from trace_recorder.format import read_trace_set
+
     cfg = config_from_args(args)
     schemes = [s.strip().upper() for s in args.schemes.split(",") if s.strip()]
     started = time.perf_counter()
@@ -139,6 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_schemes(args: argparse.Namespace) -> int:
+    from simulator.schemes import run_comparison, speed_figures, write_outputs
+
     dataset = args.dataset or "synthetic"
     cfg = config_from_args(args, dataset=dataset, n_devices=PAPER_DEVICES[dataset])
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -162,7 +169,7 @@ def cmd_schemes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _markdown(dataset, cfg: SimConfig, settings, num_traces, seeds, paths, run_s, per_s) -> str:
+def _markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s) -> str:
     plots = "\n".join(f"![{k}]({Path(v).name})" for k, v in paths.items() if k.startswith("plot_"))
     setting_text = ", ".join(
         f"{s}: " + ", ".join(f"{k}={v}" for k, v in SETTINGS[dataset][s].items()) for s in settings)

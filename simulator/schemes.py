@@ -20,17 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from simulator.engine import SimConfig, load_data, records_as_rows, run_simulation
+from simulator.paper import SETTINGS
 from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
 from trace_recorder.format import read_trace_set
 
 log = logging.getLogger(__name__)
 
-# Setting name -> how the dataset is made non-IID (paper Section 5.1).
-SETTINGS = {
-    "synthetic": {"iid": {"iid": True, "alpha": 0.0, "beta": 0.0}, "niid": {"iid": False, "alpha": 1.0, "beta": 1.0}},
-    "mnist": {"iid": {"iid": True}, "niid": {"iid": False}},
-    "emnist": {"iid": {"iid": True}, "niid": {"iid": False}},
-}
 
 
 @dataclass(frozen=True)
