@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import numpy as np
 import torch
 
 from flexfl.errors import ConfigError
+from flexfl.files import atomic_file
 
 CHECKPOINT_VERSION = 1
 
@@ -26,21 +25,12 @@ class Checkpoint:
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
     """Write via a temp file in the same folder, fsync, rename: a crash leaves the old or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({
-                "version": CHECKPOINT_VERSION, "params": {n: p.detach().cpu() for n, p in ckpt.params.items()},
-                "completed_round": ckpt.completed_round, "run_id": ckpt.run_id,
-                "registry": ckpt.registry, "objective": ckpt.objective,
-            }, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb", perms=0o600) as f:
+        torch.save({
+            "version": CHECKPOINT_VERSION, "params": {n: p.detach().cpu() for n, p in ckpt.params.items()},
+            "completed_round": ckpt.completed_round, "run_id": ckpt.run_id,
+            "registry": ckpt.registry, "objective": ckpt.objective,
+        }, f)
 
 
 def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Checkpoint:

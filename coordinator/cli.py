@@ -73,21 +73,35 @@ def register_live(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", choices=["pareto", "equal"], default="equal", help="samples per device (default equal)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/live")
+    p.add_argument("--emulate", action="store_true",
+                   help="run each agent in an emulated device (needs root): its own network namespace and veth "
+                        "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
+                        "pair with --update-s 0 to let the quota alone set the device speed")
+    p.add_argument("--emulate-cpu", type=float, default=0.25, help="--emulate: CPUs per device (default 0.25; 0 = no quota)")
+    p.add_argument("--emulate-up-kbit", default="0",
+                   help="--emulate: upload limit per device in kbit/s, a comma list cycled over devices "
+                        "(default 0 = unshaped), e.g. 0,0,20000,5000")
     p.set_defaults(func=cmd_live)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
     from coordinator.live import LiveConfig, LiveRun
+    from flexfl.errors import ConfigError
 
+    try:
+        up_kbit = tuple(int(v) for v in args.emulate_up_kbit.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--emulate-up-kbit: expected integers separated by commas, got {args.emulate_up_kbit!r}") from None
     cfg = LiveConfig(
         devices=args.devices, dataset=args.dataset, iid=args.iid, rounds=args.rounds,
         required_updates=args.required_updates, deadline_s=args.deadline_s, scheme=args.scheme,
         departure_policy=args.departure_policy, arrive_after=args.arrive_after, depart_after=args.depart_after,
         trace_set=args.trace_set, num_traces=args.num_traces, eta0=args.eta0, update_s=args.update_s,
         total_samples=args.total_samples, sizes=args.sizes,
-        seed=args.seed, out=args.out,
+        seed=args.seed, out=args.out, emulate=args.emulate, emulate_cpu=args.emulate_cpu, emulate_up_kbit=up_kbit,
     )
-    print(f"flexfl live: {cfg.devices} agents on loopback, {cfg.dataset}, {cfg.rounds} rounds, E={cfg.required_updates}, "
+    where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate else "loopback"
+    print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.dataset}, {cfg.rounds} rounds, E={cfg.required_updates}, "
           f"deadline {cfg.deadline_s:g} s, Scheme {cfg.scheme}; arrival after round {cfg.arrive_after}, "
           f"departure ({cfg.departure_policy}) after round {cfg.depart_after}", flush=True)
     s = LiveRun(cfg).run()

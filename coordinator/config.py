@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from coordinator.aggregation import Scheme
 from coordinator.participation import DeparturePolicy
 from flexfl.errors import ConfigError
+from flexfl.files import read_secret, read_toml
 from workloads.federated import DEFAULTS
 
 
@@ -44,6 +44,7 @@ class TrainingConfig:
     fast_reboot_decay_power: float = 2.0
     min_devices: int = 1
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
+    resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
     eta0: float = 0.0  # 0: the paper's value
     batch_size: int = 0  # 0: the paper's value
     unit: str = "step"
@@ -98,14 +99,7 @@ class CoordinatorConfig:
 
     def token(self) -> str:
         if self.server.fleet_token_file:
-            path = self.path(self.server.fleet_token_file)
-            try:
-                token = path.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"server.fleet_token_file: cannot read {path}: {exc.strerror}") from None
-            if not token:
-                raise ConfigError(f"server.fleet_token_file: {path} is empty")
-            return token
+            return read_secret(self.path(self.server.fleet_token_file), what="server.fleet_token_file")
         return self.server.fleet_token
 
 
@@ -135,12 +129,7 @@ def load_config(path: Path | None, *, overrides: dict[str, dict[str, Any]] | Non
     raw: dict[str, Any] = {}
     base = "."
     if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        raw = read_toml(path)
         base = str(Path(path).resolve().parent)
     unknown = set(raw) - set(_SECTIONS)
     if unknown:

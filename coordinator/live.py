@@ -4,6 +4,12 @@ Loopback by default. One device arrives late (fast-reboot) and one announces its
 departure, so a run shows both policies at work. Each agent may follow a participation
 trace that caps its s per round (the paper's traces by default), so Scheme C has
 incomplete work to rescale even on a fast machine.
+
+With `emulate` (root) every agent runs inside an emulated device of loadgen.fleet: its own
+network namespace reaching the coordinator over a veth link, a tbf limit on its upload and
+a cgroup CPU quota. Agents start at full speed and get their quota once they have joined
+(start-up is not what the run is about). The fleet is removed on exit, Ctrl-C, SIGTERM and
+errors.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ class LiveConfig:
     seed: int = 0
     out: str = "out/live"
     host: str = "127.0.0.1"
+    emulate: bool = False  # agents in an emulated fleet (root): netns + tbf + cgroup quota each
+    emulate_cpu: float = 0.25  # CPUs per emulated device; 0 = no quota
+    emulate_up_kbit: tuple[int, ...] = ()  # upload limit per device, cycled; 0 = unshaped
+    emulate_prefix: str = "fflive"
+    emulate_subnet: str = "10.77.1"
 
     def validate(self) -> LiveConfig:
         if self.devices < 2:
@@ -57,7 +68,16 @@ class LiveConfig:
             v = getattr(self, name)
             if not 0 <= v < self.rounds:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in 0..rounds-1, got {v}")
+        if self.emulate_cpu < 0 or any(k < 0 for k in self.emulate_up_kbit):
+            raise ConfigError("--emulate-cpu and --emulate-up-kbit must be >= 0")
         return self
+
+    def device_spec(self, i: int):
+        """Device i's emulated budget."""
+        from loadgen.fleet import DeviceSpec
+
+        up = self.emulate_up_kbit[i % len(self.emulate_up_kbit)] if self.emulate_up_kbit else 0
+        return DeviceSpec(cpu_quota=self.emulate_cpu or None, up_kbit=up or None)
 
 
 def _free_port(host: str) -> int:
@@ -66,8 +86,9 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def write_configs(cfg: LiveConfig, out: Path, port: int) -> tuple[Path, list[Path]]:
+def write_configs(cfg: LiveConfig, out: Path, port: int, *, host: str | None = None) -> tuple[Path, list[Path]]:
     """Coordinator and agent TOML files for this run (also a record of what ran)."""
+    host = host or cfg.host
     out.mkdir(parents=True, exist_ok=True)
     token = out / "fleet_token"
     token.write_text(secrets.token_hex(16))
@@ -76,7 +97,7 @@ def write_configs(cfg: LiveConfig, out: Path, port: int) -> tuple[Path, list[Pat
     coord = out / "coordinator.toml"
     coord.write_text(f"""# written by flexfl live
 [server]
-listen = "{cfg.host}:{port}"
+listen = "{host}:{port}"
 fleet_token_file = "fleet_token"
 pull_wait_s = 1.0
 
@@ -110,7 +131,7 @@ dir = "coordinator"
         trace = f'{Path(cfg.trace_set).resolve()}:{traces[i % len(traces)]}' if traces else ""
         path = out / f"agent-{i}.toml"
         path.write_text(f"""# written by flexfl live
-coordinator = "{cfg.host}:{port}"
+coordinator = "{host}:{port}"
 device_id = "dev-{i}"
 fleet_token_file = "fleet_token"
 announce_departure = true
@@ -140,32 +161,74 @@ class LiveRun:
         self.cfg = cfg.validate()
         self.out = Path(cfg.out)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.fleet = None  # loadgen.fleet.EmulatedFleet when emulating
+        self._unquoted: dict[int, int] = {}  # emulated device -> agent log offset, until it has joined
         env = dict(os.environ)
         # Many processes share a few cores: one compute thread each avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", "1")
         self.env = env
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log_file = open(self.out / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "flexfl.cli", *args], stdout=log_file,
-                                stderr=subprocess.STDOUT, env=self.env)
+    def _spawn(self, name: str, args: list[str], *, device: int | None = None) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "flexfl.cli", *args]
+        log_path = self.out / f"{name}.log"
+        if device is not None and self.fleet is not None:
+            # Full speed until it has joined (see _apply_quotas); then its quota.
+            self.fleet.set_cpu_quota(device, None)
+            self._unquoted[device] = log_path.stat().st_size if log_path.exists() else 0
+            proc = self.fleet.spawn(device, argv, role="agent", log_path=log_path, env=self.env)
+        else:
+            with open(log_path, "w") as log_file:
+                proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env)
         self.procs[name] = proc
         return proc
 
-    def run(self) -> dict:
+    def _apply_quotas(self) -> None:
+        for i, offset in list(self._unquoted.items()):
+            if b"joined as index" in (self.out / f"agent-{i}.log").read_bytes()[offset:]:
+                self.fleet.set_cpu_quota(i, self.fleet.devices[i].spec.cpu_quota)
+                del self._unquoted[i]
+
+    def _start_fleet(self) -> str:
+        """Bring up the emulated fleet; return the coordinator's address on it."""
+        from loadgen.fleet import EmulatedFleet, FleetSpec, require_root
+
         cfg = self.cfg
-        port = _free_port(cfg.host)
-        coord_cfg, agent_cfgs = write_configs(cfg, self.out, port)
+        require_root("flexfl live --emulate")
+        spec = FleetSpec(devices=tuple(cfg.device_spec(i) for i in range(cfg.devices)), prefix=cfg.emulate_prefix,
+                         subnet=cfg.emulate_subnet)
+        self.fleet = EmulatedFleet.up(spec)
+        for d in self.fleet.devices:
+            print(f"  device {d.index}: netns {d.netns}, {d.address}, upload "
+                  f"{f'{d.spec.up_kbit} kbit/s' if d.spec.up_kbit else 'unshaped'}, "
+                  f"{f'{d.spec.cpu_quota:g} CPU' if d.spec.cpu_quota else 'no CPU quota'}", flush=True)
+        return self.fleet.coordinator_host
+
+    def run(self) -> dict:
+        """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
+        def on_sigterm(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self) -> dict:
+        cfg = self.cfg
         metrics = self.out / "coordinator" / "metrics.jsonl"
-        metrics.unlink(missing_ok=True)
         started = time.monotonic()
         try:
+            host = self._start_fleet() if cfg.emulate else cfg.host
+            port = _free_port(host)
+            coord_cfg, agent_cfgs = write_configs(cfg, self.out, port, host=host)
+            metrics.unlink(missing_ok=True)
             self._spawn("coordinator", ["coordinator", "--config", str(coord_cfg)])
             late = cfg.devices - 1 if cfg.arrive_after else None
             leaver = 0 if cfg.depart_after else None
             for i, path in enumerate(agent_cfgs):
                 if i != late:
-                    self._spawn(f"agent-{i}", ["agent", "--config", str(path)])
+                    self._spawn(f"agent-{i}", ["agent", "--config", str(path)], device=i)
             printed = 0
             events = {"arrival": None, "departure": None}
             while self.procs["coordinator"].poll() is None:
@@ -175,7 +238,7 @@ class LiveRun:
                 printed = len(rows)
                 done = rows[-1]["round"] if rows else 0
                 if late is not None and events["arrival"] is None and done >= cfg.arrive_after:
-                    self._spawn(f"agent-{late}", ["agent", "--config", str(agent_cfgs[late])])
+                    self._spawn(f"agent-{late}", ["agent", "--config", str(agent_cfgs[late])], device=late)
                     events["arrival"] = done
                 if leaver is not None and events["departure"] is None and done >= cfg.depart_after:
                     self.procs[f"agent-{leaver}"].send_signal(signal.SIGTERM)
@@ -183,6 +246,8 @@ class LiveRun:
                 for name, p in self.procs.items():
                     if name != "coordinator" and p.poll() not in (None, 0):
                         raise ConfigError(f"{name} exited with code {p.returncode}; see {self.out / (name + '.log')}")
+                if self._unquoted:
+                    self._apply_quotas()
                 time.sleep(0.1)
             if self.procs["coordinator"].returncode != 0:
                 raise ConfigError(f"coordinator exited with code {self.procs['coordinator'].returncode}; "
@@ -208,6 +273,9 @@ class LiveRun:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.fleet is not None:
+            self.fleet.down()  # also whatever the agents left in their devices
+            self.fleet = None
 
 
 def _round_line(row: dict, cfg: LiveConfig) -> str:
@@ -252,7 +320,8 @@ def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:
             ax.axvline(r["round"] + 0.5, color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.departure_policy})")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Live run: {cfg.dataset.upper()}, {cfg.devices} devices on {cfg.host}")
+    where = "an emulated fleet" if cfg.emulate else cfg.host
+    ax.set_title(f"Live run: {cfg.dataset.upper()}, {cfg.devices} devices on {where}")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

@@ -52,6 +52,8 @@ class Update:
     train_s: float
     local_loss: float
     bytes_in: int
+    previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
+    arrived_after_s: float = 0.0  # from the model's delivery to this update's arrival
 
 
 @dataclass
@@ -94,6 +96,7 @@ class RoundEngine:
         self.started = False
         self.finished = False
         self.current: OpenRound | None = None
+        self._seen: set[str] = set()  # devices that called in since this process started
         self._pending_arrivals: list[str] = []
         self._pending_departures: list[str] = []
         self._cond = threading.Condition()
@@ -146,6 +149,7 @@ class RoundEngine:
                 log.info("device %s reconnected", device_id)
             record.last_seen = time.time()
             record.hardware = hardware or record.hardware
+            self._seen.add(device_id)
             self._cond.notify_all()
             return pb.JoinReply(device_id=device_id, device_index=record.index, arrival=arrival,
                                 current_round=self.completed_round, run_id=self.run_id)
@@ -169,6 +173,9 @@ class RoundEngine:
         t = self.cfg.training
         with self._cond:
             self._known(device_id).last_seen = time.time()
+            if device_id not in self._seen:
+                self._seen.add(device_id)
+                self._cond.notify_all()
             while True:
                 if self.finished:
                     return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), b""
@@ -222,7 +229,8 @@ class RoundEngine:
             r = self._check_round(device_id, header)
             r.updates[device_id] = Update(s=s, delta=delta, samples_used=int(header.samples_used),
                                           train_s=float(header.train_s), local_loss=float(header.local_loss),
-                                          bytes_in=len(data))
+                                          bytes_in=len(data), previous_upload_s=float(header.previous_upload_s),
+                                          arrived_after_s=time.monotonic() - r.delivered[device_id])
             self._cond.notify_all()
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
 
@@ -290,9 +298,16 @@ class RoundEngine:
         t = self.cfg.training
         ready_since = None
         with self._cond:
-            if self.completed_round > 0:  # resumed: training had started
+            if self.completed_round > 0:  # resumed: give the fleet a moment to reconnect
+                active = [d for d, r in self.registry.devices.items() if not r.departed]
+                need = min(t.min_devices, len(active))
+                limit = time.monotonic() + t.resume_wait_s
+                while not self._stop.is_set() and len(self._seen) < need and time.monotonic() < limit:
+                    self._cond.wait(timeout=0.05)
                 self.started = True
-                return True
+                log.info("resuming at round %d with %d of %d devices back", self.completed_round + 1,
+                         len(self._seen), len(active))
+                return not self._stop.is_set()
             while not self._stop.is_set():
                 active = [d for d, r in self.registry.devices.items() if not r.departed]
                 if len(active) >= t.min_devices:
@@ -364,6 +379,8 @@ class RoundEngine:
             "bytes_out": r.bytes_out, "bytes_in": {d: u.bytes_in for d, u in updates.items()},
             "train_s": {d: u.train_s for d, u in updates.items()},
             "local_loss": {d: u.local_loss for d, u in updates.items()},
+            "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
+            "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
             "rejected": r.rejected, "arrivals": arrivals, "departures": departures,
             "round_s": closed_at - r.opened_at, "aggregate_eval_s": self._last_close - closed_at,
             "overhead_s": overhead_s,

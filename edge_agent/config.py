@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from flexfl.errors import ConfigError
+from flexfl.files import read_secret, read_toml
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,7 @@ class AgentConfig:
 
     def token(self) -> str:
         if self.fleet_token_file:
-            path = self.path(self.fleet_token_file)
-            try:
-                token = path.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"fleet_token_file: cannot read {path}: {exc.strerror}") from None
-            if not token:
-                raise ConfigError(f"fleet_token_file: {path} is empty")
-            return token
+            return read_secret(self.path(self.fleet_token_file), what="fleet_token_file")
         if not self.fleet_token:
             raise ConfigError("fleet_token_file is required: the coordinator refuses devices without the fleet token")
         return self.fleet_token
@@ -97,12 +90,7 @@ def load_agent_config(path: Path | None, *, overrides: dict[str, Any] | None = N
     raw: dict[str, Any] = {}
     base = "."
     if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        raw = read_toml(path)
         base = str(Path(path).resolve().parent)
     for key, value in (overrides or {}).items():
         if isinstance(value, dict):

@@ -17,6 +17,10 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # gRPC's own reconnect backoff grows to 120 s by default; the agent retries on its own
+    # schedule, so cap the channel's so a restarted coordinator is found within seconds.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
 AUTH_HEADER = "authorization"

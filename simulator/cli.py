@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import tomllib
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from flexfl.errors import ConfigError
+from flexfl.files import read_toml
 from simulator.paper import PAPER_DEVICES, SETTINGS
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
@@ -70,10 +70,7 @@ def config_from_args(args: argparse.Namespace, **defaults):
     values = dict(defaults)
     names = {f.name for f in fields(SimConfig)}
     if args.config is not None:
-        try:
-            loaded = tomllib.loads(args.config.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{args.config}: cannot read config: {exc}") from exc
+        loaded = read_toml(args.config)
         unknown = set(loaded) - names
         if unknown:
             raise ConfigError(f"{args.config}: unknown keys {sorted(unknown)}; valid keys: {sorted(names)}")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -12,22 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
+from flexfl.files import atomic_file
 from simulator.paper import PAPER_TABLE3
 
 
 def write_csv_atomic(path: Path, rows: Sequence[dict]) -> None:
     """Write dict rows (same keys) to CSV via a temp file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def improvement_pct(new: float, old: float) -> float:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from flexfl.errors import ConfigError, TraceFormatError
+from flexfl.files import atomic_file
 from trace_recorder.manifest import (
     KINDS,
     MANIFEST_NAME,
@@ -378,17 +378,8 @@ def _trace_csv_text(trace: Trace) -> str:
 
 def _atomic_write(path: Path, text: str) -> None:
     # Temp names start with "." and end in ".tmp": never mistaken for a trace or manifest.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # on a Pi's SD card, power loss is the usual crash
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; trace files are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def _fsync_dir(path: Path) -> None:

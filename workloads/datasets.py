@@ -11,7 +11,6 @@ import gzip
 import importlib.util
 import logging
 import os
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from flexfl.errors import DataError, DatasetNotFoundError
+from flexfl.files import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +154,8 @@ def _mnist_problem(arrays: dict[str, np.ndarray]) -> str | None:
 
 def _write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # Temp file in the same folder + os.replace: readers never see a half-written cache.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 # ---------------------------------------------------------------- EMNIST

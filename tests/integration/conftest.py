@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -80,3 +81,18 @@ def fleet_factory():
 def live_config(tmp_path):
     """make_config bound to this test's tmp_path: live_config(**training_overrides)."""
     return lambda **training: make_config(tmp_path, **training)
+
+
+def _wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def wait_for():
+    """wait_for(predicate, timeout=30, what=...) polls until true or fails the test."""
+    return _wait_for

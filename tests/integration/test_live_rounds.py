@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -14,13 +13,6 @@ from simulator.engine import SimConfig, run_simulation
 from simulator.participation import FixedParticipation
 
 
-def _wait_for(predicate, timeout=20.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _metrics(fleet):
@@ -45,13 +37,13 @@ def test_rounds_complete_and_accuracy_rises(live_config, fleet_factory):
     assert (fleet.coordinator.out_dir / "checkpoint.pt").exists()
 
 
-def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory):
+def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for):
     schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
     cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, scheme="C")
     fleet = fleet_factory(cfg)
     for i in range(4):  # join in index order so registry index == shard index == simulator device
         fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
-        _wait_for(lambda: f"dev-{i}" in fleet.coordinator.engine.registry, what=f"dev-{i} to join")
+        wait_for(lambda: f"dev-{i}" in fleet.coordinator.engine.registry, what=f"dev-{i} to join")
     assert fleet.coordinator.wait(timeout=60)
     t = cfg.training
     sim = run_simulation(
@@ -67,12 +59,12 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
 
 
-def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_factory):
+def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_factory, wait_for):
     cfg = live_config(rounds=8, n_devices=4, min_devices=3, deadline_s=2.0)
     fleet = fleet_factory(cfg)
     for i in range(3):
         fleet.start_agent(i)
-    _wait_for(lambda: fleet.coordinator.engine.completed_round >= 3, what="round 3")
+    wait_for(lambda: fleet.coordinator.engine.completed_round >= 3, what="round 3")
     fleet.start_agent(3)
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
@@ -93,11 +85,11 @@ def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_
 
 
 @pytest.mark.parametrize("policy", ["include", "exclude"])
-def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, policy):
+def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, policy, wait_for):
     cfg = live_config(rounds=7, n_devices=3, min_devices=3, departure_policy=policy)
     fleet = fleet_factory(cfg)
     agents = [fleet.start_agent(i) for i in range(3)]
-    _wait_for(lambda: fleet.coordinator.engine.completed_round >= 2, what="round 2")
+    wait_for(lambda: fleet.coordinator.engine.completed_round >= 2, what="round 2")
     agents[2].stop(announce=True)
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)

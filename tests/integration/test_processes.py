@@ -26,13 +26,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for(predicate, timeout=30.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _flexfl(*args: str, log: Path) -> subprocess.Popen:
@@ -49,7 +42,7 @@ def procs():
         p.wait(timeout=10)
 
 
-def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, tmp_path, procs):
+def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, tmp_path, procs, wait_for):
     cfg = live_config(rounds=4, n_devices=3, min_devices=3, deadline_s=3.0)
     fleet = fleet_factory(cfg)
     slow = ParticipationConfig(min_update_s=0.2)  # 5 updates take ~1 s: a wide window to kill in
@@ -78,7 +71,7 @@ min_update_s = 0.2
         r = engine.current
         return r is not None and r.round_id == 2 and "dev-2" in r.delivered and "dev-2" not in r.updates
 
-    _wait_for(dev2_training_in_round_2, what="dev-2 to be mid-round 2")
+    wait_for(dev2_training_in_round_2, what="dev-2 to be mid-round 2")
     agent.send_signal(signal.SIGKILL)
     assert fleet.coordinator.wait(timeout=60)
     rows = {r["round"]: r for r in read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")}
@@ -112,7 +105,7 @@ dir = "out"
     return path
 
 
-def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs):
+def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs, wait_for):
     port = _free_port()
     config = _coordinator_toml(tmp_path, port, rounds=6)
     coord = _flexfl("coordinator", "--config", str(config), log=tmp_path / "c1.log")
@@ -122,7 +115,7 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     helper.port = port
     agents = [helper.start_agent(i, participation=ParticipationConfig(min_update_s=0.05)) for i in range(3)]
     metrics = tmp_path / "out" / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 2, what="two rounds")
+    wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 2, what="two rounds")
     coord.send_signal(signal.SIGKILL)
     coord.wait(timeout=10)
     done_before = len(read_metrics(metrics))
@@ -142,12 +135,12 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     assert "resumed from" in (tmp_path / "c2.log").read_text()
 
 
-def test_sigterm_leaves_a_final_checkpoint(tmp_path, procs):
+def test_sigterm_leaves_a_final_checkpoint(tmp_path, procs, wait_for):
     port = _free_port()
     config = _coordinator_toml(tmp_path, port, rounds=50)
     coord = _flexfl("coordinator", "--config", str(config), log=tmp_path / "c.log")
     procs.append(coord)
-    _wait_for(lambda: "listening" in (tmp_path / "c.log").read_text(), what="coordinator to listen")
+    wait_for(lambda: "listening" in (tmp_path / "c.log").read_text(), what="coordinator to listen")
     coord.send_signal(signal.SIGTERM)
     assert coord.wait(timeout=20) == 0
     ckpt = tmp_path / "out" / "checkpoint.pt"

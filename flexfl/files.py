@@ -1,0 +1,57 @@
+"""Small file helpers every package shares: atomic writes, TOML configs, secret files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from flexfl.errors import ConfigError
+
+
+@contextmanager
+def atomic_file(path: Path, mode: str = "w", *, perms: int = 0o644) -> Iterator[IO]:
+    """Open a temp file beside `path`; on success fsync it and rename it over `path`.
+
+    Readers see the old file or the new one, never half of one (on a Pi's SD card a power
+    cut is the usual crash). Temp names start with "." and end in ".tmp". On an exception
+    the temp file is removed and `path` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, perms)  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML config, with errors that name the file."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def read_secret(path: Path, *, what: str) -> str:
+    """The stripped contents of a secret file (e.g. the fleet token); empty or unreadable is an error."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if not value:
+        raise ConfigError(f"{what}: {path} is empty")
+    return value
