@@ -136,3 +136,20 @@ def test_wrong_token_and_unknown_device_get_unauthenticated(live_config, fleet_f
     assert len(fleet.coordinator.engine.registry.devices) == 0
     for d in (intruder, stranger):
         d.channel.close()
+
+
+def test_oversized_update_rejected_before_it_is_buffered(live_config, fleet_factory):
+    from dataclasses import replace
+
+    cfg = live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0)
+    cfg = replace(cfg, server=replace(cfg.server, max_update_mib=0.001))  # ~1 KB; the model is ~2.4 KB
+    fleet = fleet_factory(cfg)
+    dev = RawDevice(fleet.port, "big")
+    dev.join()
+    header, model = dev.pull()
+    with pytest.raises(grpc.RpcError) as err:
+        dev.push(*_update("big", header.round_id, {n: np.zeros_like(v) for n, v in model.items()}))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exceeds the limit" in err.value.details()
+    assert "big" not in fleet.coordinator.engine.current.updates
+    dev.channel.close()
