@@ -315,9 +315,10 @@ def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:
     ax.plot([r["round"] for r in rows], [100 * r["test_acc"] for r in rows], color="tab:green", label=f"Scheme {cfg.scheme}")
     for r in rows:
         if r["arrivals"]:
-            ax.axvline(r["round"] + 0.5, color="tab:blue", ls="--", lw=1, label="arrival (fast-reboot)")
+            # Evaluated from this round on with the newcomer's holdout; it trains from the next.
+            ax.axvline(r["round"], color="tab:blue", ls="--", lw=1, label="arrival (fast-reboot from next round)")
         if r["departures"]:
-            ax.axvline(r["round"] + 0.5, color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.departure_policy})")
+            ax.axvline(r["round"], color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.departure_policy})")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     where = "an emulated fleet" if cfg.emulate else cfg.host
