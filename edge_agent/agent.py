@@ -50,7 +50,9 @@ def hardware_facts() -> pb.HardwareFacts:
     cpu_model = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "model\t")):
+            # "model name" (x86), "Hardware"/"Model" (Raspberry Pi); not x86's bare "model : 1".
+            key = line.split(":", 1)[0].strip().lower()
+            if key in ("model name", "hardware", "model") and not line.split(":", 1)[1].strip().isdigit():
                 cpu_model = line.split(":", 1)[1].strip()
                 break
     except OSError:
@@ -242,7 +244,8 @@ class EdgeAgent:
                              local_loss=loss if np.isfinite(loss) else 0.0, payload=payload)
         t0 = time.monotonic()
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
-        self._upload_s = time.monotonic() - t0
+        if body:  # an empty (s = 0) push says nothing about how long a real upload takes
+            self._upload_s = time.monotonic() - t0
         self.rounds_done.append({"round": header.round_id, "s": s, "E": E, "train_s": train_s,
                                  "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate})
         log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s", self.cfg.device_id, header.round_id, s, E,

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--nice", type=int, default=0,
                        help="stress-ng's nice; below 0 (root) it wins against other work")
     serve.add_argument("--cpus", type=float, help="CPUs to load (default: cgroup quota, else affinity)")
+    serve.add_argument("--cpu-method", help="stress-ng --cpu-method (e.g. int8: uniform, accurate under a quota)")
     serve.set_defaults(func=cmd_serve)
 
     send = lsub.add_parser("send", help="send one command to one or more daemons")
@@ -56,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from loadgen.daemon import DaemonConfig, run_daemon
 
     config = DaemonConfig(bind=args.bind, iface=args.iface, measure_interval_s=args.measure_interval_s,
-                          nice=args.nice, cpus=args.cpus)
+                          nice=args.nice, cpus=args.cpus, cpu_method=args.cpu_method)
     return run_daemon(config)
 
 

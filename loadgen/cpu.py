@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import re
 import threading
 import time
 import weakref
@@ -104,12 +105,19 @@ class CpuLoad:
         nice: int = 0,
         grace_s: float = 2.0,
         stress_ng: str = "stress-ng",
+        cpu_method: str | None = None,
     ) -> None:
         self.cpus = float(cpus) if cpus is not None else available_cpus()
         if self.cpus <= 0:
             raise CpuLoadError(f"cpus must be positive, got {cpus!r}")
         if not -20 <= nice <= 19:
             raise CpuLoadError(f"nice must be in [-20, 19], got {nice!r}")
+        if cpu_method is not None and not re.fullmatch(r"[a-z0-9_]+", cpu_method):
+            raise CpuLoadError(f"bad stress-ng --cpu-method {cpu_method!r}")
+        # One uniform method (e.g. "int8") keeps --cpu-load accurate under a cgroup quota:
+        # stress-ng sizes each pause from its last busy slice, and the default mix's slow
+        # operations get throttled half-way (a 90 % target reached about half).
+        self.cpu_method = cpu_method
         self.nice = nice
         self.grace_s = grace_s
         self._stress_ng = stress_ng
@@ -224,6 +232,8 @@ class CpuLoad:
             raise CpuLoadError(f"{self._stress_ng} is not installed (apt-get install stress-ng)")
         workers, per_worker = plan_workers(percent, self.cpus)
         argv = [exe, "--cpu", str(workers), "--cpu-load", str(per_worker), "--timeout", "0", "--quiet"]
+        if self.cpu_method:
+            argv += ["--cpu-method", self.cpu_method]
         libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: no dlopen in the child
         parent_pid, nice = os.getpid(), self.nice
 

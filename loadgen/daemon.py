@@ -45,6 +45,7 @@ class DaemonConfig:
     measure_interval_s: float = 5.0  # status reports the load over the last such interval
     nice: int = 0  # stress-ng's nice (see loadgen.cpu.CpuLoad)
     cpus: float | None = None  # CPUs to load; None: cgroup quota, else affinity
+    cpu_method: str | None = None  # stress-ng --cpu-method; None: stress-ng's default mix
     poll_interval_s: float = 0.2  # how quickly a stop request is noticed
 
     def __post_init__(self) -> None:
@@ -80,7 +81,7 @@ class LoadgenDaemon:
         context: zmq.Context | None = None,
     ) -> None:
         self.config = config
-        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice)
+        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice, cpu_method=config.cpu_method)
         self._shaper = shaper
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket | None = None

@@ -1,4 +1,4 @@
-"""`flexfl traces ...`: make the calibrated paper set, show a set's statistics, validate a set."""
+"""`flexfl traces ...`: make the calibrated paper set, record a set on a fleet, show or validate a set."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 from flexfl.errors import TraceFormatError
 from trace_recorder.calibrate import PAPER_TABLE2, generate_paper_traces, paper_manifest
 from trace_recorder.format import Trace, TraceSet, read_trace_set, write_trace_set
+from trace_recorder.profiles import DEFAULT_PROFILE
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `traces` and its subcommands to the top-level `flexfl` parser."""
-    parser = sub.add_parser("traces", help="trace sets: calibrate, show, validate",
+    parser = sub.add_parser("traces", help="trace sets: calibrate, record, show, validate",
                             description="Trace sets: per-round fractions of required updates submitted.")
     actions = parser.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
 
@@ -29,6 +30,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--resolution", type=int, default=20, help="fractions lie on k/RESOLUTION (default: 20)")
     cal.add_argument("--seed", type=int, default=0, help="base seed of the fit (default: 0)")
     cal.set_defaults(func=_calibrate)
+
+    rec = actions.add_parser(
+        "record", help="record a set on an emulated fleet (root) or real hosts (--inventory)",
+        description="Run the paper's protocol (CPU competitor / upload bandwidth per device, calibrated "
+                    "deadline, FedAvg rounds through the real coordinator and agents) and write a trace set. "
+                    "Without --inventory it builds an emulated fleet on this machine and needs root.")
+    rec.add_argument("--out", type=Path, required=True, help="trace-set folder to write, e.g. traces/recorded-emulated")
+    rec.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
+                     help="recording profile (default: trace_recorder/paper_profile.toml)")
+    rec.add_argument("--rounds", type=int, help="rounds to record (default: the profile's)")
+    rec.add_argument("--traces", help="comma-separated subset of the profile's traces, e.g. T0,T90")
+    rec.add_argument("--deadline-s", type=float, help="use this deadline instead of calibrating one")
+    rec.add_argument("--inventory", type=Path, help="TOML list of real hosts (see traces/README.md); "
+                                                    "their agents and loadgen daemons must already run")
+    rec.add_argument("--work", type=Path, help="work folder (default: out/traces-record/<set name>)")
+    rec.add_argument("--resume", action="store_true", help="continue the interrupted recording in the work folder")
+    rec.add_argument("--overwrite", action="store_true", help="replace a trace set already at --out")
+    rec.add_argument("--prefix", default="ffrec", help="emulated fleet's name prefix (default ffrec)")
+    rec.add_argument("--subnet", default="10.77.0", help="emulated fleet's /24, first three octets (default 10.77.0)")
+    rec.add_argument("--port", type=int, default=50061, help="coordinator port (emulated fleet; default 50061)")
+    rec.set_defaults(func=_record)
 
     show = actions.add_parser("show", help="print a set's per-trace statistics")
     show.add_argument("path", type=Path, metavar="PATH", help="trace-set folder")
@@ -52,6 +74,28 @@ def _calibrate(args: argparse.Namespace) -> int:
                 for t in traces)
     print(f"wrote {len(traces)} calibrated traces x {args.rounds} rounds to {args.out} "
           f"(largest gap to Table 2: {worst:.3f} pp)")
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from trace_recorder.recorder import RecordOptions, default_command, record
+
+    argv = ["--out", str(args.out)]
+    for flag in ("profile", "rounds", "traces", "deadline_s", "inventory", "work", "prefix", "subnet", "port"):
+        value = getattr(args, flag)
+        if value is not None and not (flag == "profile" and value == DEFAULT_PROFILE):
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    opts = RecordOptions(
+        out=args.out, profile=args.profile, rounds=args.rounds,
+        traces=tuple(t for t in (args.traces or "").split(",") if t), work=args.work, resume=args.resume,
+        overwrite=args.overwrite, deadline_s=args.deadline_s, inventory=args.inventory, prefix=args.prefix,
+        subnet=args.subnet, port=args.port, command=default_command(argv),
+    )
+    result = record(opts)
+    m = result["manifest"]
+    print(_table(result["traces"], m.conditions))
+    print(f"wrote {len(m.traces)} recorded traces x {len(result['traces'][0])} rounds to {args.out} "
+          f"(deadline {m.deadline_s:g} s, E = {m.required_updates}) in {result['elapsed_s']:.0f} s")
     return 0
 
 

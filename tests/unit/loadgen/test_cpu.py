@@ -90,3 +90,11 @@ def test_no_quota_and_no_cgroup_files(tmp_path):
     assert cgroup.cgroup_quota_cpus(proc=proc) is None
     assert cgroup.cgroup_quota_cpus(proc=tmp_path / "absent") is None
     assert cgroup.available_cpus() > 0
+
+
+def test_bad_cpu_method_rejected_before_anything_runs():
+    from loadgen.cpu import CpuLoad
+    from loadgen.errors import CpuLoadError
+
+    with pytest.raises(CpuLoadError, match="--cpu-method"):
+        CpuLoad(cpus=1.0, cpu_method="int8; rm -rf /")

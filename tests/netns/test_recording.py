@@ -1,0 +1,84 @@
+"""`flexfl traces record` on an emulated fleet: two devices, one CPU-loaded, a few rounds.
+
+The set must be valid, replayable by the simulator, show the loaded device completing less,
+and leave no fleet behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import psutil
+import pytest
+
+from loadgen import fleet as fl
+from simulator.engine import SimConfig, run_simulation
+from trace_recorder.format import read_trace_set
+from trace_recorder.recorder import RecordOptions, record
+
+PROFILE = """
+name = "netns-test"
+rounds = 5
+[deadline]
+warmup_rounds = 5
+skip_rounds = 1
+statistic = "max"
+factor = 1.0
+warmup_deadline_s = 30.0
+[emulation]
+cpu_quota = 0.2
+cfs_period_us = 10000
+[[traces]]
+name = "T0"
+cpu_load_pct = 0
+[[traces]]
+name = "T90"
+cpu_load_pct = 90
+"""
+
+
+@pytest.fixture
+def fleet_host(root_netns, stress_ng):
+    try:
+        fl.require_root()
+    except fl.FleetError as exc:
+        pytest.skip(str(exc))
+    for prefix in fl.list_fleets():  # fleets of test runs that died
+        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
+        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
+            fl.down(prefix)
+
+
+def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fleet_host, tmp_path, capsys) -> None:
+    prefix = f"fr{os.getpid():06x}"
+    profile = tmp_path / "profile.toml"
+    profile.write_text(PROFILE)
+    out = tmp_path / "recorded"
+    try:
+        result = record(RecordOptions(out=out, profile=profile, work=tmp_path / "work", prefix=prefix,
+                                      subnet=f"10.78.{(os.getpid() % 60) * 4 + 3}", command="test"))
+    finally:
+        assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
+    printed = capsys.readouterr().out
+    assert "calibration: deadline" in printed and "round" in printed  # progress was shown
+
+    ts = read_trace_set(out)
+    m = ts.manifest
+    assert m.kind == "recorded" and m.required_updates == 20 and m.deadline_s > 0
+    assert [t.name for t in ts.traces] == ["T0", "T90"]
+    assert all(len(t) == 5 for t in ts.traces)
+    assert m.conditions["T90"]["cpu_load_pct"] == 90 and m.conditions["T90"]["cpu_quota"] == 0.2
+    devices = [h for h in m.hosts if h["role"] == "device"]
+    assert [h["device_id"] for h in devices] == ["T0", "T90"] and all(h["hardware"].get("cpu_model") for h in devices)
+    t0, t90 = ts.traces
+    assert set(t0.extra) == {"train_s", "upload_s", "upload_bytes", "arrived"}
+    assert (t0.extra["upload_bytes"][t0.fraction > 0] > 700_000).all()  # the MNIST MLP's delta
+    assert t90.fraction.mean() < t0.fraction.mean(), (t0.fraction, t90.fraction)
+    assert result["elapsed_s"] > 0
+
+    sim = run_simulation(SimConfig(dataset="synthetic", n_devices=4, rounds=3, E=20, trace_set=str(out), num_traces=2))
+    assert len(sim.records) == 3
+    assert set(sim.trace_assignment) <= {"T0", "T90"}
+    assert np.isfinite(sim.records[-1].test_loss)

@@ -1,0 +1,99 @@
+"""The recorder's rules on coordinator metrics rows: deadline calibration, round selection, trace building."""
+
+from __future__ import annotations
+
+import pytest
+
+from trace_recorder.format import read_trace_set, write_trace_set
+from trace_recorder.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
+
+IDS = ["T0", "T90"]
+DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None) for i, d in enumerate(IDS)]
+
+
+def row(k: int, *, s: dict, delivered: tuple = ("T0", "T90"), arrived: tuple = ("T0", "T90"),
+        upload: dict | None = None, after: dict | None = None) -> dict:
+    return {"round": k, "s": s, "bytes_out": {d: 800_000 for d in delivered},
+            "bytes_in": {d: 796_840 if s[d] else 0 for d in arrived}, "train_s": {d: 0.1 * s[d] for d in arrived},
+            "previous_upload_s": upload or {d: 0.05 for d in arrived},
+            "arrived_after_s": after or {d: 0.3 for d in arrived}}
+
+
+def test_deadline_is_factor_times_the_statistic_of_complete_unloaded_rounds() -> None:
+    rows = [row(k, s={"T0": 20, "T90": 12}, after={"T0": t, "T90": 0.9}) for k, t in
+            [(1, 5.0), (2, 0.30), (3, 0.40), (4, 0.35)]]
+    rows.append(row(5, s={"T0": 19, "T90": 12}, after={"T0": 9.0, "T90": 0.9}))  # incomplete: ignored
+    deadline, details = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="max", factor=1.1)
+    assert deadline == pytest.approx(0.44)  # round 1 (cold start) and the incomplete round 5 do not count
+    assert details["samples"] == 3
+    deadline, _ = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="median", factor=1.0)
+    assert deadline == pytest.approx(0.35)
+
+
+def test_calibration_without_a_complete_unloaded_round_is_an_error() -> None:
+    rows = [row(k, s={"T0": 10, "T90": 5}) for k in (1, 2, 3)]
+    with pytest.raises(RecordError, match="completed all 20 updates"):
+        calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=0, statistic="max", factor=1.1)
+
+
+def test_settling_rounds_are_dropped_per_segment_and_every_kept_round_has_a_successor() -> None:
+    rows = {k: row(k, s={"T0": 20, "T90": 10}) for k in range(1, 21)}
+    # Segment after round 4 (calibration): rounds 5-6 miss a device, 7 is the first all-delivered one.
+    for k in (5, 6):
+        rows[k] = row(k, s={"T0": 20, "T90": 0}, delivered=("T0",), arrived=("T0",))
+    # A restart after round 12: 13 is all-delivered (settling), 14.. recorded again; 12 has no successor
+    # in its segment, so it is not kept.
+    assert select_rounds(rows, segments=[4, 12], ids=IDS, rounds=100) == [8, 9, 10, 11, 14, 15, 16, 17, 18, 19]
+    assert select_rounds(rows, segments=[4, 12], ids=IDS, rounds=3) == [8, 9, 10]
+
+
+def test_traces_take_fraction_and_timings_and_the_upload_time_from_the_next_header(tmp_path) -> None:
+    rows = {
+        7: row(7, s={"T0": 20, "T90": 12}),
+        8: row(8, s={"T0": 20, "T90": 0}, arrived=("T0",), upload={"T0": 0.04}),  # T90's update was late
+        9: row(9, s={"T0": 20, "T90": 15}, upload={"T0": 0.06, "T90": 0.7}),
+    }
+    t0, t90 = build_traces(rows, [7, 8], DEVICES, E=20)
+    assert list(t0.fraction) == [1.0, 1.0] and list(t90.fraction) == [0.6, 0.0]
+    assert list(t90.extra["arrived"]) == [1, 0]
+    assert list(t90.extra["upload_bytes"]) == [796_840, 0]
+    assert list(t90.extra["train_s"]) == [pytest.approx(1.2), 0.0]
+    # Round 8's header did not arrive for T90, so round 7's upload time is unknown (0); round 9's
+    # header reports the (late) upload of round 8.
+    assert list(t90.extra["upload_s"]) == [0.0, 0.7]
+    assert list(t0.extra["upload_s"]) == [0.04, 0.06]
+
+
+def test_built_traces_round_trip_through_the_format(tmp_path) -> None:
+    from trace_recorder.format import TraceManifest, utc_now_iso
+
+    rows = {k: row(k, s={"T0": 20, "T90": 7 + k}) for k in range(1, 5)}
+    traces = build_traces(rows, [1, 2, 3], DEVICES, E=20)
+    manifest = TraceManifest(schema_version=1, name="t", kind="recorded", description="", source={},
+                             required_updates=20, deadline_s=0.5, traces=("T0", "T90"), conditions={},
+                             hosts=(), created=utc_now_iso())
+    write_trace_set(tmp_path / "t", manifest, traces)
+    back = read_trace_set(tmp_path / "t")
+    assert list(back.get("T90").fraction) == [0.4, 0.45, 0.5]
+    assert back.get("T90").extra["arrived"].dtype.kind == "i"
+
+
+def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp_path) -> None:
+    import json
+
+    from flexfl.errors import ConfigError
+    from trace_recorder.recorder import Recording, RecordOptions
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "state.json").write_text(json.dumps({"phase": "recording"}))
+    opts = RecordOptions(out=tmp_path / "set", work=work)
+    with pytest.raises(ConfigError, match="unfinished recording; --resume continues it"):
+        Recording(opts)._load_state()
+    (work / "state.json").write_text(json.dumps({"phase": "done"}))
+    (work / "old.log").write_text("x")
+    recording = Recording(opts)
+    recording._load_state()
+    assert recording.state["phase"] == "calibrating" and not (work / "old.log").exists()
+    with pytest.raises(ConfigError, match="--resume: .* another profile"):
+        Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True, rounds=7))._load_state()

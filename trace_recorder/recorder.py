@@ -1,0 +1,706 @@
+"""`flexfl traces record`: record a trace set by running the paper's protocol on a fleet.
+
+The fleet is emulated on this machine (loadgen.fleet, root) or real hosts from an
+inventory, whose agents and loadgen daemons already run as services. Either way:
+
+1. Every device's load is set through its loadgen daemon over ZeroMQ: a stress-ng
+   competitor at the profile's CPU percent, a tbf limit on its upload.
+2. Calibration: the real coordinator runs warm-up rounds with a generous deadline; the
+   deadline is derived from the unloaded devices' times (profile [deadline]; the rule is in
+   `calibrate_deadline`). The coordinator is then stopped (SIGTERM: a clean checkpoint).
+3. Recording: the coordinator resumes from that checkpoint with the calibrated deadline;
+   the agents, which never stopped, reconnect. Each (re)start's rounds up to and including
+   the first one in which every device received the model are dropped as settling rounds;
+   the next R rounds are recorded, plus one more whose update headers carry the devices'
+   measured upload time of the last recorded round.
+4. The trace set is built from the coordinator's metrics.jsonl and written atomically,
+   once, at the end.
+
+Everything in between lives in a work folder (configs, logs, the coordinator's metrics and
+checkpoint, state.json); `--resume` continues an interrupted recording from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import platform
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flexfl import __version__
+from flexfl.errors import ConfigError, FlexFLError
+from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
+from trace_recorder.manifest import SCHEMA_VERSION
+from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile, load_inventory, load_profile
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+COLUMNS = {
+    "train_s": "seconds the agent spent on local updates (0 when its update did not arrive)",
+    "upload_s": "seconds the agent's upload took, as it measured and reported in its next update header "
+                "(0 when unknown: that next update did not arrive either)",
+    "upload_bytes": "bytes of the update that arrived (0 when none did)",
+    "arrived": "1 if the device's update (possibly with s = 0) arrived before the deadline, else 0",
+}
+_PR_SET_PDEATHSIG = 1
+
+
+class RecordError(FlexFLError):
+    """A recording cannot start or go on (the message says why and where to look)."""
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    out: Path
+    profile: Path = DEFAULT_PROFILE
+    rounds: int | None = None  # overrides the profile's R
+    traces: tuple[str, ...] = ()  # record only these traces of the profile
+    work: Path | None = None  # default: out/traces-record/<set name>
+    resume: bool = False
+    overwrite: bool = False
+    deadline_s: float | None = None  # skip calibration
+    inventory: Path | None = None
+    prefix: str = "ffrec"
+    subnet: str = "10.77.0"
+    port: int = 50061
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    device_id: str
+    trace: str
+    shard_index: int
+    loadgen: str
+    iface: str | None
+
+
+# ---- fleets --------------------------------------------------------------------------------
+
+
+class EmulatedBackend:
+    """Devices of a fresh emulated fleet; agents started and stopped here."""
+
+    mode = "emulated"
+
+    def __init__(self, profile: Profile, opts: RecordOptions, work: Path) -> None:
+        from loadgen.fleet import DeviceSpec, FleetSpec
+
+        e = profile.emulation
+        down = [profile.rate_kbit(t) if e.shape_download else None for t in profile.traces]
+        self.spec = FleetSpec(devices=tuple(DeviceSpec(cpu_quota=e.cpu_quota, down_kbit=d) for d in down),
+                              prefix=opts.prefix, subnet=opts.subnet, cfs_period_us=e.cfs_period_us,
+                              stress_ng_method=e.stress_ng_method or None)
+        self.profile = profile
+        self.work = work
+        self.port = opts.port
+        self.fleet = None
+        self.agents: dict[int, subprocess.Popen] = {}
+        self.devices: list[DeviceRun] = []
+
+    def start(self) -> None:
+        from loadgen.fleet import EmulatedFleet
+
+        self.fleet = EmulatedFleet.up(self.spec)
+        for d in self.fleet.devices:
+            self.fleet.start_loadgen(d.index, nice=self.profile.emulation.competitor_nice)
+        self.devices = [DeviceRun(device_id=t.name, trace=t.name, shard_index=i, loadgen=d.loadgen_endpoint,
+                                  iface=d.iface) for i, (t, d) in enumerate(zip(self.profile.traces, self.fleet.devices))]
+
+    @property
+    def coordinator_listen(self) -> str:
+        return f"{self.fleet.coordinator_host}:{self.port}"
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    def start_agents(self, configs: list[Path], *, timeout_s: float = 300.0) -> None:
+        """Start every agent at full speed; once all have joined, cap each device at its quota."""
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        logs, offsets = {}, {}
+        for i, path in enumerate(configs):
+            self.fleet.set_cpu_quota(i, None)  # start-up (imports, MNIST shard) is not what we measure
+            logs[i] = self.work / f"agent-{self.devices[i].device_id}.log"
+            offsets[i] = logs[i].stat().st_size if logs[i].exists() else 0
+            self.agents[i] = self.fleet.spawn(i, [sys.executable, "-m", "flexfl.cli", "agent", "--config", str(path)],
+                                              role="agent", log_path=logs[i], env=env)
+        deadline = time.monotonic() + timeout_s
+        waiting = set(self.agents)
+        while waiting:
+            self.check()
+            for i in list(waiting):
+                if b"joined as index" in logs[i].read_bytes()[offsets[i]:]:
+                    waiting.discard(i)
+                    self.fleet.set_cpu_quota(i, self.profile.emulation.cpu_quota)
+            if time.monotonic() > deadline:
+                raise RecordError(f"agents {sorted(waiting)} did not join within {timeout_s:g} s; see {self.work}")
+            time.sleep(0.1)
+
+    def check(self) -> None:
+        for i, p in self.agents.items():
+            if p.poll() is not None:
+                raise RecordError(f"agent {self.devices[i].device_id} exited with code {p.returncode}; "
+                                  f"see {self.work / f'agent-{self.devices[i].device_id}.log'}")
+
+    def facts(self) -> dict[str, Any]:
+        f = self.fleet
+        return {"mode": "emulated", "prefix": f.prefix, "subnet": f"{f.subnet}.0/24",
+                "coordinator_address": f.coordinator_host, "cfs_period_us": f.cfs_period_us,
+                "cpu_quota": self.profile.emulation.cpu_quota,
+                "fleet_cpu_shares": self.spec.cpu_shares or 1024 * len(f.devices),
+                "stress_ng_method": self.profile.emulation.stress_ng_method or "default",
+                "competitor_nice": self.profile.emulation.competitor_nice,
+                "upload_shaping": "tc tbf on each device's veth egress, set by its loadgen daemon",
+                "download_shaping": "tc tbf on the coordinator-side veth egress" if self.profile.emulation.shape_download
+                else "none", "devices": {d.device_id: {"netns": x.netns, "address": x.address, "iface": x.iface}
+                                         for d, x in zip(self.devices, f.devices)}}
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.down()  # stops agents, daemons, stress-ng; removes namespaces, links, cgroups
+            self.fleet = None
+
+
+class InventoryBackend:
+    """Real hosts: agents and loadgen daemons run as services there; nothing is started here."""
+
+    mode = "inventory"
+
+    def __init__(self, profile: Profile, inventory: Inventory) -> None:
+        traces = {t.name for t in profile.traces}
+        unknown = [d.trace for d in inventory.devices if d.trace not in traces]
+        if unknown:
+            raise ConfigError(f"{inventory.path}: traces {unknown} are not in profile {profile.path}")
+        self.inventory = inventory
+        self.devices = [DeviceRun(device_id=d.device_id, trace=d.trace, shard_index=i, loadgen=d.loadgen,
+                                  iface=d.iface or None) for i, d in enumerate(inventory.devices)]
+
+    def start(self) -> None:
+        from loadgen.client import FleetClient
+
+        with FleetClient([d.loadgen for d in self.devices], timeout_s=self.inventory.loadgen_timeout_s) as c:
+            c.ping()
+
+    @property
+    def coordinator_listen(self) -> str:
+        return self.inventory.coordinator_listen
+
+    @property
+    def n_devices(self) -> int:
+        return self.inventory.n_devices or len(self.devices)
+
+    def start_agents(self, configs: list[Path], *, timeout_s: float = 0.0) -> None:
+        pass  # services; the coordinator waits until all of them joined (min_devices)
+
+    def check(self) -> None:
+        pass
+
+    def facts(self) -> dict[str, Any]:
+        return {"mode": "inventory", "inventory": self.inventory.path, "download_shaping": "none",
+                "upload_shaping": "tc tbf on each host's interface, set by its loadgen daemon"}
+
+    def close(self) -> None:
+        pass
+
+
+# ---- the coordinator process ----------------------------------------------------------------
+
+
+class CoordinatorProcess:
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, *, resume: bool, deadline_s: float | None = None, timeout_s: float = 180.0) -> None:
+        args = [sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(self.config)]
+        if resume:
+            args.append("--resume")
+        if deadline_s is not None:
+            args += ["--deadline-s", repr(deadline_s)]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def die_with_recorder() -> None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_recorder)
+        deadline = time.monotonic() + timeout_s
+        while b"coordinator listening on port" not in self.log_path.read_bytes()[offset:]:
+            self.check()
+            if time.monotonic() > deadline:
+                raise RecordError(f"the coordinator did not start within {timeout_s:g} s; see {self.log_path}")
+            time.sleep(0.1)
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RecordError(f"the coordinator exited with code {self.proc.returncode}; see {self.log_path}")
+
+    def stop(self, *, timeout_s: float = 30.0) -> None:
+        """SIGTERM (the coordinator then writes its checkpoint) and wait."""
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("coordinator ignored SIGTERM for %.0f s; killing it", timeout_s)
+            p.kill()
+            p.wait()
+
+
+# ---- rules ---------------------------------------------------------------------------------------
+
+
+def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_rounds: int,
+                       statistic: str, factor: float) -> tuple[float, dict[str, Any]]:
+    """deadline = factor x statistic of the reference (unloaded) devices' delivery-to-arrival times.
+
+    Only rounds after `skip_rounds` and updates with all E updates done count.
+    """
+    samples = [float(r["arrived_after_s"][d]) for r in rows if r["round"] > skip_rounds
+               for d in reference if d in r.get("arrived_after_s", {}) and r["s"].get(d) == E]
+    if not samples:
+        raise RecordError(f"no unloaded device ({', '.join(reference)}) completed all {E} updates in the "
+                          f"warm-up rounds after round {skip_rounds}; nothing to calibrate the deadline on")
+    value = {"max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
+             "p95": lambda x: float(np.percentile(x, 95))}[statistic](samples)
+    deadline = round(factor * value, 3)
+    return deadline, {"reference_traces": reference, "samples": len(samples), "statistic": statistic,
+                      "statistic_s": round(value, 4), "factor": factor, "deadline_s": deadline,
+                      "samples_min_s": round(min(samples), 4), "samples_median_s": round(float(np.median(samples)), 4),
+                      "samples_max_s": round(max(samples), 4)}
+
+
+def select_rounds(rows_by_round: dict[int, dict], *, segments: list[int], ids: list[str], rounds: int) -> list[int]:
+    """The recorded round ids: per (re)start segment, the rounds after its first all-delivered one
+    that have a successor in the same segment; the first `rounds` of those."""
+    kept: list[int] = []
+    bounds = [*segments[1:], None]
+    for start, end in zip(segments, bounds):
+        ids_in = sorted(k for k in rows_by_round if k > start and (end is None or k <= end))
+        settled = False
+        for k in ids_in:
+            if not settled:
+                settled = all(d in rows_by_round[k].get("bytes_out", {}) for d in ids)
+                continue
+            if k + 1 in rows_by_round and (end is None or k + 1 <= end):
+                kept.append(k)
+    return kept[:rounds]
+
+
+def build_traces(rows_by_round: dict[int, dict], kept: list[int], devices: list[DeviceRun], E: int) -> list[Trace]:
+    traces = []
+    for d in devices:
+        frac, train, upload, nbytes, arrived = [], [], [], [], []
+        for k in kept:
+            r, nxt = rows_by_round[k], rows_by_round[k + 1]
+            came = d.device_id in r.get("train_s", {})
+            frac.append(int(r["s"].get(d.device_id, 0)) / E)
+            train.append(round(float(r["train_s"][d.device_id]), 4) if came else 0.0)
+            nbytes.append(int(r.get("bytes_in", {}).get(d.device_id, 0)))
+            arrived.append(1 if came else 0)
+            # The next header reports the upload of the round before it, if the device took part in k.
+            up = nxt.get("previous_upload_s", {}).get(d.device_id)
+            upload.append(round(float(up), 4) if up is not None and d.device_id in r.get("bytes_out", {}) else 0.0)
+        traces.append(Trace(name=d.trace, round=np.array(kept, dtype=np.int64), fraction=np.array(frac),
+                            extra={"train_s": np.array(train), "upload_s": np.array(upload),
+                                   "upload_bytes": np.array(nbytes, dtype=np.int64),
+                                   "arrived": np.array(arrived, dtype=np.int64)}))
+    return traces
+
+
+# ---- the recording -------------------------------------------------------------------------------
+
+
+class Recording:
+    def __init__(self, opts: RecordOptions) -> None:
+        profile = load_profile(opts.profile)
+        if opts.traces:
+            profile = profile.select(opts.traces)
+        if opts.rounds is not None:
+            if opts.rounds < 1:
+                raise ConfigError(f"--rounds must be >= 1, got {opts.rounds}")
+            profile = replace(profile, rounds=opts.rounds)
+        self.opts = opts
+        self.inventory = load_inventory(opts.inventory) if opts.inventory else None
+        if self.inventory is not None:
+            profile = profile.select([d.trace for d in self.inventory.devices])
+        self.profile = profile
+        self.name = opts.out.name
+        self.work = Path(opts.work or Path("out") / "traces-record" / self.name).resolve()
+        self.state_path = self.work / "state.json"
+        self.metrics_path = self.work / "coordinator" / "metrics.jsonl"
+        self.state: dict[str, Any] = {}
+        self._metrics_rows: dict[int, dict] = {}
+        self._metrics_offset = 0
+        self.cpu_readings: dict[str, list[float]] = {}
+        self.E = profile.workload.required_updates
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        if (self.opts.out / MANIFEST_NAME).exists() and not self.opts.overwrite:
+            raise ConfigError(f"{self.opts.out} already holds a trace set; pick another --out or pass --overwrite")
+        if self.state_path.exists() and not self.opts.resume:
+            if json.loads(self.state_path.read_text()).get("phase") != "done":
+                raise ConfigError(f"{self.work} holds an unfinished recording; --resume continues it, "
+                                  "or remove the folder to start over")
+            log.info("%s holds a finished recording; starting a new one there", self.work)
+            shutil.rmtree(self.work)
+        if self.opts.resume:
+            if not self.state_path.exists():
+                raise ConfigError(f"--resume: no recording to continue in {self.work}")
+            self.state = json.loads(self.state_path.read_text())
+            if self.state.get("version") != STATE_VERSION or self.state.get("profile") != self.profile.to_dict():
+                raise ConfigError(f"--resume: {self.work} was recorded with another profile or recorder version")
+            return
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.state = {"version": STATE_VERSION, "profile": self.profile.to_dict(), "phase": "calibrating",
+                      "started": utc_now_iso(), "elapsed_s": 0.0, "segments": []}
+        self._save_state()
+
+    def _save_state(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1))
+        os.replace(tmp, self.state_path)
+
+    def _rows(self) -> dict[int, dict]:
+        """The coordinator's rows by round (the last one of a round wins); reads only what is new."""
+        try:
+            with open(self.metrics_path, "rb") as f:
+                f.seek(self._metrics_offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return {}
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self._metrics_offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line left by a crash
+            self._metrics_rows[int(row["round"])] = row
+        return self._metrics_rows
+
+    def _forget_metrics(self) -> None:
+        for stale in (self.metrics_path, self.metrics_path.parent / "checkpoint.pt"):
+            stale.unlink(missing_ok=True)
+        self._metrics_rows, self._metrics_offset = {}, 0
+
+    # ---- configs -------------------------------------------------------------------------
+
+    def _write_configs(self, backend: Any) -> tuple[Path, list[Path]]:
+        w = self.profile.workload
+        if self.inventory is not None:
+            token = Path(self.inventory.fleet_token_file)
+        else:
+            token = self.work / "fleet_token"
+            if not token.exists():
+                token.write_text(secrets.token_hex(16))
+                token.chmod(0o600)
+        data = (f'dataset = "{w.dataset}"\niid = {str(w.iid).lower()}\nn_devices = {backend.n_devices}\n'
+                f'data_seed = {w.data_seed}\nsizes = "{w.sizes}"\n')
+        coord = self.work / "coordinator.toml"
+        coord.write_text(f"""# written by flexfl traces record
+[server]
+listen = "{backend.coordinator_listen}"
+fleet_token_file = "{token}"
+pull_wait_s = 1.0
+
+[training]
+{data}rounds = 1000000
+required_updates = {w.required_updates}
+batch_size = {w.batch_size}
+eta0 = {w.eta0}
+deadline_s = {self.profile.deadline.warmup_deadline_s}
+scheme = "{w.scheme}"
+min_devices = {len(backend.devices)}
+start_grace_s = 3.0
+seed = {w.seed}
+
+[output]
+dir = "coordinator"
+""")
+        agents = []
+        for d in backend.devices:
+            path = self.work / f"agent-{d.device_id}.toml"
+            path.write_text(f"""# written by flexfl traces record
+coordinator = "{backend.coordinator_listen}"
+device_id = "{d.device_id}"
+fleet_token_file = "{token}"
+announce_departure = false
+pull_wait_s = 1.0
+backoff_max_s = 4.0
+
+[data]
+{data}shard_index = {d.shard_index}
+""")
+            agents.append(path)
+        return coord, agents
+
+    # ---- loads ---------------------------------------------------------------------------
+
+    def _apply_loads(self, backend: Any) -> None:
+        from loadgen.client import FleetClient, bandwidth_message
+
+        conditions = {t.name: t for t in self.profile.traces}
+        messages = {}
+        for d in backend.devices:
+            messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
+        with FleetClient([d.loadgen for d in backend.devices], timeout_s=10) as fleet:
+            fleet.call_each(messages)
+            shaped = {d.loadgen: bandwidth_message(self.profile.rate_kbit(conditions[d.trace]), iface=d.iface)
+                      for d in backend.devices if conditions[d.trace].bandwidth}
+            if shaped:
+                fleet.call_each(shaped)
+        log.info("loads set: %s", ", ".join(f"{d.trace}: cpu {conditions[d.trace].cpu_load_pct:g}%"
+                                             + (f", up {self.profile.rate_kbit(conditions[d.trace])} kbit/s"
+                                                if conditions[d.trace].bandwidth else "") for d in backend.devices))
+
+    def _sample_cpu(self, backend: Any) -> dict[str, dict]:
+        from loadgen.client import FleetClient
+
+        with FleetClient([d.loadgen for d in backend.devices], timeout_s=5) as fleet:
+            replies = fleet.broadcast({"cmd": "status"})
+        for d in backend.devices:
+            measured = (replies.get(d.loadgen, {}).get("cpu") or {}).get("measured")
+            if measured and measured.get("achieved_percent") is not None:
+                self.cpu_readings.setdefault(d.trace, []).append(float(measured["achieved_percent"]))
+        return replies
+
+    def _clear_loads(self, backend: Any) -> None:
+        from loadgen.client import FleetClient
+
+        try:
+            with FleetClient([d.loadgen for d in backend.devices], timeout_s=5) as fleet:
+                fleet.broadcast({"cmd": "clear"})
+        except FlexFLError as exc:
+            log.warning("clearing the loads failed: %s", exc)
+
+    # ---- phases --------------------------------------------------------------------------
+
+    def _calibrate(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path]) -> None:
+        rule = self.profile.deadline
+        self._forget_metrics()  # an interrupted calibration starts over
+        print(f"calibration: {rule.warmup_rounds} warm-up rounds with a {rule.warmup_deadline_s:g} s deadline",
+              flush=True)
+        coordinator.start(resume=False)
+        if self.inventory is not None:
+            self._apply_loads(backend)
+        backend.start_agents(agents)
+        if self.inventory is None:
+            self._apply_loads(backend)
+        while len(self._rows()) < rule.warmup_rounds:
+            coordinator.check()
+            backend.check()
+            time.sleep(0.2)
+        coordinator.stop()
+        rows = sorted(self._rows().values(), key=lambda r: r["round"])
+        reference = [t.name for t in self.profile.traces if t.unloaded]
+        ids = {d.trace: d.device_id for d in backend.devices}
+        if self.opts.deadline_s is not None:
+            deadline, details = self.opts.deadline_s, {"deadline_s": self.opts.deadline_s, "given": "--deadline-s"}
+        else:
+            if not reference:
+                raise RecordError("the profile has no unloaded trace (cpu 0 %, unshaped) to calibrate the "
+                                  "deadline on; add one or pass --deadline-s")
+            deadline, details = calibrate_deadline(rows, reference=[ids[t] for t in reference], E=self.E,
+                                                   skip_rounds=rule.skip_rounds, statistic=rule.statistic,
+                                                   factor=rule.factor)
+        details["warmup_rounds"] = len(rows)
+        self.state.update(phase="recording", deadline_s=deadline, calibration=details)
+        self._save_state()
+        print(f"calibration: deadline {deadline:g} s ({json.dumps(details)})", flush=True)
+
+    def _record(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path], *, fresh_agents: bool) -> None:
+        R = self.profile.rounds
+        deadline = self.state["deadline_s"]
+        self.state["segments"].append(max(self._rows(), default=0))
+        self._save_state()
+        coordinator.start(resume=True, deadline_s=deadline)
+        if fresh_agents:
+            backend.start_agents(agents)
+            self._apply_loads(backend)
+        ids = [d.device_id for d in backend.devices]
+        started, shown, last_sample = time.monotonic(), 0, 0.0
+        print(f"recording: {R} rounds, deadline {deadline:g} s, E = {self.E}", flush=True)
+        while True:
+            coordinator.check()
+            backend.check()
+            rows = self._rows()
+            kept = select_rounds(rows, segments=self.state["segments"], ids=ids, rounds=R)
+            for k in kept[shown:]:
+                r = rows[k]
+                rate = (time.monotonic() - started) / max(1, len(kept))
+                print(f"round {k:>4} ({len(kept):>3}/{R}, ETA {int(rate * (R - len(kept)))} s): "
+                      + " ".join(f"{d.trace} {r['s'].get(d.device_id, 0) / self.E:.2f}" for d in backend.devices),
+                      flush=True)
+            shown = len(kept)
+            if len(kept) >= R:
+                break
+            if time.monotonic() - last_sample > 10:
+                self._sample_cpu(backend)
+                last_sample = time.monotonic()
+            time.sleep(0.2)
+        coordinator.stop()
+        self.state.update(phase="done", cpu_achieved=self.cpu_readings)
+        self._save_state()
+
+    # ---- the whole run -------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        if self.inventory is None:
+            from loadgen.fleet import require_root
+
+            require_root("flexfl traces record without --inventory (it builds an emulated fleet)")
+        self._load_state()
+        t0 = time.monotonic()
+        backend: Any = None
+        host_replies: dict[str, dict] = {}
+        if self.state["phase"] != "done":
+            backend = (InventoryBackend(self.profile, self.inventory) if self.inventory is not None
+                       else EmulatedBackend(self.profile, self.opts, self.work))
+            try:
+                backend.start()
+                coord_cfg, agent_cfgs = self._write_configs(backend)
+                coordinator = CoordinatorProcess(coord_cfg, self.work / "coordinator.log")
+                try:
+                    fresh = True
+                    if self.state["phase"] == "calibrating":
+                        self._calibrate(backend, coordinator, agent_cfgs)
+                        fresh = False
+                    else:
+                        self.cpu_readings = self.state.get("cpu_achieved", {})
+                    self._record(backend, coordinator, agent_cfgs, fresh_agents=fresh)
+                    host_replies = self._sample_cpu(backend)
+                finally:
+                    coordinator.stop()
+                    self._clear_loads(backend)
+                self.state["facts"] = {"fleet": backend.facts(), "loadgen_hosts": {
+                    d.device_id: (host_replies.get(d.loadgen) or {}).get("host") for d in backend.devices}}
+                self.state["devices"] = [d.__dict__ for d in backend.devices]
+            finally:
+                self.state["elapsed_s"] = self.state.get("elapsed_s", 0.0) + time.monotonic() - t0
+                self._save_state()
+                backend.close()
+        return self._write_set()
+
+    def _write_set(self) -> dict[str, Any]:
+        devices = [DeviceRun(**d) for d in self.state["devices"]]
+        rows = self._rows()
+        kept = select_rounds(rows, segments=self.state["segments"], ids=[d.device_id for d in devices],
+                             rounds=self.profile.rounds)
+        if len(kept) < self.profile.rounds:
+            raise RecordError(f"only {len(kept)} of {self.profile.rounds} rounds are recorded in {self.metrics_path}")
+        traces = build_traces(rows, kept, devices, self.E)
+        manifest = self._manifest(traces, devices, kept)
+        write_trace_set(self.opts.out, manifest, traces)
+        return {"traces": traces, "manifest": manifest, "elapsed_s": self.state["elapsed_s"]}
+
+    def _manifest(self, traces: list[Trace], devices: list[DeviceRun], kept: list[int]) -> TraceManifest:
+        from loadgen.hostinfo import host_facts
+
+        p = self.profile
+        conditions = {}
+        for t in p.traces:
+            cond = p.condition(t)
+            if self.state["facts"]["fleet"]["mode"] == "emulated":
+                cond["cpu_quota"] = p.emulation.cpu_quota
+            readings = self.state.get("cpu_achieved", {}).get(t.name)
+            if t.cpu_load_pct and readings:
+                cond["cpu_load_achieved_pct"] = round(float(np.mean(readings)), 1)
+            conditions[t.name] = cond
+        registry = _registry(self.work / "coordinator" / "checkpoint.pt")
+        hosts: list[dict] = [{"role": "coordinator", **host_facts()}]
+        for d in devices:
+            rec = registry.get(d.device_id, {})
+            hosts.append({"role": "device", "device_id": d.device_id, "trace": d.trace,
+                          "hardware": rec.get("hardware", {}), "agent_version": rec.get("agent_version"),
+                          "loadgen_host": self.state["facts"]["loadgen_hosts"].get(d.device_id)})
+        fleet = self.state["facts"]["fleet"]
+        where = ("an emulated fleet on one x86 machine (a network namespace, tc tbf upload limit and cgroup "
+                 "CPU quota per device), NOT on Raspberry Pis") if fleet["mode"] == "emulated" \
+            else "real hosts from an inventory"
+        description = (f"Recorded with `flexfl traces record` on {where}. Per round, the fraction of the E = {self.E} "
+                       f"required local updates that arrived before a {self.state['deadline_s']:g} s deadline, "
+                       f"running {p.workload.dataset.upper()} FedAvg through the real coordinator and agents. "
+                       f"Conditions: {', '.join(f'{t.name} ' + _cond_text(t, p) for t in p.traces)}.")
+        source = {
+            "recorder": "trace_recorder.recorder", "command": self.opts.command, "profile": p.to_dict(),
+            "fleet": fleet, "calibration": self.state.get("calibration"),
+            "rounds": {"recorded": len(kept), "first": kept[0], "last": kept[-1],
+                       "segments_after_round": self.state["segments"],
+                       "rule": "per coordinator (re)start, rounds up to and including the first in which every "
+                               "device received the model are settling rounds and dropped"},
+            "model": {"dataset": p.workload.dataset, "architecture": "mlp 784-200-200-10" if p.workload.dataset == "mnist"
+                      else p.workload.dataset, "batch_size": p.workload.batch_size, "unit": "step",
+                      "update_bytes": int(max(int(t.extra["upload_bytes"].max()) for t in traces))},
+            "columns": COLUMNS, "software": _software(), "started": self.state["started"],
+            "duration_s": round(self.state["elapsed_s"], 1),
+        }
+        return TraceManifest(schema_version=SCHEMA_VERSION, name=self.name, kind="recorded", description=description,
+                             source=source, required_updates=self.E, deadline_s=float(self.state["deadline_s"]),
+                             traces=tuple(t.name for t in traces), conditions=conditions, hosts=tuple(hosts),
+                             created=utc_now_iso())
+
+
+def _cond_text(t: Any, p: Profile) -> str:
+    if t.bandwidth:
+        return f"upload {t.bandwidth} ({p.rate_kbit(t)} kbit/s)"
+    return f"CPU competitor {t.cpu_load_pct:g} %"
+
+
+def _registry(path: Path) -> dict[str, dict]:
+    """Each device's registry record (hardware facts from Join) from the coordinator's checkpoint."""
+    import torch
+
+    try:
+        return dict(torch.load(path, map_location="cpu", weights_only=True)["registry"])
+    except Exception as exc:  # a missing or unreadable checkpoint only costs the hardware facts
+        log.warning("cannot read device facts from %s: %s", path, exc)
+        return {}
+
+
+def _software() -> dict[str, str]:
+    import grpc
+    import torch
+
+    from loadgen.fleet import tool_versions
+
+    return {"flexfl": __version__, "python": platform.python_version(), "numpy": np.__version__,
+            "torch": torch.__version__, "grpcio": grpc.__version__, "kernel": platform.release(), **tool_versions()}
+
+
+def record(opts: RecordOptions) -> dict[str, Any]:
+    """Record a trace set (see the module docstring); SIGTERM is handled like Ctrl-C, so the fleet is removed."""
+    def on_sigterm(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return Recording(opts).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def default_command(argv: list[str]) -> str:
+    return shlex.join(["flexfl", "traces", "record", *argv])
