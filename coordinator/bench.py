@@ -6,7 +6,9 @@ The coordinator runs as its own process (`flexfl coordinator`); agents run as th
 this process in no-training mode (they return a zero delta of the model's full size with
 s = E at once), so a round's time is transfer + aggregation + evaluation + checkpoint.
 "Overhead" is the coordinator's own measurement: from the moment a round closed (all
-answered or deadline) to the moment the next round was opened for sending.
+answered or deadline) to the moment the next round was opened for sending; it includes
+aggregation, evaluation on the test set, the checkpoint and the metrics line. Bytes are
+protobuf message bytes per device per round (header + chunks; HTTP/2 framing not counted).
 Agent idle memory: one real agent process (MNIST shard loaded, joined, waiting for a round),
 its resident set size from psutil.
 """

@@ -210,7 +210,7 @@ class RoundEngine:
             self._known(device_id)
             self._check_round(device_id, header)
 
-    def push(self, device_id: str, header: pb.UpdateHeader, data: bytes) -> pb.PushReply:
+    def push(self, device_id: str, header: pb.UpdateHeader, data: bytes, *, message_bytes: int | None = None) -> pb.PushReply:
         """Validate and store an update; raises UpdateRejected (with the reason) and changes nothing."""
         E = self.cfg.training.required_updates
         if not 0 <= header.updates_completed <= E:
@@ -229,7 +229,8 @@ class RoundEngine:
             r = self._check_round(device_id, header)
             r.updates[device_id] = Update(s=s, delta=delta, samples_used=int(header.samples_used),
                                           train_s=float(header.train_s), local_loss=float(header.local_loss),
-                                          bytes_in=len(data), previous_upload_s=float(header.previous_upload_s),
+                                          bytes_in=len(data) if message_bytes is None else message_bytes,
+                                          previous_upload_s=float(header.previous_upload_s),
                                           arrived_after_s=time.monotonic() - r.delivered[device_id])
             self._cond.notify_all()
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
@@ -368,7 +369,9 @@ class RoundEngine:
             self._apply_membership_changes()
         acc, loss = evaluate(self.model, self.params, self._objective_test_set())
         self._save()
-        self._last_close = time.monotonic()
+        done = time.monotonic()
+        # Overhead of the next round = its opening time minus this close (deadline or all answered).
+        self._last_close = closed_at
         updates = {d: u for d, u in r.updates.items()}
         self.metrics.write({
             "round": r.round_id, "time": time.time(), "lr": r.lr, "close_reason": reason,
@@ -382,7 +385,7 @@ class RoundEngine:
             "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
             "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
             "rejected": r.rejected, "arrivals": arrivals, "departures": departures,
-            "round_s": closed_at - r.opened_at, "aggregate_eval_s": self._last_close - closed_at,
+            "round_s": closed_at - r.opened_at, "aggregate_eval_s": done - closed_at,
             "overhead_s": overhead_s,
         })
         log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, s.tolist(), reason)

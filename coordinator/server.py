@@ -71,15 +71,17 @@ class FleetServicer(pb_grpc.FleetServicer):
             header, data = self.engine.pull(caller, after_round=request.after_round, wait_s=request.wait_s)
         except UnknownDevice as exc:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        yield pb.RoundChunk(header=header)
+        first = pb.RoundChunk(header=header)
+        yield first
         if header.status != pb.RoundHeader.ROUND:
             return
-        sent = 0
+        sent = first.ByteSize()  # protobuf message bytes: header + chunks (HTTP/2 framing not counted)
         for piece in wire.chunks(data):
             if not context.is_active():
                 return
-            yield pb.RoundChunk(data=piece)
-            sent += len(piece)
+            chunk = pb.RoundChunk(data=piece)
+            yield chunk
+            sent += chunk.ByteSize()
         # Reached once gRPC asked for more after the last chunk: the model is on its way.
         self.engine.delivered(caller, header.round_id, sent)
 
@@ -97,12 +99,14 @@ class FleetServicer(pb_grpc.FleetServicer):
             if header.payload.total_bytes > self.max_update_bytes:
                 raise UpdateRejected(f"payload of {header.payload.total_bytes} bytes exceeds the limit of {self.max_update_bytes}")
             pieces = []
+            message_bytes = first.ByteSize()
             for chunk in request_iterator:
                 if chunk.HasField("header"):
                     raise UpdateRejected("a second header arrived inside the update stream")
                 pieces.append(chunk.data)
+                message_bytes += chunk.ByteSize()
             data = wire.join(pieces, limit_bytes=self.max_update_bytes)
-            return self.engine.push(caller, header, data)
+            return self.engine.push(caller, header, data, message_bytes=message_bytes)
         except UnknownDevice as exc:
             code = grpc.StatusCode.PERMISSION_DENIED if "header names" in str(exc) else grpc.StatusCode.UNAUTHENTICATED
             context.abort(code, str(exc))
