@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--jobs", type=int, default=2, help="parallel worker processes (default 2)")
     cmp_.add_argument("--work-dir", type=Path, default=None, help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
     cmp_.add_argument("--out", type=Path, default=Path("results"), help="where the table, CSVs and plots go (default results)")
+    cmp_.add_argument("--report-only", action="store_true",
+                      help="write the table from the runs already in the work folder; compute nothing")
     cmp_.add_argument("--note", default="", help="a paragraph for the table file (e.g. why a setting differs from the paper)")
     cmp_.set_defaults(func=cmd_schemes)
 
@@ -142,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_schemes(args: argparse.Namespace) -> int:
-    from simulator.schemes import run_comparison, speed_figures, write_outputs
+    from simulator.schemes import finished_runs, run_comparison, speed_figures, write_outputs
 
     dataset = args.dataset or "synthetic"
     cfg = config_from_args(args, dataset=dataset, n_devices=PAPER_DEVICES[dataset])
@@ -156,8 +158,13 @@ def cmd_schemes(args: argparse.Namespace) -> int:
     seeds = _parse_ints(args.seeds, "--seeds")
     work_dir = args.work_dir or args.out / "runs" / f"schemes_{dataset}"
     started = time.perf_counter()
-    summaries = run_comparison(cfg, settings=settings, num_traces=num_traces, seeds=seeds,
-                               work_dir=work_dir, jobs=max(1, args.jobs))
+    if args.report_only:
+        summaries = finished_runs(cfg, settings=settings, num_traces=num_traces, seeds=seeds, work_dir=work_dir)
+        if not summaries:
+            raise ConfigError(f"--report-only: no finished runs with this configuration in {work_dir}")
+    else:
+        summaries = run_comparison(cfg, settings=settings, num_traces=num_traces, seeds=seeds,
+                                   work_dir=work_dir, jobs=max(1, args.jobs))
     paths = write_outputs(dataset, summaries, work_dir=work_dir, out_dir=args.out, settings=settings)
     run_s, per_s = speed_figures(summaries)
     md = args.out / f"schemes_{dataset}.md"

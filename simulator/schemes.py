@@ -181,9 +181,28 @@ def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_di
     return paths
 
 
+def finished_runs(
+    base: SimConfig, *, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequence[int],
+    schemes: Sequence[str] = ("A", "B", "C"), work_dir: Path,
+) -> list[dict]:
+    """Summaries of the grid's runs already in `work_dir` with the identical config (nothing is computed)."""
+    out = []
+    for seed in seeds:
+        for setting in settings:
+            cfg0 = replace(base, seed=seed, **SETTINGS[base.dataset][setting]).resolved()
+            for j in num_traces:
+                for scheme in schemes:
+                    cfg = replace(cfg0, num_traces=j, scheme=scheme)
+                    saved = _done(work_dir, _run_name(setting, j, seed, scheme), cfg)
+                    if saved is not None:
+                        out.append({**saved, "resumed": True})
+    return out
+
+
 def speed_figures(summaries: list[dict]) -> tuple[float, float]:
     """Mean wall seconds of one run and simulated device-updates (SGD steps) per second."""
-    fresh = [s for s in summaries if not s["resumed"] and not s.get("identical_to")] or summaries
+    computed = [s for s in summaries if not s.get("identical_to")]  # shared runs cost nothing
+    fresh = [s for s in computed if not s["resumed"]] or computed
     wall = np.array([s["wall_s"] for s in fresh])
     updates = np.array([s["device_updates"] for s in fresh])
     return float(wall.mean()), float(updates.sum() / wall.sum())

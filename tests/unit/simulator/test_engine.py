@@ -106,6 +106,12 @@ def test_cli_schemes_writes_table_and_resumes(tmp_path, capsys):
     assert {r["scheme"] for r in rows} == {"C"}
     assert main(args) == 0
     assert capsys.readouterr().out.count("cached") == 12
+    # --report-only tabulates what exists and computes nothing (|T| = 2 was never run).
+    report = [a if a != "1,8" else "1,2" for a in args] + ["--report-only"]
+    assert main(report) == 0
+    out = capsys.readouterr().out
+    assert "cached" not in out and "6 runs" in out
+    assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 | not run |" in (tmp_path / "schemes_synthetic.md").read_text()
 
 
 def test_cli_rejects_bad_flags(tmp_path, capsys):
