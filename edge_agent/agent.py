@@ -10,23 +10,20 @@ backoff when the coordinator is away.
 from __future__ import annotations
 
 import logging
-import platform
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
 import torch
 
 from edge_agent.config import AgentConfig
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
 from flexfl.errors import ConfigError, FlexFLError
+from loadgen.hostinfo import host_facts
 from proto import fleet_pb2 as pb
 from proto import fleet_pb2_grpc as pb_grpc
 from proto import tensors as wire
@@ -46,21 +43,12 @@ class AgentError(FlexFLError):
 
 
 def hardware_facts() -> pb.HardwareFacts:
-    """CPU, memory and OS facts from psutil and platform, sent when joining."""
-    cpu_model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            # "model name" (x86), "Hardware"/"Model" (Raspberry Pi); not x86's bare "model : 1".
-            key = line.split(":", 1)[0].strip().lower()
-            if key in ("model name", "hardware", "model") and not line.split(":", 1)[1].strip().isdigit():
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """CPU, memory and OS facts (loadgen.hostinfo, from psutil and platform), sent when joining."""
+    f = host_facts()
     return pb.HardwareFacts(
-        cpu_model=cpu_model or platform.machine(), cpu_count=psutil.cpu_count() or 0,
-        memory_bytes=psutil.virtual_memory().total, os=platform.platform(), machine=platform.machine(),
-        python=platform.python_version(), hostname=socket.gethostname(),
+        cpu_model=f["cpu_model"] or f["machine"], cpu_count=f["cpu_count_logical"] or 0,
+        memory_bytes=f["memory_bytes"], os=f["os"], machine=f["machine"], python=f["python"],
+        hostname=f["hostname"],
     )
 
 
