@@ -113,6 +113,17 @@ def test_recorder_inventory_is_what_the_trace_recorder_reads(ansible_tools, tmp_
 
 
 def test_real_inventory_and_credentials_stay_out_of_git() -> None:
-    ignored = (ANSIBLE_DIR / ".gitignore").read_text().split()
-    for entry in ("hosts.ini", "config.yml", "credentials/", "fetched/", ".build/", "fleet.toml"):
-        assert entry in ignored
+    """Generated and site-specific files are ignored; the roles (credentials/ included) are not."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ANSIBLE_DIR.parent / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(rel: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ANSIBLE_DIR.parent).returncode == 0
+
+    for rel in ("hosts.ini", "config.yml", "credentials/ca.key", "fetched/pi-01/metrics.jsonl", ".build/x.whl", "fleet.toml"):
+        assert ignored(f"ansible/{rel}"), rel
+    for rel in ("roles/credentials/tasks/main.yml", "example.hosts.ini", "example.config.yml"):
+        assert not ignored(f"ansible/{rel}"), rel
