@@ -95,6 +95,9 @@ def write_configs(cfg: LiveConfig, out: Path, port: int, *, host: str | None = N
     token.chmod(0o600)
     n_initial = cfg.devices - (1 if cfg.arrive_after else 0)
     coord = out / "coordinator.toml"
+    # The seeded partition: coordinator and agents must describe it identically.
+    partition = (f'dataset = "{cfg.dataset}"\niid = {str(cfg.iid).lower()}\nn_devices = {cfg.devices}\n'
+                 f'data_seed = {cfg.seed}\ntotal_samples = {cfg.total_samples}\nsizes = "{cfg.sizes}"\n')
     coord.write_text(f"""# written by flexfl live
 [server]
 listen = "{host}:{port}"
@@ -102,13 +105,7 @@ fleet_token_file = "fleet_token"
 pull_wait_s = 1.0
 
 [training]
-dataset = "{cfg.dataset}"
-iid = {str(cfg.iid).lower()}
-n_devices = {cfg.devices}
-data_seed = {cfg.seed}
-total_samples = {cfg.total_samples}
-sizes = "{cfg.sizes}"
-rounds = {cfg.rounds}
+{partition}rounds = {cfg.rounds}
 required_updates = {cfg.required_updates}
 deadline_s = {cfg.deadline_s}
 scheme = "{cfg.scheme}"
@@ -138,13 +135,7 @@ announce_departure = true
 pull_wait_s = 1.0
 
 [data]
-dataset = "{cfg.dataset}"
-iid = {str(cfg.iid).lower()}
-n_devices = {cfg.devices}
-data_seed = {cfg.seed}
-total_samples = {cfg.total_samples}
-sizes = "{cfg.sizes}"
-shard_index = {i}
+{partition}shard_index = {i}
 
 [participation]
 trace = "{trace}"

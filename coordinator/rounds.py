@@ -236,7 +236,7 @@ class RoundEngine:
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
 
     def note_rejection(self, device_id: str, round_id: int, reason: str) -> None:
-        """Record a rejected update of the open round in its metrics (the device counts as s = 0)."""
+        """Record a rejected update of the open round in its metrics (s = 0 unless a valid one follows)."""
         with self._cond:
             r = self.current
             if r is not None and not r.closed and r.round_id == round_id and device_id in r.participants:
