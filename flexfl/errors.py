@@ -27,3 +27,27 @@ class AggregationError(FlexFLError):
 
 class UpdateRejected(FlexFLError):
     """A device's update failed validation and was not applied."""
+
+
+class PartitionMismatch(ConfigError):
+    """A device's data partition or dataset differs from the coordinator's."""
+
+
+class UnknownDevice(FlexFLError):
+    """A call names a device that never joined this coordinator."""
+
+
+class IdentityMismatch(FlexFLError):
+    """A call claims to be another device than the one that makes it."""
+
+
+class Unauthenticated(FlexFLError):
+    """A call without the fleet token, or with a wrong one."""
+
+
+class ProtocolMismatch(FlexFLError):
+    """A device speaks another version of the wire protocol."""
+
+
+class WrongRoundState(UpdateRejected):
+    """An update for a round that is not open, from a device not in it, a duplicate, or too late."""

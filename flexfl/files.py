@@ -1,14 +1,13 @@
-"""Small file helpers every package shares: atomic writes, TOML configs, secret files."""
+"""Small file helpers every package shares: atomic writes and secret files (configs: flexfl.config)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from flexfl.errors import ConfigError
 
@@ -34,16 +33,6 @@ def atomic_file(path: Path, mode: str = "w", *, perms: int = 0o644) -> Iterator[
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML config, with errors that name the file."""
-    try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
 def read_secret(path: Path, *, what: str) -> str:

@@ -1,0 +1,297 @@
+"""One config layer for every FlexFL config file: typed dataclasses <-> TOML.
+
+Precedence: dataclass defaults < TOML file < overrides (command-line flags). Configs are
+frozen dataclasses; nested dataclasses are TOML tables, tuples of dataclasses arrays of
+tables. Supported field types: bool, int, float, str, StrEnum, `X | None` (None = key
+absent), tuple[X, ...], dict[str, X] and nested dataclasses. Files are written by dumping the
+dataclasses (`dump_toml`, `write_config`), never by formatting strings.
+
+Field metadata:
+- PATH: a filesystem path. A relative path read from a file is made absolute against the
+  file's folder, so a config means the same wherever it is run from.
+- NOT_IN_FILE: set by code (e.g. a secret given inline by a test); never read nor written.
+
+Errors name the file, the table, the key, the value and the valid choices, and suggest a
+key for a misspelt one: `c.toml: [run].roundz: unknown key; did you mean 'rounds'?`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flexfl.errors import ConfigError
+from flexfl.files import atomic_file
+
+T = TypeVar("T")
+
+PATH = {"path": True}
+NOT_IN_FILE = {"in_file": False}
+
+
+def path_field(default: str = "") -> Any:
+    """A dataclass field holding a path (relative values in a file resolve against its folder)."""
+    return dataclasses.field(default=default, metadata=PATH)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; an unreadable, binary or malformed file is a ConfigError naming it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); expected a TOML config") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[str, Any] | None = None,
+                defaults: Mapping[str, Any] | None = None) -> T:
+    """Dataclass defaults < `defaults` (a command's own) < the TOML file at `path` < `overrides`.
+
+    `defaults` and `overrides` are {key: value or {table: ...}}; None values mean "not
+    given" and are skipped (argparse's defaults).
+    """
+    raw: dict[str, Any] = {}
+    if defaults:
+        _merge(raw, defaults)
+    where = "config"
+    if path is not None:
+        from_file = read_toml(path)
+        where = str(path)
+        _resolve_paths(cls, from_file, Path(path).resolve().parent)
+        _merge(raw, from_file)
+    if overrides:
+        _merge(raw, overrides)
+    return from_dict(cls, raw, where=where)
+
+
+def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", table: str = "") -> T:
+    """Build dataclass `cls` from plain values (a parsed TOML or JSON document), checking every key."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: {_table(table) or 'config'}: expected a table, got {_show(raw)}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("in_file", True)}
+    for key in raw:
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
+            suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+            raise ConfigError(f"{where}: {_key(table, key)}: unknown key; {suggestion}valid keys: {', '.join(known)}")
+    values = {}
+    for name, f in known.items():
+        if name in raw:
+            value = raw[name]
+            default = _default(f)
+            if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
+                # A partial table changes only its keys of the field's default (which may differ
+                # from the nested class's own defaults, e.g. a simulation's 50 devices).
+                value = {**to_dict(default), **value}
+            values[name] = _convert(hints[name], value, where=where, table=table, key=name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where}: {_key(table, name)}: missing (required)")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        # Validation in __post_init__ names keys; say which file and table they came from.
+        raise ConfigError(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(options[0], value, where=where, table=table, key=key)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where=where, table=f"{table}.{key}" if table else key)
+    if origin is dict:
+        (key_type, item) = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected a table, got {_show(value)}")
+        return {str(k): _convert(item, v, where=where, table=f"{table + '.' if table else ''}{key}", key=str(k))
+                for k, v in value.items()}
+    if origin is tuple:
+        (item, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected a list, got {_show(value)}")
+        if dataclasses.is_dataclass(item):
+            return tuple(from_dict(item, v, where=where, table=f"{table + '.' if table else ''}{key}[{i}]")
+                         for i, v in enumerate(value))
+        return tuple(_convert(item, v, where=where, table=table, key=f"{key}[{i}]") for i, v in enumerate(value))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            choices = ", ".join(str(m.value) for m in tp)
+            raise ConfigError(f"{where}: {_key(table, key)}: expected one of {choices}, got {_show(value)}") from None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected true or false, got {_show(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected an integer, got {_show(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected a finite number, got {_show(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {_key(table, key)}: expected a string, got {_show(value)}")
+        return value
+    raise TypeError(f"flexfl.config cannot read fields of type {tp!r} ({_key(table, key)})")
+
+
+def _resolve_paths(cls: type, raw: dict[str, Any], base: Path) -> None:
+    # Before overrides are merged: only values that came from the file are file-relative.
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value, tp = raw[f.name], _unwrap_optional(hints[f.name])
+        if f.metadata.get("path") and isinstance(value, str) and value and not Path(value).is_absolute():
+            raw[f.name] = str(base / value)
+        elif dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            _resolve_paths(tp, value, base)
+        elif typing.get_origin(tp) is tuple and isinstance(value, list):
+            item = typing.get_args(tp)[0]
+            if dataclasses.is_dataclass(item):
+                for v in value:
+                    if isinstance(v, dict):
+                        _resolve_paths(item, v, base)
+
+
+def _merge(into: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            sub = into.setdefault(key, {})
+            if isinstance(sub, dict):
+                _merge(sub, value)
+                continue
+        if value is not None:
+            into[key] = value
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _table(table: str) -> str:
+    return f"[{table}]" if table else ""
+
+
+def _key(table: str, key: str) -> str:
+    return f"[{table}].{key}" if table else key
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Plain TOML/JSON values of a config dataclass: enums as values, tuples as lists, None omitted."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if not f.metadata.get("in_file", True):
+            continue
+        value = _plain(getattr(obj, f.name))
+        if value is not None:
+            out[f.name] = value
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return to_dict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def dump_toml(obj: Any, *, header: str = "") -> str:
+    """The TOML text of a config dataclass, with `header` as leading comment lines."""
+    import tomli_w
+
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + tomli_w.dumps(to_dict(obj))
+
+
+def write_config(path: Path, obj: Any, *, header: str = "", perms: int = 0o644) -> Path:
+    """Write `obj` as TOML atomically (perms 0o600 for files that hold a secret)."""
+    with atomic_file(Path(path), perms=perms) as f:
+        f.write(dump_toml(obj, header=header))
+    return Path(path)
+
+
+# ---- command-line flags ----------------------------------------------------------------------
+
+FLAG_PREFIX = "cfg."
+
+
+def flag_dest(*path: str) -> str:
+    """argparse `dest` of a flag that overrides config field `path` ("run", "rounds")."""
+    return FLAG_PREFIX + ".".join(path)
+
+
+def overrides_from_args(args: Any) -> dict[str, Any]:
+    """The {table: {key: value}} overrides of an argparse Namespace's flag_dest() flags that were given."""
+    out: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith(FLAG_PREFIX) or value is None:
+            continue
+        *tables, key = dest[len(FLAG_PREFIX):].split(".")
+        node = out
+        for t in tables:
+            node = node.setdefault(t, {})
+        node[key] = value.value if isinstance(value, enum.Enum) else value
+    return out
+
+
+def coerce_enums(obj: Any) -> None:
+    """In a frozen config's __post_init__: turn str values of enum-typed fields into the enum.
+
+    Code may build configs with plain strings (RulesConfig(scheme="A")); after this every
+    enum field holds its enum, and a bad value is a ConfigError naming the choices.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        tp = _unwrap_optional(hints[f.name])
+        value = getattr(obj, f.name)
+        if isinstance(tp, type) and issubclass(tp, enum.Enum) and value is not None and not isinstance(value, tp):
+            try:
+                object.__setattr__(obj, f.name, tp(value))
+            except ValueError:
+                choices = ", ".join(str(m.value) for m in tp)
+                raise ConfigError(f"{f.name}: expected one of {choices}, got {_show(value)}") from None
