@@ -12,6 +12,30 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
+def add_partition_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("partition",)) -> None:
+    """The flags that override a config's [partition] table (workloads.partition_spec.PartitionSpec)."""
+    from flexfl.config import flag_dest
+
+    def dest(key: str) -> str:
+        return flag_dest(*table, key)
+
+    g = p.add_argument_group("data partition ([partition] table)")
+    g.add_argument("--dataset", dest=dest("dataset"), choices=("mnist", "emnist", "synthetic"))
+    iid = g.add_mutually_exclusive_group()
+    iid.add_argument("--iid", dest=dest("iid"), action="store_true", default=None, help="IID data")
+    iid.add_argument("--non-iid", dest=dest("iid"), action="store_false",
+                     help="non-IID: one label per device (MNIST/EMNIST), the alpha/beta formula (SYNTHETIC)")
+    g.add_argument("--alpha", dest=dest("alpha"), type=float, help="SYNTHETIC alpha (non-IID default 1)")
+    g.add_argument("--beta", dest=dest("beta"), type=float, help="SYNTHETIC beta (non-IID default 1)")
+    g.add_argument("--devices", dest=dest("n_devices"), type=int, metavar="N", help="number of devices (shards)")
+    g.add_argument("--total-samples", dest=dest("total_samples"), type=int, help="samples spread over devices")
+    g.add_argument("--sizes", dest=dest("sizes"), choices=("pareto", "equal"),
+                   help="samples per device: Type-I Pareto(0.5) or equal")
+    g.add_argument("--data-seed", dest=dest("seed"), type=int, help="seed of the split")
+    g.add_argument("--emnist-root", dest=dest("emnist_root"), metavar="DIR",
+                   help="folder holding EMNIST in torchvision layout (default ~/.cache/flexfl/emnist)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `flexfl data {prepare,show}` to the top-level subcommands."""
     data = sub.add_parser("data", help="prepare and inspect datasets",
@@ -24,14 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     prepare.set_defaults(func=_prepare)
 
     show = data_sub.add_parser("show", help="per-device sample-count and label statistics")
-    show.add_argument("--dataset", choices=("mnist", "emnist", "synthetic"), required=True)
-    show.add_argument("--devices", type=int, required=True, metavar="N")
-    show.add_argument("--non-iid", action="store_true", help="one label per device (SYNTHETIC: alpha/beta formula)")
-    show.add_argument("--alpha", type=float, default=0.0, help="SYNTHETIC alpha (with --non-iid)")
-    show.add_argument("--beta", type=float, default=0.0, help="SYNTHETIC beta (with --non-iid)")
-    show.add_argument("--seed", type=int, default=0)
-    show.add_argument("--emnist-root", type=Path, default=None, metavar="DIR",
-                      help="folder holding EMNIST/raw/*-ubyte[.gz] (torchvision layout)")
+    add_partition_flags(show)
     show.add_argument("--cache-dir", type=Path, default=None, help="MNIST cache folder")
     show.set_defaults(func=_show)
 
@@ -47,17 +64,15 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from flexfl.config import from_dict, overrides_from_args
     from workloads.federated import build_federated
+    from workloads.partition_spec import PartitionSpec
 
-    data = build_federated(args.dataset, n_devices=args.devices, iid=not args.non_iid, seed=args.seed,
-                           alpha=args.alpha, beta=args.beta, emnist_root=args.emnist_root,
-                           cache_dir=args.cache_dir)
+    spec = from_dict(PartitionSpec, overrides_from_args(args).get("partition", {}), where="flags", table="partition")
+    data = build_federated(spec, cache_dir=args.cache_dir)
     counts = data.sample_counts
     labels_per_device = np.array([len(np.unique(d.y)) for d in data.train])
-    mode = "non-IID" if args.non_iid else "IID"
-    if args.dataset == "synthetic" and args.non_iid:
-        mode += f" alpha={args.alpha} beta={args.beta}"
-    print(f"{args.dataset} {mode}, {len(counts)} devices, seed {args.seed}")
+    print(spec.describe())
     print(f"samples/device: min {counts.min()}, median {np.median(counts):g}, max {counts.max()}, "
           f"total {counts.sum()}; largest device holds {counts.max() / counts.sum():.1%}")
     print(f"labels/device: min {labels_per_device.min()}, median {np.median(labels_per_device):g}, "

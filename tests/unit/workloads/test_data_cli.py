@@ -26,9 +26,9 @@ def test_prepare_prints_one_line_summary(mnist_cache_dir: Path, capsys: pytest.C
 
 def test_show_synthetic_non_iid(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["data", "show", "--dataset", "synthetic", "--devices", "10", "--non-iid",
-                "--alpha", "1", "--beta", "1", "--seed", "2"]) == 0
+                "--alpha", "1", "--beta", "1", "--data-seed", "2"]) == 0
     out = capsys.readouterr().out
-    assert "synthetic non-IID alpha=1.0 beta=1.0, 10 devices, seed 2" in out
+    assert "synthetic(1,1) non-IID, 10 devices, pareto sizes, seed 2" in out
     assert "samples/device: min" in out and "largest device holds" in out
     assert "labels/device:" in out
     assert "(per-device holdouts concatenated)" in out

@@ -9,6 +9,12 @@ import pytest
 
 from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
 from workloads.federated import DEFAULTS, FederatedData, WorkloadDefaults, build_federated
+from workloads.partition_spec import PartitionSpec
+
+
+def build(name, *, min_samples=None, cache_dir=None, **spec):
+    """build_federated of PartitionSpec(dataset=name, **spec)."""
+    return build_federated(PartitionSpec(dataset=name, **spec), min_samples=min_samples, cache_dir=cache_dir)
 
 
 def test_defaults_are_the_papers() -> None:
@@ -18,7 +24,7 @@ def test_defaults_are_the_papers() -> None:
 
 
 def test_synthetic_split_holdouts_and_weights() -> None:
-    data = build_federated("synthetic", n_devices=20, iid=False, seed=0, alpha=1.0, beta=1.0)
+    data = build("synthetic", n_devices=20, iid=False, seed=0, alpha=1.0, beta=1.0)
     assert isinstance(data, FederatedData)
     assert (data.num_classes, data.in_features) == (10, 60)
     assert len(data.train) == 20 and data.device_test is not None and len(data.device_test) == 20
@@ -37,16 +43,16 @@ def test_synthetic_split_holdouts_and_weights() -> None:
 
 
 def test_synthetic_reproducible_and_seed_dependent() -> None:
-    a = build_federated("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
-    b = build_federated("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
-    c = build_federated("synthetic", n_devices=5, iid=False, seed=4, alpha=0.5, beta=0.5, total_samples=1000)
+    a = build("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
+    b = build("synthetic", n_devices=5, iid=False, seed=3, alpha=0.5, beta=0.5, total_samples=1000)
+    c = build("synthetic", n_devices=5, iid=False, seed=4, alpha=0.5, beta=0.5, total_samples=1000)
     assert all(np.array_equal(p.x, q.x) for p, q in zip(a.train, b.train))
     assert not np.array_equal(a.sample_counts, c.sample_counts)
 
 
 def test_synthetic_iid_flag_selects_shared_model() -> None:
-    iid = build_federated("synthetic", n_devices=10, iid=True, seed=0, total_samples=10000, min_samples=500)
-    niid = build_federated("synthetic", n_devices=10, iid=False, seed=0, total_samples=10000, min_samples=500)
+    iid = build("synthetic", n_devices=10, iid=True, seed=0, total_samples=10000, min_samples=500)
+    niid = build("synthetic", n_devices=10, iid=False, seed=0, total_samples=10000, min_samples=500)
 
     def max_label_share(data: FederatedData) -> float:
         return float(np.mean([np.bincount(d.y, minlength=10).max() / len(d) for d in data.train]))
@@ -57,16 +63,16 @@ def test_synthetic_iid_flag_selects_shared_model() -> None:
 
 def test_synthetic_iid_with_alpha_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="non-IID"):
-        build_federated("synthetic", n_devices=5, iid=True, seed=0, alpha=1.0, beta=1.0)
+        build("synthetic", n_devices=5, iid=True, seed=0, alpha=1.0, beta=1.0)
 
 
 def test_unknown_dataset() -> None:
     with pytest.raises(ConfigError, match="mnist, emnist, synthetic"):
-        build_federated("cifar", n_devices=5, iid=True, seed=0)
+        build("cifar", n_devices=5, iid=True, seed=0)
 
 
 def test_mnist_iid(mnist_cache_dir: Path) -> None:
-    data = build_federated("mnist", n_devices=100, iid=True, seed=0, cache_dir=mnist_cache_dir)
+    data = build("mnist", n_devices=100, iid=True, seed=0, cache_dir=mnist_cache_dir)
     assert data.sample_counts.sum() == 60000 and data.sample_counts.min() >= 20
     assert len(data.test) == 10000 and data.device_test is None
     assert (data.num_classes, data.in_features) == (10, 784)
@@ -75,7 +81,7 @@ def test_mnist_iid(mnist_cache_dir: Path) -> None:
 
 
 def test_mnist_non_iid_one_label_per_device(mnist_cache_dir: Path) -> None:
-    data = build_federated("mnist", n_devices=100, iid=False, seed=0, cache_dir=mnist_cache_dir)
+    data = build("mnist", n_devices=100, iid=False, seed=0, cache_dir=mnist_cache_dir)
     assert all(len(np.unique(d.y)) == 1 for d in data.train)
     assert data.sample_counts.min() >= 1
     assert data.sample_counts.sum() <= 60000
@@ -85,29 +91,29 @@ def test_mnist_non_iid_one_label_per_device(mnist_cache_dir: Path) -> None:
 
 def test_mnist_total_samples_too_large(mnist_cache_dir: Path) -> None:
     with pytest.raises(DataError, match="exceeds the 60000"):
-        build_federated("mnist", n_devices=10, iid=True, seed=0, total_samples=70000, cache_dir=mnist_cache_dir)
+        build("mnist", n_devices=10, iid=True, seed=0, total_samples=70000, cache_dir=mnist_cache_dir)
 
 
-def test_emnist_needs_root() -> None:
-    with pytest.raises(ConfigError, match="--emnist-root"):
-        build_federated("emnist", n_devices=5, iid=True, seed=0)
+def test_emnist_without_root_looks_in_the_cache_and_says_how_to_get_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FLEXFL_CACHE", str(tmp_path))
+    with pytest.raises(DatasetNotFoundError, match=f"under {tmp_path / 'emnist'}.*--emnist-root"):
+        build("emnist", n_devices=5, iid=True, seed=0)
 
 
 def test_emnist_root_without_data(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError, match="--emnist-root"):
-        build_federated("emnist", n_devices=5, iid=True, seed=0, emnist_root=tmp_path)
+        build("emnist", n_devices=5, iid=True, seed=0, emnist_root=tmp_path)
 
 
 def test_emnist_from_folder(tmp_path: Path, make_emnist) -> None:
     make_emnist(tmp_path / "EMNIST" / "raw", n_train=400, n_test=50)
-    data = build_federated("emnist", n_devices=4, iid=True, seed=0, emnist_root=tmp_path, min_samples=10)
+    data = build("emnist", n_devices=4, iid=True, seed=0, emnist_root=tmp_path, min_samples=10)
     assert data.sample_counts.sum() == 400 and len(data.test) == 50
     assert (data.num_classes, data.in_features) == (47, 784)
 
 
 def test_equal_sizes_give_every_device_the_same_count():
-    from workloads.federated import build_federated
 
-    data = build_federated("synthetic", n_devices=5, iid=False, alpha=1.0, beta=1.0, seed=0, total_samples=1000, sizes="equal")
+    data = build("synthetic", n_devices=5, iid=False, alpha=1.0, beta=1.0, seed=0, total_samples=1000, sizes="equal")
     counts = [len(d) + len(h) for d, h in zip(data.train, data.device_test)]
     assert counts == [200] * 5

@@ -1,0 +1,123 @@
+"""The partition spec: the one description of how a dataset is split over devices.
+
+Every config that involves data embeds it as a `[partition]` table (coordinator, simulator,
+`flexfl live`, the trace recorder's profile); the coordinator sends it to each agent when
+it joins, and an agent trains on shard `shard_index` of exactly this split or not at all.
+Building the data from a spec is `workloads.federated` (`build_federated`, `load_shard`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+
+from flexfl.config import coerce_enums, from_dict, to_dict
+from flexfl.errors import ConfigError
+
+
+class Dataset(StrEnum):
+    MNIST = "mnist"
+    EMNIST = "emnist"
+    SYNTHETIC = "synthetic"
+
+
+class Sizes(StrEnum):
+    """Samples per device: Type-I Pareto(0.5) (the paper's default) or equal counts."""
+
+    PARETO = "pareto"
+    EQUAL = "equal"
+
+
+# Not part of the split's identity: where this machine keeps the data.
+_LOCAL = {"path": True, "identity": False}
+
+
+@dataclass(frozen=True, eq=False)  # equal = same identity(): see __eq__
+class PartitionSpec:
+    """Dataset, number of shards, IID or not, sample counts and seed: the split, reproducibly.
+
+    alpha/beta shape SYNTHETIC only; left out they are 1.0 for non-IID (the paper's
+    SYNTHETIC(1,1)) and 0.0 for IID, and giving them for another dataset, or for IID, is
+    an error. Two specs are equal when they describe the same split (`identity`).
+    total_samples left out is the dataset's default (all of MNIST/EMNIST, 20000 SYNTHETIC).
+    emnist_root is where this machine keeps EMNIST (torchvision layout); each machine sets
+    its own, so it is not sent to agents nor compared.
+    """
+
+    dataset: Dataset = Dataset.SYNTHETIC
+    n_devices: int = 10
+    iid: bool = False
+    alpha: float | None = None
+    beta: float | None = None
+    total_samples: int | None = None
+    sizes: Sizes = Sizes.PARETO
+    seed: int = 0
+    emnist_root: str = field(default="", compare=False, metadata=_LOCAL)
+
+    def __post_init__(self) -> None:
+        coerce_enums(self)
+        if self.n_devices < 1:
+            raise ConfigError(f"partition.n_devices must be >= 1, got {self.n_devices}")
+        if self.total_samples is not None and self.total_samples < self.n_devices:
+            raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least n_devices ({self.n_devices})")
+        if self.dataset is not Dataset.SYNTHETIC:
+            if self.alpha is not None or self.beta is not None:
+                raise ConfigError(f"partition.alpha/beta shape SYNTHETIC only; leave them out for {self.dataset}")
+            return
+        for name in ("alpha", "beta"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"partition.{name} is a standard deviation and must be >= 0, got {value}")
+        if self.iid and (self.alpha or self.beta):
+            raise ConfigError(f"partition.alpha/beta ({self.alpha}, {self.beta}) shape non-IID SYNTHETIC only; "
+                              "set iid = false or leave them out")
+
+    @property
+    def synthetic_alpha(self) -> float:
+        """alpha as used (SYNTHETIC): as given, else 1.0 non-IID and 0.0 IID."""
+        return self.alpha if self.alpha is not None else (0.0 if self.iid else 1.0)
+
+    @property
+    def synthetic_beta(self) -> float:
+        return self.beta if self.beta is not None else (0.0 if self.iid else 1.0)
+
+    def identity(self) -> dict:
+        """The fields that define the split (what agents must match), as plain values, defaults filled in."""
+        local = {f.name for f in fields(self) if not f.metadata.get("identity", True)}
+        out = {k: v for k, v in to_dict(self).items() if k not in local}
+        if self.dataset is Dataset.SYNTHETIC:
+            out.update(alpha=self.synthetic_alpha, beta=self.synthetic_beta)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PartitionSpec) and self.identity() == other.identity()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def to_json(self) -> str:
+        """The identity as canonical JSON: what the coordinator sends at join."""
+        return json.dumps(self.identity(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str) -> PartitionSpec:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: partition is not valid JSON: {exc}") from None
+        return from_dict(cls, raw, where=where, table="partition")
+
+    def differences(self, other: PartitionSpec) -> list[str]:
+        """'key: mine vs theirs' for every identity field that differs."""
+        a, b = self.identity(), other.identity()
+        return [f"{k}: {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+    def describe(self) -> str:
+        """One line for logs and errors: 'synthetic(1,1) non-IID, 10 devices, pareto sizes, seed 0'."""
+        name = str(self.dataset)
+        if self.dataset is Dataset.SYNTHETIC:
+            name += f"({self.synthetic_alpha:g},{self.synthetic_beta:g})"
+        total = f", {self.total_samples} samples" if self.total_samples is not None else ""
+        return (f"{name} {'IID' if self.iid else 'non-IID'}, {self.n_devices} devices{total}, "
+                f"{self.sizes} sizes, seed {self.seed}")
