@@ -1,22 +1,57 @@
-"""Per-round metrics as JSON lines (one object per round), flushed as each round ends."""
+"""Per-round metrics as JSON lines (one object per round), flushed as each round ends.
+
+`round_row` is the one schema of a round's record, written by the live coordinator (which
+adds transfer sizes and timings) and by the simulator alike, so that every run is read,
+compared and reported the same way.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from flexfl.files import atomic_file
+
+if TYPE_CHECKING:
+    from coordinator.round import RoundOpening, RoundOutcome
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     # JSON has no NaN/Inf; write null so every line parses with strict readers.
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
+
+
+def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> dict[str, Any]:
+    """The fields every round record has: who took part, s, p, coefficients, events, test metrics."""
+    w = outcome.weighing
+    return {
+        "round": w.round_index, "lr": outcome.lr, "participants": list(opening.participants),
+        "devices": list(w.devices), "s": {d: int(v) for d, v in zip(w.devices, w.s)},
+        "p": {d: float(v) for d, v in zip(w.devices, w.p)},
+        "coefficients": {d: float(v) for d, v in zip(w.devices, w.coefficients.values)},
+        "discarded": w.coefficients.discarded, "test_acc": test_acc, "test_loss": test_loss,
+        "arrivals": list(outcome.arrivals), "departures": [d for d, _ in outcome.departures],
+        "departure_policies": {d: str(policy) for d, policy in outcome.departures},
+    }
+
+
+def write_run_info(run_dir: Path, *, kind: str, config: dict[str, Any], devices: dict[str, dict[str, Any]],
+                   deadline_s: float | None, required_updates: int) -> Path:
+    """RUN_DIR/run.json: what a run was (live or sim), its config and its devices' traces and shards."""
+    path = Path(run_dir) / "run.json"
+    with atomic_file(path) as f:
+        json.dump(clean_json({"kind": kind, "config": config, "devices": devices, "deadline_s": deadline_s,
+                              "required_updates": required_updates}), f, indent=1)
+    return path
 
 
 class MetricsWriter:
@@ -26,8 +61,17 @@ class MetricsWriter:
         self._file = open(path, "a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_clean(record), sort_keys=False) + "\n")
+        """Append one row and fsync it: once this returns, the row survives a crash."""
+        self._file.write(json.dumps(clean_json(record), sort_keys=False) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())
+
+    @staticmethod
+    def rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
+        """Replace the file's rows atomically (a resumed run dropping rows it will write again)."""
+        with atomic_file(path) as f:
+            for row in rows:
+                f.write(json.dumps(clean_json(row)) + "\n")
 
     def close(self) -> None:
         if not self._file.closed:

@@ -105,9 +105,19 @@ class Objective:
         else:
             self.departed_included.add(device_id)
 
+    def rejoin(self, device_id: str) -> None:
+        """A departed-but-included device is back: it trains again; the objective did not change."""
+        if device_id not in self.departed_included:
+            raise ConfigError(f"device {device_id!r} has not departed under include")
+        self.departed_included.discard(device_id)
+
     def members(self) -> list[str]:
         """Devices in the objective, in insertion order (departed-but-included ones too)."""
         return list(self.sample_counts)
+
+    def active_members(self) -> list[str]:
+        """Members that still train: departed-but-included devices are in F but send nothing."""
+        return [d for d in self.sample_counts if d not in self.departed_included]
 
     def weights(
         self, device_ids: list[str], *, round_index: int, fast_reboot: FastReboot | None = None

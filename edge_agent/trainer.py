@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import torch
@@ -21,6 +22,13 @@ from torch import nn
 
 from flexfl.errors import ConfigError
 from workloads.datasets import ArrayDataset
+
+
+class Unit(StrEnum):
+    """What one local update is: one minibatch SGD step (the paper's eq. (1)) or one full pass."""
+
+    STEP = "step"
+    EPOCH = "epoch"
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ def train_local(
     lr: float,
     batch_size: int,
     rng: np.random.Generator,
-    unit: str = "step",
+    unit: Unit | str = Unit.STEP,
     keep_going: Callable[[int], bool] | None = None,
 ) -> LocalResult:
     """Run up to `updates` local updates of plain SGD on `model` (trained in place).
@@ -81,8 +89,10 @@ def train_local(
     early (the edge agent's deadline check); the result reports the updates completed.
     The delta is taken against the model's parameters at entry.
     """
-    if unit not in ("step", "epoch"):
-        raise ConfigError(f"unknown local update unit {unit!r}; use 'step' or 'epoch'")
+    try:
+        unit = Unit(unit)
+    except ValueError:
+        raise ConfigError(f"unknown local update unit {unit!r}; use 'step' or 'epoch'") from None
     if updates < 0:
         raise ConfigError(f"updates must be >= 0, got {updates}")
     if not (math.isfinite(lr) and lr > 0):
@@ -91,7 +101,7 @@ def train_local(
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     x_all = torch.from_numpy(data.x)
     y_all = torch.from_numpy(data.y)
-    stream = step_batches(len(data), batch_size=batch_size, rng=rng) if unit == "step" else None
+    stream = step_batches(len(data), batch_size=batch_size, rng=rng) if unit is Unit.STEP else None
     loss_fn = nn.CrossEntropyLoss()
     done = steps = samples = 0
     loss_sum = 0.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
+from flexfl.config import flag_dest
 from flexfl.errors import ConfigError
-from flexfl.files import read_toml
 from simulator.paper import PAPER_DEVICES, SETTINGS
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
@@ -42,47 +42,58 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TOML file with SimConfig fields (flags override it)")
-    p.add_argument("--dataset", choices=sorted(SETTINGS), help="default synthetic")
-    iid = p.add_mutually_exclusive_group()
-    iid.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID data")
-    iid.add_argument("--non-iid", dest="iid", action="store_false", help="non-IID data (default)")
-    p.add_argument("--alpha", type=float, help="SYNTHETIC alpha (default 1)")
-    p.add_argument("--beta", type=float, help="SYNTHETIC beta (default 1)")
-    p.add_argument("--devices", dest="n_devices", type=int, help="number of devices (default: 50, or the paper's for `schemes`)")
-    p.add_argument("--rounds", type=int, help="rounds (default 200)")
-    p.add_argument("--E", dest="E", type=int, help="required local updates per round (default 20)")
-    p.add_argument("--trace-set", dest="trace_set", help="trace set folder (default traces/paper)")
-    p.add_argument("--num-traces", dest="num_traces", type=int, help="|T|: devices draw from the first |T| traces (default 8)")
-    p.add_argument("--sampling", choices=["iid", "replay"], help="s per round: i.i.d. from the trace (default) or in order")
-    p.add_argument("--s-rule", dest="s_rule", choices=["round", "floor"], help="fraction -> s rule (default round)")
-    p.add_argument("--seed", type=int, help="seed (default 0)")
-    p.add_argument("--eta0", type=float, help="initial learning rate (default: the paper's per dataset)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, help="minibatch size (default: the paper's per dataset)")
-    p.add_argument("--unit", choices=["step", "epoch"], help="one local update = one SGD step (default) or one pass")
-    p.add_argument("--trainer", choices=["auto", "batched", "plain"], help="batched (vmap), plain (per device), or auto (default: batched for logreg, plain otherwise)")
-    p.add_argument("--total-samples", dest="total_samples", type=int, help="samples spread over devices (default per dataset)")
-    p.add_argument("--sizes", choices=["pareto", "equal"], help="samples per device: Pareto(0.5) (default) or equal")
-    p.add_argument("--emnist-root", dest="emnist_root", help="folder with EMNIST in torchvision layout")
+    from coordinator.cli import add_rules_flags
+    from workloads.cli import add_partition_flags
+
+    p.add_argument("--config", type=Path, help="TOML file with SimConfig tables (flags override it)")
+    add_partition_flags(p)
+    add_rules_flags(p)
+    p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
+    p.add_argument("--seed", dest=flag_dest("seed"), type=int,
+                   help="seed of the model, traces and minibatches, and of the data split unless --data-seed (default 0)")
+    p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
+    p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
+                   help="|T|: devices draw from the first |T| traces (default 8)")
+    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "batched", "plain"],
+                   help="batched (vmap), plain (per device), or auto (default: batched for logreg, plain otherwise)")
+    p.add_argument("--arrive", action="append", default=[], metavar="K@R",
+                   help="device K is absent until it arrives during round R (trains from R+1); repeatable")
+    p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
+                   help="device K trains in round R and leaves at its close, under POLICY include|exclude "
+                        "(default --departure-policy); repeatable")
 
 
 def config_from_args(args: argparse.Namespace, **defaults):
-    """Dataclass defaults < `defaults` < TOML config file < CLI flags; returns a resolved SimConfig."""
+    """Dataclass defaults < `defaults` ({table: {key: value}}) < TOML config file < CLI flags; a SimConfig."""
+    from flexfl.config import load_config, overrides_from_args
     from simulator.engine import SimConfig
 
-    values = dict(defaults)
-    names = {f.name for f in fields(SimConfig)}
-    if args.config is not None:
-        loaded = read_toml(args.config)
-        unknown = set(loaded) - names
-        if unknown:
-            raise ConfigError(f"{args.config}: unknown keys {sorted(unknown)}; valid keys: {sorted(names)}")
-        values.update(loaded)
-    values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
-    try:
-        return SimConfig(**values).resolved()
-    except TypeError as exc:
-        raise ConfigError(f"bad configuration: {exc}") from exc
+    flags = overrides_from_args(args)
+    seed = flags.get("seed")
+    if seed is not None and "seed" not in flags.get("partition", {}):
+        flags.setdefault("partition", {})["seed"] = seed  # one --seed varies the data too
+    flags.setdefault("schedule", {}).update(_schedule(args))
+    return load_config(SimConfig, args.config, defaults=defaults, overrides=flags)
+
+
+def _schedule(args: argparse.Namespace) -> dict:
+    """--arrive K@R and --depart K@R[:POLICY] as [schedule] tables."""
+    def parse(text: str, flag: str) -> tuple[int, int, str | None]:
+        where, _, policy = text.partition(":")
+        device, at, round_ = where.partition("@")
+        try:
+            return int(device), int(round_), policy or None
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r}: expected DEVICE@ROUND{'[:include|exclude]' if flag == '--depart' else ''}, "
+                              "e.g. 3@30") from None
+
+    out: dict = {}
+    if getattr(args, "arrive", None):
+        out["arrivals"] = [{"device": d, "round": r} for d, r, _ in (parse(t, "--arrive") for t in args.arrive)]
+    if getattr(args, "depart", None):
+        out["departures"] = [{"device": d, "round": r, **({"policy": p} if p else {})}
+                             for d, r, p in (parse(t, "--depart") for t in args.depart)]
+    return out
 
 
 def _parse_ints(text: str, what: str) -> list[int]:
@@ -102,52 +113,66 @@ def _parse_ints(text: str, what: str) -> list[int]:
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from simulator.engine import load_data, records_as_rows, run_simulation
-    from simulator.report import plot_accuracy_curves, write_csv_atomic
+    from coordinator.metrics import write_run_info
+    from flexfl.config import to_dict, write_config
+    from simulator.engine import device_id, load_data, records_as_rows, run_simulation
+    from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
 
     cfg = config_from_args(args)
     schemes = [s.strip().upper() for s in args.schemes.split(",") if s.strip()]
     started = time.perf_counter()
     data = load_data(cfg)
-    traces = read_trace_set(Path(cfg.trace_set))
+    traces = read_trace_set(Path(cfg.traces.set))
     every = args.progress_every or max(1, cfg.rounds // 10)
     rows, curves, finals, updates, sim_s = [], {}, {}, 0, 0.0
-    print(f"flexfl sim: {cfg.dataset} {'IID' if cfg.iid else 'non-IID'}, {cfg.n_devices} devices, "
-          f"|T|={cfg.num_traces} of {traces.path}, E={cfg.E}, {cfg.rounds} rounds, schemes {','.join(schemes)}", flush=True)
+    out: Path = args.out
+    schedule = cfg.schedule
+    events = ", ".join([f"device {a.device} arrives in round {a.round}" for a in schedule.arrivals]
+                       + [f"device {d.device} departs after round {d.round} ({d.policy or cfg.rules.departure_policy})"
+                          for d in schedule.departures])
+    print(f"flexfl sim: {cfg.partition.describe()}, |T|={cfg.traces.num_traces} of {traces.path}, "
+          f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, schemes {','.join(schemes)}"
+          f"{'; ' + events if events else ''}", flush=True)
     for scheme in schemes:
-        c = replace(cfg, scheme=scheme)
+        c = replace(cfg, rules=replace(cfg.rules, scheme=scheme))
         t0 = time.perf_counter()
 
         def progress(r, scheme=scheme, t0=t0):
-            if r.round % every == 0 or r.round == c.rounds:
+            if r.round % every == 0 or r.round == c.rounds or r.events:
                 print(f"  scheme {scheme} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
-                      f"loss {r.test_loss:.3f} active {r.active}/{c.n_devices} ({time.perf_counter() - t0:.1f} s)", flush=True)
+                      f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
+                      f"{'  ' + r.events if r.events else ''} ({time.perf_counter() - t0:.1f} s)", flush=True)
 
         result = run_simulation(c, data=data, traces=traces, on_round=progress)
         rows.extend(records_as_rows(result))
+        run_dir = out / scheme
+        write_jsonl_atomic(run_dir / "metrics.jsonl", result.rows)
+        write_config(run_dir / "sim.toml", c, header=f"flexfl sim run, scheme {scheme}")
+        write_run_info(run_dir, kind="sim", config=to_dict(c), deadline_s=None,
+                       required_updates=c.rules.required_updates,
+                       devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
         curves[scheme] = np.array([r.test_acc for r in result.records])
         finals[scheme] = result.final_accuracy
         updates += result.device_updates
         sim_s += result.wall_s
-    out: Path = args.out
     write_csv_atomic(out / "rounds.csv", rows)
-    plot_accuracy_curves(out / "accuracy.png", {f"|T| = {cfg.num_traces}": curves},
-                         title=f"{cfg.dataset.upper()} {'IID' if cfg.iid else 'non-IID'}, {cfg.n_devices} devices")
-    summary = {"config": asdict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
+    plot_accuracy_curves(out / "accuracy.png", {f"|T| = {cfg.traces.num_traces}": curves},
+                         title=f"{cfg.partition.describe()}")
+    summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
                "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     accs = " ".join(f"{k} {100 * v:.2f}%" for k, v in finals.items())
     print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
-          f"results in {out}/ (rounds.csv, accuracy.png, summary.json)")
+          f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
     return 0
 
 
 def cmd_schemes(args: argparse.Namespace) -> int:
     from simulator.schemes import finished_runs, run_comparison, speed_figures, write_outputs
 
-    dataset = args.dataset or "synthetic"
-    cfg = config_from_args(args, dataset=dataset, n_devices=PAPER_DEVICES[dataset])
+    dataset = getattr(args, flag_dest("partition", "dataset")) or "synthetic"
+    cfg = config_from_args(args, partition={"dataset": dataset, "n_devices": PAPER_DEVICES[dataset]})
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = set(settings) - set(SETTINGS[dataset])
     if bad:
@@ -177,8 +202,11 @@ def cmd_schemes(args: argparse.Namespace) -> int:
 
 def _markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, *, note: str = "", work_dir: Path) -> str:
     plots = "\n".join(f"![{k}]({Path(v).name})" for k, v in paths.items() if k.startswith("plot_"))
-    setting_text = ", ".join(
-        f"{s}: " + ", ".join(f"{k}={v}" for k, v in SETTINGS[dataset][s].items()) for s in settings)
+    r, ds = cfg.rules, cfg.partition.dataset
+    from simulator.schemes import cell_config
+
+    setting_text = ", ".join(f"{s}: {cell_config(cfg, setting=s, seed=0, num_traces=1).partition.describe()}"
+                             for s in settings)
     return f"""# Scheme comparison on {dataset.upper()} (paper Table 3)
 
 Generated by `flexfl sim schemes --dataset {dataset}` (see results/README.md for the
@@ -191,10 +219,10 @@ Rows marked (paper) are the published values. Where every trace in use is always
 (|T| = 1: trace T0), all devices finish E updates every round and A, B, C are the same
 algorithm; that run is computed once and shared by the three schemes (marked in its JSON).
 
-Setup: {cfg.n_devices} devices, {cfg.rounds} rounds, E = {cfg.E} local SGD steps per round,
-batch size {cfg.batch_size}, eta_tau = {cfg.eta0:g} / tau, traces `{Path(cfg.trace_set).name}` (|T| = {num_traces}),
-s drawn `{cfg.sampling}` from the device's trace, fraction -> s rule `{cfg.s_rule}`,
-sample counts Type-I Pareto(0.5), settings {setting_text}.
+Setup: {cfg.partition.n_devices} devices, {cfg.rounds} rounds, E = {r.required_updates} local updates ({r.unit}) per round,
+batch size {r.batch_size_for(ds)}, eta_tau = {r.eta0_for(ds):g} / tau, traces `{Path(cfg.traces.set).name}` (|T| = {num_traces}),
+s drawn `{r.trace_sampling}` from the device's trace, fraction -> s rule `{r.s_rule}`,
+sample counts {cfg.partition.sizes}, settings {setting_text}.
 
 {paths['table']}
 Speed on this machine: one {cfg.rounds}-round run took {run_s:.1f} s on average

@@ -1,8 +1,15 @@
-"""One simulated federated training run: traces -> s per device -> local SGD -> scheme -> metrics.
+"""One simulated federated run: traces -> s per device -> local SGD -> the shared round -> metrics.
 
-The learning rules come from their owners: coefficients and the update from
-coordinator.aggregation, the objective and learning rate from coordinator.participation,
-local SGD from edge_agent.trainer (or its batched equivalent in simulator.batched).
+The round itself (participants, learning rate, coefficients, update, arrivals and
+departures) is coordinator.round.Federation, the same object the live coordinator runs.
+This module adds what only a simulation has: s drawn from traces (trace_recorder.sampler,
+the function live agents use), a schedule of arrivals and departures, local training of
+many devices in one process (edge_agent.trainer per device, or simulator.batched), and
+evaluation on the objective's test set (workloads.federated.FederatedData.test_for).
+
+A run is a pure function of its config: data, initial model, trace assignment, s draws
+and minibatches are seeded per (seed, device, round), so runs that differ only in a policy
+(scheme, fast-reboot, departure policy) are paired.
 """
 
 from __future__ import annotations
@@ -10,23 +17,27 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from coordinator.aggregation import Scheme, apply_update, coefficients, stack_deltas
-from coordinator.participation import LearningRate, Objective
-from edge_agent.trainer import device_rng, train_local
+from coordinator.aggregation import stack_deltas
+from coordinator.metrics import round_row
+from coordinator.objective import DeparturePolicy
+from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from edge_agent.trainer import Unit, device_rng, train_local
+from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError
 from simulator.batched import BatchedTrainer
-from workloads.evaluation import evaluate
-from simulator.participation import FixedParticipation, TraceParticipation
 from trace_recorder.format import TraceSet, read_trace_set
-from workloads.federated import DEFAULTS, FederatedData, build_federated
-from workloads.models import build_model
+from trace_recorder.sampler import TraceSampler, assign_traces
+from workloads.evaluation import evaluate
+from workloads.federated import DEFAULTS, FederatedData, build_federated, initial_model
+from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,59 +45,113 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
 
 
+class TrainerKind(StrEnum):
+    """batched: all devices step together (vmap); plain: edge_agent.trainer per device; auto: by model."""
+
+    AUTO = "auto"
+    BATCHED = "batched"
+    PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class TracesConfig:
+    """[traces]: devices follow traces drawn from the first `num_traces` of `set` (|T|)."""
+
+    set: str = path_field(str(DEFAULT_TRACE_SET))
+    num_traces: int = 8
+
+
+@dataclass(frozen=True)
+class ArrivalEvent:
+    """Device `device` (its shard index) is absent until it arrives in round `round`.
+
+    It joins the objective at the close of that round (the test set gains its holdout from
+    that round's evaluation) and trains from the next round on, with fast-reboot.
+    """
+
+    device: int
+    round: int
+
+
+@dataclass(frozen=True)
+class DepartureEvent:
+    """Device `device` trains in round `round` and leaves at its close, under `policy` (default: rules')."""
+
+    device: int
+    round: int
+    policy: DeparturePolicy | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """[schedule]: arrivals and departures ([[schedule.arrivals]] device = 3, round = 30)."""
+
+    arrivals: tuple[ArrivalEvent, ...] = ()
+    departures: tuple[DepartureEvent, ...] = ()
+
+    def __post_init__(self) -> None:
+        for d in self.departures:
+            coerce_enums(d)
+
+    def check(self, n_devices: int, rounds: int) -> None:
+        seen: set[int] = set()
+        for kind, events in (("arrival", self.arrivals), ("departure", self.departures)):
+            for e in events:
+                if not 0 <= e.device < n_devices:
+                    raise ConfigError(f"schedule: {kind} of device {e.device}, outside 0..{n_devices - 1}")
+                if not 1 <= e.round <= rounds:
+                    raise ConfigError(f"schedule: {kind} of device {e.device} at round {e.round}, outside 1..{rounds}")
+        for e in self.arrivals:
+            if e.device in seen:
+                raise ConfigError(f"schedule: device {e.device} arrives twice")
+            seen.add(e.device)
+        left: set[int] = set()
+        for e in self.departures:
+            if e.device in left:
+                raise ConfigError(f"schedule: device {e.device} departs twice")
+            left.add(e.device)
+            arrival = next((a.round for a in self.arrivals if a.device == e.device), 0)
+            if e.round <= arrival:
+                raise ConfigError(f"schedule: device {e.device} departs at round {e.round}, not after its arrival "
+                                  f"at round {arrival}")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything that determines a simulation run (with the seed, it determines it exactly)."""
 
-    dataset: str = "synthetic"
-    iid: bool = False
-    alpha: float = 1.0
-    beta: float = 1.0
-    n_devices: int = 50
+    partition: PartitionSpec = field(default_factory=lambda: PartitionSpec(n_devices=50))
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     rounds: int = 200
-    E: int = 20
-    scheme: str = "C"
-    trace_set: str = str(DEFAULT_TRACE_SET)
-    num_traces: int = 8
-    sampling: str = "iid"
-    s_rule: str = "round"
-    seed: int = 0
-    eta0: float | None = None  # None: the paper's value for the dataset
-    batch_size: int | None = None  # None: the paper's value for the dataset
-    unit: str = "step"
-    # "batched" (vmap over devices), "plain" (edge_agent.trainer per device), or "auto":
-    # batched for logistic regression (50 devices step together ~5x faster than one by one),
-    # plain for the MLP/CNN, whose per-device weights make the batched step memory-bound
-    # (equal speed alone, slower on a busy machine; see results/README.md).
-    trainer: str = "auto"
-    total_samples: int | None = None
-    sizes: str = "pareto"  # sample counts: pareto (paper default) or equal
-    emnist_root: str | None = None
+    seed: int = 0  # initial model, trace assignment, s draws, minibatches (the partition has its own)
+    # "batched" (vmap over devices) for logistic regression (~5x faster than one by one),
+    # "plain" (edge_agent.trainer per device) for the MLP/CNN, whose per-device weights make
+    # the batched step memory-bound (see results/README.md).
+    trainer: TrainerKind = TrainerKind.AUTO
 
-    def resolved(self) -> SimConfig:
-        """Fill dataset defaults and validate."""
-        if self.dataset not in DEFAULTS:
-            raise ConfigError(f"unknown dataset {self.dataset!r}; choose one of {sorted(DEFAULTS)}")
-        d = DEFAULTS[self.dataset]
-        cfg = replace(
-            self,
-            trainer=("batched" if d.model == "logreg" else "plain") if self.trainer == "auto" else self.trainer,
-            eta0=d.eta0 if self.eta0 is None else self.eta0,
-            batch_size=d.batch_size if self.batch_size is None else self.batch_size,
-            scheme=Scheme(self.scheme).value,
-        )
-        if cfg.rounds < 1 or cfg.E < 1 or cfg.n_devices < 1:
-            raise ConfigError(f"rounds, E and devices must be >= 1 (got {cfg.rounds}, {cfg.E}, {cfg.n_devices})")
-        if cfg.trainer not in ("batched", "plain"):
-            raise ConfigError(f"unknown trainer {cfg.trainer!r}; use 'batched' or 'plain'")
-        if cfg.unit == "epoch" and cfg.trainer == "batched":
-            raise ConfigError("the batched trainer counts updates as SGD steps; use --trainer plain with --unit epoch")
-        return cfg
+    def __post_init__(self) -> None:
+        coerce_enums(self)
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if self.traces.num_traces < 1:
+            raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
+        self.schedule.check(self.partition.n_devices, self.rounds)
+        if self.rules.unit is Unit.EPOCH and self.trainer is TrainerKind.BATCHED:
+            raise ConfigError("the batched trainer counts updates as SGD steps; use trainer = plain with unit = epoch")
 
-    def data_key(self) -> tuple:
-        """Runs with equal data keys can share one FederatedData."""
-        return (self.dataset, self.iid, self.alpha, self.beta, self.n_devices, self.seed, self.total_samples,
-                self.sizes, self.emnist_root)
+    @property
+    def trainer_kind(self) -> TrainerKind:
+        if self.trainer is not TrainerKind.AUTO:
+            return self.trainer
+        batched = DEFAULTS[self.partition.dataset].model == "logreg" and self.rules.unit is Unit.STEP
+        return TrainerKind.BATCHED if batched else TrainerKind.PLAIN
+
+
+def device_id(shard: int) -> str:
+    """Simulated device k's id, as `flexfl live` names its agents."""
+    return f"dev-{shard}"
 
 
 @dataclass(frozen=True)
@@ -95,21 +160,24 @@ class RoundRecord:
     lr: float
     active: int  # devices with s > 0
     complete: int  # devices with s = E
-    mean_s: float
+    mean_s: float  # over the round's participants
     coef_sum: float
     discarded: bool
     train_loss: float  # coefficient-weighted mean local loss of contributors (nan if none)
     test_acc: float
     test_loss: float
     seconds: float
+    members: int  # devices in the objective after the round
+    events: str  # "+dev-3 -dev-0(exclude)" for arrivals/departures applied at its close
 
 
 @dataclass
 class SimResult:
     config: SimConfig
     records: list[RoundRecord] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # per round, coordinator.metrics.round_row schema
     trace_assignment: list[str] = field(default_factory=list)
-    device_updates: int = 0  # local SGD steps actually computed, over all devices and rounds
+    device_updates: int = 0  # local updates actually computed, over all devices and rounds
     wall_s: float = 0.0
     final_params: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -118,114 +186,143 @@ class SimResult:
         return self.records[-1].test_acc
 
 
+class FixedParticipation:
+    """A given s per device per round (cycled), e.g. to replay a live run: schedule[round][shard]."""
+
+    def __init__(self, schedule, *, E: int) -> None:
+        arr = np.asarray(schedule, dtype=np.int64)
+        if arr.ndim != 2 or arr.size == 0:
+            raise ConfigError(f"schedule must be a non-empty [rounds][devices] table, got shape {arr.shape}")
+        if arr.min() < 0 or arr.max() > E:
+            raise ConfigError(f"schedule values must lie in 0..E (E = {E})")
+        self._schedule = arr
+
+    def draw(self, shard: int, round_index: int) -> int:
+        return int(self._schedule[(round_index - 1) % len(self._schedule), shard])
+
+
+class TraceParticipation:
+    """Each device follows a trace (assign_traces) and draws s from it (TraceSampler)."""
+
+    def __init__(self, traces: TraceSet, cfg: SimConfig) -> None:
+        chosen = traces.first(cfg.traces.num_traces)
+        E = cfg.rules.required_updates
+        assignment = assign_traces(cfg.partition.n_devices, n_traces=len(chosen), seed=cfg.seed)
+        self.samplers = [TraceSampler(chosen[j], E=E, seed=cfg.seed, device_index=k,
+                                      sampling=cfg.rules.trace_sampling, s_rule=cfg.rules.s_rule)
+                         for k, j in enumerate(assignment)]
+        self.trace_names = [s.trace.name for s in self.samplers]
+
+    def draw(self, shard: int, round_index: int) -> int:
+        return self.samplers[shard].draw(round_index)
+
+
 def load_data(cfg: SimConfig) -> FederatedData:
-    return build_federated(
-        cfg.dataset,
-        n_devices=cfg.n_devices,
-        iid=cfg.iid,
-        seed=cfg.seed,
-        # alpha/beta only shape SYNTHETIC; other datasets would warn about them.
-        alpha=cfg.alpha if cfg.dataset == "synthetic" else 0.0,
-        beta=cfg.beta if cfg.dataset == "synthetic" else 0.0,
-        total_samples=cfg.total_samples,
-        sizes=cfg.sizes,
-        emnist_root=Path(cfg.emnist_root) if cfg.emnist_root else None,
-    )
-
-
-def initial_model(cfg: SimConfig) -> torch.nn.Module:
-    """The model every scheme starts from for this seed."""
-    d = DEFAULTS[cfg.dataset]
-    torch.manual_seed(cfg.seed)
-    return build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
+    return build_federated(cfg.partition)
 
 
 def run_simulation(
-    config: SimConfig,
+    cfg: SimConfig,
     *,
     data: FederatedData | None = None,
     traces: TraceSet | None = None,
-    participation: TraceParticipation | FixedParticipation | None = None,
+    participation: FixedParticipation | TraceParticipation | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
 ) -> SimResult:
-    """Run `config.rounds` rounds and return per-round metrics and the final model.
+    """Run `cfg.rounds` rounds and return per-round metrics and the final model.
 
     `participation` overrides the trace-driven s draws (e.g. FixedParticipation).
     """
-    cfg = config.resolved()
     started = time.perf_counter()
+    n = cfg.partition.n_devices
     data = data if data is not None else load_data(cfg)
-    if len(data.train) != cfg.n_devices:
-        raise ConfigError(f"data has {len(data.train)} devices, config asks for {cfg.n_devices}")
+    if len(data.train) != n:
+        raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
     if participation is None:
-        traces = traces if traces is not None else read_trace_set(Path(cfg.trace_set))
-        participation = TraceParticipation(
-            traces.first(cfg.num_traces), n_devices=cfg.n_devices, E=cfg.E, seed=cfg.seed,
-            sampling=cfg.sampling, s_rule=cfg.s_rule,
-        )
-    model = initial_model(cfg)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    objective = Objective()
-    ids = [str(k) for k in range(cfg.n_devices)]
-    for k, n in zip(ids, data.sample_counts):
-        objective.add_initial(k, int(n))
-    schedule = LearningRate(cfg.eta0)
-    batched = BatchedTrainer(model, data.train, batch_size=cfg.batch_size) if cfg.trainer == "batched" else None
-    result = SimResult(config=cfg, trace_assignment=participation.trace_names)
+        participation = TraceParticipation(traces if traces is not None else read_trace_set(Path(cfg.traces.set)), cfg)
+    model, params = initial_model(cfg.partition.dataset, seed=cfg.seed)
+    fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params)
+    late = {a.device for a in cfg.schedule.arrivals}
+    fed.apply_events(arrivals=[Arrival(device_id(k), int(data.sample_counts[k])) for k in range(n) if k not in late])
+    shard = {device_id(k): k for k in range(n)}
+    trainer = _Trainer(cfg, model, data)
+    result = SimResult(config=cfg, trace_assignment=list(getattr(participation, "trace_names", [])))
 
     for tau in range(1, cfg.rounds + 1):
         t0 = time.perf_counter()
-        s = participation.draw(tau)
-        p = objective.weights(ids, round_index=tau)
-        coef = coefficients(cfg.scheme, s=s, E=cfg.E, p=p)
-        lr = schedule.at(round_index=tau, shift_round=objective.shift_round)
-        # Only devices whose coefficient is non-zero change the aggregate: train just those.
-        rows = coef.contributors
-        losses = np.array([])
-        if len(rows) and not coef.discarded:
-            rngs = [device_rng(cfg.seed, tau, int(k)) for k in rows]
-            if batched is not None:
-                deltas, losses = batched.train(params, devices=rows, steps=s[rows], lr=lr, rngs=rngs)
-            else:
-                deltas, losses = _train_plain(model, params, data, rows, s, lr, rngs, cfg)
-            params = apply_update(global_state=params, deltas=deltas, coefficients=coef, rows=rows)
-            result.device_updates += int(s[rows].sum())
-        acc, loss = evaluate(model, params, data.test)
+        opening = fed.open(tau)
+        s = {d: participation.draw(shard[d], tau) for d in opening.participants}
+        weighing = fed.weigh(tau, s)
+        rows = weighing.contributors  # only these change the model: train just them
+        deltas, losses = trainer.train(fed.params, [shard[d] for d in rows], [s[d] for d in rows],
+                                       lr=opening.lr, round_index=tau)
+        outcome = fed.close(
+            weighing, deltas=deltas, rows=rows,
+            arrivals=[Arrival(device_id(a.device), int(data.sample_counts[a.device]))
+                      for a in cfg.schedule.arrivals if a.round == tau],
+            departures=[Departure(device_id(d.device), d.policy) for d in cfg.schedule.departures if d.round == tau],
+        )
+        test = data.test_for([shard[d] for d in fed.objective.members()])
+        acc, loss = evaluate(model, fed.params, test)
         if not math.isfinite(loss):
-            raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {lr:g} is too high for this setup")
-        w = coef.values[rows]
+            raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {opening.lr:g} "
+                              "is too high for this setup")
+        result.device_updates += sum(s[d] for d in rows)
+        coef = {d: c for d, c in zip(weighing.devices, weighing.coefficients.values)}
+        w = np.array([coef[d] for d in rows])
         record = RoundRecord(
-            round=tau, lr=lr, active=int((s > 0).sum()), complete=int((s == cfg.E).sum()),
-            mean_s=float(s.mean()), coef_sum=float(coef.values.sum()), discarded=coef.discarded,
-            train_loss=float(np.dot(w, losses) / w.sum()) if len(losses) and w.sum() > 0 else float("nan"),
-            test_acc=acc, test_loss=loss, seconds=time.perf_counter() - t0,
+            round=tau, lr=opening.lr, active=sum(v > 0 for v in s.values()),
+            complete=sum(v == fed.E for v in s.values()), mean_s=float(np.mean(list(s.values()))) if s else 0.0,
+            coef_sum=float(weighing.coefficients.values.sum()), discarded=weighing.coefficients.discarded,
+            train_loss=float(np.dot(w, losses) / w.sum()) if len(rows) and w.sum() > 0 else float("nan"),
+            test_acc=acc, test_loss=loss, seconds=time.perf_counter() - t0, members=len(fed.objective.members()),
+            events=" ".join([f"+{d}" for d in outcome.arrivals] + [f"-{d}({p})" for d, p in outcome.departures]),
         )
         result.records.append(record)
+        result.rows.append(round_row(opening, outcome, test_acc=acc, test_loss=loss))
         if on_round is not None:
             on_round(record)
-    result.final_params = params
+    result.final_params = fed.params
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _train_plain(model, params, data, rows, s, lr, rngs, cfg):
-    """Per-device edge_agent.trainer.train_local: the reference the batched trainer must equal."""
-    deltas, losses = [], []
-    for k, rng in zip(rows, rngs):
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(params[n])
-        res = train_local(model, data.train[k], updates=int(s[k]), lr=lr, batch_size=cfg.batch_size, rng=rng, unit=cfg.unit)
-        deltas.append(res.delta)
-        losses.append(res.mean_loss)
-    return stack_deltas(deltas), np.array(losses)
+class _Trainer:
+    """Local training of the round's contributors: batched (vmap) or edge_agent.trainer per device."""
+
+    def __init__(self, cfg: SimConfig, model: torch.nn.Module, data: FederatedData) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.data = data
+        self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
+        self.batched = (BatchedTrainer(model, data.train, batch_size=self.batch_size)
+                        if cfg.trainer_kind is TrainerKind.BATCHED else None)
+
+    def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,
+              round_index: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+        if not shards:
+            return {}, np.array([])
+        rngs = [device_rng(self.cfg.seed, round_index, k) for k in shards]
+        if self.batched is not None:
+            return self.batched.train(dict(params), devices=np.array(shards), steps=np.array(steps), lr=lr, rngs=rngs)
+        deltas, losses = [], []
+        for k, s, rng in zip(shards, steps, rngs):
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(params[name])
+            res = train_local(self.model, self.data.train[k], updates=s, lr=lr, batch_size=self.batch_size, rng=rng,
+                              unit=self.cfg.rules.unit)
+            deltas.append(res.delta)
+            losses.append(res.mean_loss)
+        return stack_deltas(deltas), np.array(losses)
 
 
 def records_as_rows(result: SimResult) -> list[dict]:
     """Per-round rows for CSV output, each with the run's identifying config fields."""
     c = result.config
+    part = c.partition.identity()
     ident = {
-        "dataset": c.dataset, "iid": int(c.iid), "alpha": c.alpha, "beta": c.beta,
-        "num_traces": c.num_traces, "scheme": c.scheme, "seed": c.seed,
+        "dataset": part["dataset"], "iid": int(part["iid"]), "alpha": part.get("alpha"), "beta": part.get("beta"),
+        "num_traces": c.traces.num_traces, "scheme": str(c.rules.scheme), "seed": c.seed,
     }
     return [{**ident, **asdict(r)} for r in result.records]

@@ -22,6 +22,17 @@ def write_csv_atomic(path: Path, rows: Sequence[dict]) -> None:
         writer.writerows(rows)
 
 
+def write_jsonl_atomic(path: Path, rows: Sequence[dict]) -> None:
+    """One JSON object per line (the coordinator's metrics.jsonl format), written atomically."""
+    import json
+
+    from coordinator.metrics import clean_json
+
+    with atomic_file(path) as f:
+        for row in rows:
+            f.write(json.dumps(clean_json(row)) + "\n")
+
+
 def improvement_pct(new: float, old: float) -> float:
     """% improvement of `new` over `old` (relative): 100 (new - old) / old."""
     return 100.0 * (new - old) / old

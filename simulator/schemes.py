@@ -14,11 +14,12 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from flexfl.config import to_dict
 from simulator.engine import SimConfig, load_data, records_as_rows, run_simulation
 from simulator.paper import SETTINGS
 from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
@@ -43,6 +44,14 @@ def _run_name(setting: str, num_traces: int, seed: int, scheme: str) -> str:
     return f"{setting}_T{num_traces}_seed{seed}_{scheme}"
 
 
+def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, scheme: str | None = None) -> SimConfig:
+    """The config of one run of the grid: the setting's data, the seed (data and model), |T|, the scheme."""
+    setting_fields = SETTINGS[str(base.partition.dataset)][setting]
+    return replace(base, seed=seed, partition=replace(base.partition, seed=seed, **setting_fields),
+                   traces=replace(base.traces, num_traces=num_traces),
+                   rules=replace(base.rules, scheme=scheme) if scheme else base.rules)
+
+
 def _done(work_dir: Path, name: str, cfg: SimConfig) -> dict | None:
     summary = work_dir / f"{name}.json"
     if not summary.exists():
@@ -51,7 +60,7 @@ def _done(work_dir: Path, name: str, cfg: SimConfig) -> dict | None:
         saved = json.loads(summary.read_text())
     except json.JSONDecodeError:
         return None
-    return saved if saved.get("config") == asdict(cfg) else None
+    return saved if saved.get("config") == to_dict(cfg) else None
 
 
 _DATA_CACHE: dict = {}
@@ -63,27 +72,27 @@ def _run_job(args: tuple[Job, str, int]) -> list[dict]:
 
     torch.set_num_threads(threads)
     work_dir = Path(work_dir_str)
-    cfg0 = replace(job.base, seed=job.seed, num_traces=job.num_traces, **SETTINGS[job.base.dataset][job.setting]).resolved()
-    key = cfg0.data_key()
+    cfg0 = cell_config(job.base, setting=job.setting, seed=job.seed, num_traces=job.num_traces)
+    key = cfg0.partition
     if key not in _DATA_CACHE:  # per worker process: one (setting, seed) data set at a time
         _DATA_CACHE.clear()
         _DATA_CACHE[key] = load_data(cfg0)
     data = _DATA_CACHE[key]
-    traces = read_trace_set(Path(cfg0.trace_set))
+    traces = read_trace_set(Path(cfg0.traces.set))
     # With only always-complete traces (|T| = 1 is T0) every s equals E, so A, B and C give
     # identical coefficients (p) and identical runs: compute the first scheme, reuse it.
     all_complete = all(bool(np.all(t.fraction == 1.0)) for t in traces.first(job.num_traces))
     out = []
     first_result = None
     for scheme in job.schemes:
-        cfg = replace(cfg0, scheme=scheme)
+        cfg = replace(cfg0, rules=replace(cfg0.rules, scheme=scheme))
         name = _run_name(job.setting, job.num_traces, job.seed, scheme)
         saved = _done(work_dir, name, cfg)
         if saved is None and all_complete and first_result is not None:
             src_name, src = first_result
             (work_dir / f"{name}.csv").write_text((work_dir / f"{src_name}.csv").read_text().replace(
                 f",{src['scheme']},", f",{scheme},"))
-            saved = {**src, "config": asdict(cfg), "scheme": scheme, "identical_to": src["scheme"], "wall_s": 0.0,
+            saved = {**src, "config": to_dict(cfg), "scheme": scheme, "identical_to": src["scheme"], "wall_s": 0.0,
                      "device_updates": 0, "resumed": False}
             tmp = work_dir / f".{name}.json.tmp"
             tmp.write_text(json.dumps(saved, indent=1))
@@ -92,7 +101,7 @@ def _run_job(args: tuple[Job, str, int]) -> list[dict]:
             result = run_simulation(cfg, data=data, traces=traces)
             write_csv_atomic(work_dir / f"{name}.csv", records_as_rows(result))
             saved = {
-                "config": asdict(cfg), "setting": job.setting, "num_traces": job.num_traces,
+                "config": to_dict(cfg), "setting": job.setting, "num_traces": job.num_traces,
                 "seed": job.seed, "scheme": scheme, "final_acc": result.final_accuracy,
                 "final_loss": result.records[-1].test_loss, "wall_s": result.wall_s,
                 "device_updates": result.device_updates,
@@ -144,7 +153,7 @@ def run_comparison(
                 took = ("cached" if s["resumed"] else f"same run as {s['identical_to']}: all complete"
                         if s.get("identical_to") else f"{s['wall_s']:.1f} s")
                 print(
-                    f"[{len(summaries)}/{total_runs}] {base.dataset} {s['setting']} |T|={s['num_traces']} "
+                    f"[{len(summaries)}/{total_runs}] {base.partition.dataset} {s['setting']} |T|={s['num_traces']} "
                     f"seed {s['seed']} scheme {s['scheme']}: acc {100 * s['final_acc']:.2f}% "
                     f"({took}), ETA {eta / 60:.1f} min",
                     flush=True,
@@ -189,10 +198,9 @@ def finished_runs(
     out = []
     for seed in seeds:
         for setting in settings:
-            cfg0 = replace(base, seed=seed, **SETTINGS[base.dataset][setting]).resolved()
             for j in num_traces:
                 for scheme in schemes:
-                    cfg = replace(cfg0, num_traces=j, scheme=scheme)
+                    cfg = cell_config(base, setting=setting, seed=seed, num_traces=j, scheme=scheme)
                     saved = _done(work_dir, _run_name(setting, j, seed, scheme), cfg)
                     if saved is not None:
                         out.append({**saved, "resumed": True})

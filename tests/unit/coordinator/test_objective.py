@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from coordinator.participation import DeparturePolicy, FastReboot, LearningRate, Objective
+from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
 from flexfl.errors import ConfigError
 
 

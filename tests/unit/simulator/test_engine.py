@@ -10,17 +10,30 @@ import torch
 
 from flexfl.cli import main
 from flexfl.errors import ConfigError
-from simulator.engine import SimConfig, load_data, run_simulation
+from coordinator.round import RulesConfig
+from simulator.engine import (ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig, TrainerKind,
+                              load_data, run_simulation)
+from workloads.partition_spec import PartitionSpec
 from trace_recorder.format import Trace, TraceManifest, read_trace_set, write_trace_set, utc_now_iso
 
-SMALL = SimConfig(dataset="synthetic", iid=False, alpha=1.0, beta=1.0, n_devices=8, rounds=4, E=5,
-                  total_samples=1200, num_traces=8)
+SMALL = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
+                  rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), rounds=4)
+
+
+def small(*, rules=None, partition=None, **fields):
+    """SMALL with some rules/partition fields changed."""
+    cfg = SMALL
+    if rules:
+        cfg = replace(cfg, rules=replace(cfg.rules, **rules))
+    if partition:
+        cfg = replace(cfg, partition=replace(cfg.partition, **partition))
+    return replace(cfg, **fields)
 
 
 def test_short_run_is_deterministic_for_a_seed():
     a = run_simulation(SMALL)
     b = run_simulation(SMALL)
-    c = run_simulation(replace(SMALL, seed=1))
+    c = run_simulation(small(seed=1))
     assert [r.test_acc for r in a.records] == [r.test_acc for r in b.records]
     for n in a.final_params:
         assert torch.equal(a.final_params[n], b.final_params[n])
@@ -29,10 +42,11 @@ def test_short_run_is_deterministic_for_a_seed():
 
 @pytest.mark.parametrize("scheme", ["A", "B", "C"])
 def test_batched_simulation_equals_plain_trainer(scheme):
-    cfg = replace(SMALL, scheme=scheme)
-    data = load_data(cfg.resolved())
+    cfg = small(rules={"scheme": scheme})
+    assert cfg.trainer_kind is TrainerKind.BATCHED
+    data = load_data(cfg)
     fast = run_simulation(cfg, data=data)
-    slow = run_simulation(replace(cfg, trainer="plain"), data=data)
+    slow = run_simulation(replace(cfg, trainer=TrainerKind.PLAIN), data=data)
     for n in fast.final_params:
         torch.testing.assert_close(fast.final_params[n], slow.final_params[n], rtol=1e-4, atol=1e-5)
     assert fast.device_updates == slow.device_updates
@@ -50,19 +64,18 @@ def _one_trace_set(tmp_path, fractions):
 
 def test_scheme_a_discards_rounds_without_complete_devices(tmp_path):
     traces = _one_trace_set(tmp_path, [0.5, 0.75])  # nobody ever completes E = 4
-    cfg = replace(SMALL, scheme="A", E=4, num_traces=1, trace_set=str(tmp_path / "set"))
+    cfg = small(rules={"scheme": "A", "required_updates": 4}, traces=TracesConfig(set=str(tmp_path / "set"), num_traces=1))
     res = run_simulation(cfg, traces=traces)
     assert all(r.discarded for r in res.records)
     assert res.device_updates == 0
-    torch.manual_seed(cfg.seed)
     # The model never moved: accuracy is that of the initial model every round.
     assert len({r.test_acc for r in res.records}) == 1
-    res_c = run_simulation(replace(cfg, scheme="C"), traces=traces)
+    res_c = run_simulation(replace(cfg, rules=replace(cfg.rules, scheme="C")), traces=traces)
     assert not any(r.discarded for r in res_c.records) and res_c.device_updates > 0
 
 
 def test_training_improves_accuracy_over_rounds():
-    res = run_simulation(replace(SMALL, rounds=30, iid=True, alpha=0.0, beta=0.0, n_devices=10, total_samples=3000))
+    res = run_simulation(small(rounds=30, partition={"iid": True, "n_devices": 10, "total_samples": 3000}))
     first, last = res.records[0], res.records[-1]
     # eta_0 / tau decays fast, so progress after round 1 is steady but modest.
     assert last.test_loss < first.test_loss - 0.2
@@ -70,10 +83,15 @@ def test_training_improves_accuracy_over_rounds():
 
 
 def test_config_errors_are_clear():
-    with pytest.raises(ConfigError, match="unknown dataset"):
-        run_simulation(replace(SMALL, dataset="cifar"))
+    with pytest.raises(ConfigError, match="dataset: expected one of mnist, emnist, synthetic, got 'cifar'"):
+        small(partition={"dataset": "cifar"})
     with pytest.raises(ConfigError, match="plain"):
-        run_simulation(replace(SMALL, unit="epoch"))
+        small(rules={"unit": "epoch"}, trainer=TrainerKind.BATCHED)
+    with pytest.raises(ConfigError, match="device 9, outside 0..7"):
+        small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=9, round=2),)))
+    with pytest.raises(ConfigError, match="not after its arrival"):
+        small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=1, round=3),),
+                                      departures=(DepartureEvent(device=1, round=2),)))
 
 
 def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
@@ -118,6 +136,71 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
     assert main(["sim", "schemes", "--num-traces-list", "0-9", "--out", str(tmp_path)]) == 2
     assert "--num-traces-list" in capsys.readouterr().err
     cfg = tmp_path / "c.toml"
-    cfg.write_text('rounds = 3\nbogus = 1\n')
+    cfg.write_text('rounds = 3\n[rules]\nshceme = "A"\n')
     assert main(["sim", "run", "--config", str(cfg), "--out", str(tmp_path)]) == 2
-    assert "unknown keys ['bogus']" in capsys.readouterr().err
+    assert "[rules].shceme: unknown key; did you mean 'scheme'?" in capsys.readouterr().err
+    assert main(["sim", "run", "--arrive", "3at30", "--out", str(tmp_path)]) == 2
+    assert "--arrive '3at30': expected DEVICE@ROUND" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["include", "exclude"])
+@pytest.mark.parametrize("fast_reboot", [True, False])
+def test_membership_events_follow_the_papers_formulas(policy, fast_reboot):
+    """Rounds, p, coefficients and rates of a run with arrivals and departures, recomputed here by hand."""
+    E, eta0, boost, power = 5, 0.5, 3.0, 2.0
+    cfg = small(rounds=12, rules={"scheme": "C", "eta0": eta0, "fast_reboot": fast_reboot, "fast_reboot_boost": boost,
+                                  "fast_reboot_decay_power": power, "departure_policy": policy},
+                schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=6, round=3), ArrivalEvent(device=7, round=7)),
+                                        departures=(DepartureEvent(device=0, round=5),
+                                                    DepartureEvent(device=6, round=10, policy="exclude"))))
+    data = load_data(cfg)
+    res = run_simulation(cfg, data=data)
+    n = {f"dev-{k}": int(c) for k, c in enumerate(data.sample_counts)}
+    members = {f"dev-{k}" for k in range(6)}  # 6 and 7 arrive later
+    departed_included: set[str] = set()
+    arrived_at: dict[str, int] = {}
+    shift = 0
+    for row in res.rows:
+        tau = row["round"]
+        assert row["lr"] == pytest.approx(eta0 / (tau - shift))
+        assert set(row["participants"]) == members - departed_included
+        assert set(row["devices"]) == members
+        total = sum(n[d] for d in members)
+        for d in members:
+            p = n[d] / total
+            if fast_reboot and d in arrived_at:
+                p *= 1 + (boost - 1) / (tau - arrived_at[d]) ** power  # r + 1 = tau - tau_0
+            assert row["p"][d] == pytest.approx(p), (tau, d)
+            s = row["s"][d]
+            assert 0 <= s <= E and (s == 0 or d not in departed_included)
+            assert row["coefficients"][d] == pytest.approx(E / s * p if s else 0.0), (tau, d)
+        # Events at the close of tau: arrivals, then departures under their policy.
+        arrivals = [f"dev-{a.device}" for a in cfg.schedule.arrivals if a.round == tau]
+        departures = [(f"dev-{d.device}", d.policy or policy) for d in cfg.schedule.departures if d.round == tau]
+        assert row["arrivals"] == arrivals and row["departures"] == [d for d, _ in departures]
+        for d in arrivals:
+            members.add(d)
+            arrived_at[d] = tau
+            shift = tau
+        for d, pol in departures:
+            if pol == "exclude":
+                members.discard(d)
+                departed_included.discard(d)
+                arrived_at.pop(d, None)
+                shift = tau
+            else:
+                departed_included.add(d)
+    # The test set follows the objective: after the last exclusion it holds exactly its members' holdouts.
+    assert len(data.test_for([int(d.split("-")[1]) for d in members])) == sum(
+        len(data.device_test[int(d.split("-")[1])]) for d in members)
+
+
+def test_paired_runs_share_data_model_and_s_draws():
+    base = small(rounds=6, schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2),)))
+    a = run_simulation(base)
+    b = run_simulation(replace(base, rules=replace(base.rules, fast_reboot=False)))
+    c = run_simulation(replace(base, rules=replace(base.rules, scheme="B")))
+    for other in (b, c):
+        assert [r["s"] for r in other.rows] == [r["s"] for r in a.rows]
+    assert a.rows[0]["test_acc"] == b.rows[0]["test_acc"]  # same start, same first round (no arrival yet)
+    assert a.rows[2]["p"]["dev-5"] > b.rows[2]["p"]["dev-5"]  # fast-reboot boosts only in a

@@ -1,12 +1,11 @@
-"""Trace-driven participation: fraction -> s, assignment to the first |T| traces, i.i.d. vs replay."""
+"""The trace sampler: fraction -> s, assignment to the first |T| traces, i.i.d. vs replay, pure per round."""
 
 import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.participation import TraceParticipation
-from trace_recorder.replay import fraction_to_updates
 from trace_recorder.format import Trace
+from trace_recorder.sampler import TraceSampler, assign_traces, fraction_to_updates
 
 
 def _trace(name, fractions):
@@ -25,36 +24,40 @@ def test_fraction_to_updates_rules():
         fraction_to_updates(np.array([0.2]), E=5, rule="ceil")
 
 
-def test_devices_use_only_the_first_traces_and_draws_come_from_them():
-    traces = [_trace("a", [1.0] * 10), _trace("b", [0.5, 0.25]), _trace("c", [0.0, 0.75])]
-    part = TraceParticipation(traces[:2], n_devices=200, E=4, seed=3)
-    assert set(part.trace_names) == {"a", "b"}
-    for tau in range(1, 30):
-        s = part.draw(tau)
-        for name, sk in zip(part.trace_names, s):
-            assert sk in ({4} if name == "a" else {2, 1})
-    # Roughly uniform assignment over the allowed traces.
-    share_a = np.mean(np.array(part.trace_names) == "a")
-    assert 0.35 < share_a < 0.65
+def test_assignment_uses_only_the_first_traces_uniformly_and_is_seeded():
+    a = assign_traces(400, n_traces=2, seed=3)
+    assert set(a.tolist()) == {0, 1} and 0.4 < np.mean(a == 0) < 0.6
+    assert np.array_equal(a, assign_traces(400, n_traces=2, seed=3))
+    assert not np.array_equal(a, assign_traces(400, n_traces=2, seed=4))
+    # A prefix of the fleet gets the same traces whatever the fleet's size (a live run of
+    # N devices and a simulation of N devices agree device by device).
+    assert np.array_equal(assign_traces(10, n_traces=2, seed=3), a[:10])
 
 
-def test_iid_sampling_is_seeded_and_replay_walks_in_order():
-    traces = [_trace("x", [0.25, 0.5, 0.75, 1.0])]
-    p1 = TraceParticipation(traces, n_devices=5, E=4, seed=9)
-    p2 = TraceParticipation(traces, n_devices=5, E=4, seed=9)
-    p3 = TraceParticipation(traces, n_devices=5, E=4, seed=10)
-    draws1 = np.stack([p1.draw(t) for t in range(1, 50)])
-    assert np.array_equal(draws1, np.stack([p2.draw(t) for t in range(1, 50)]))
-    assert not np.array_equal(draws1, np.stack([p3.draw(t) for t in range(1, 50)]))
-    replay = TraceParticipation(traces, n_devices=3, E=4, seed=1, sampling="replay")
-    seq = np.stack([replay.draw(t) for t in range(1, 9)])  # [rounds, devices]
-    for k in range(3):
-        # Each device cycles 1,2,3,4 from its own offset.
-        assert all((seq[t + 1, k] - seq[t, k]) % 4 == 1 for t in range(7))
+def test_draws_come_from_the_trace_and_are_a_pure_function_of_seed_device_round():
+    trace = _trace("b", [0.5, 0.25, 1.0])
+    s = TraceSampler(trace, E=4, seed=9, device_index=2)
+    draws = [s.draw(t) for t in range(1, 200)]
+    assert set(draws) == {2, 1, 4}
+    # Same (seed, device, round) -> same s, in any order and from a fresh sampler.
+    again = TraceSampler(trace, E=4, seed=9, device_index=2)
+    assert [again.draw(t) for t in reversed(range(1, 200))] == draws[::-1]
+    other_device = TraceSampler(trace, E=4, seed=9, device_index=3)
+    other_seed = TraceSampler(trace, E=4, seed=10, device_index=2)
+    assert [other_device.draw(t) for t in range(1, 200)] != draws
+    assert [other_seed.draw(t) for t in range(1, 200)] != draws
 
 
-def test_bad_participation_config():
+def test_replay_walks_the_trace_in_order_from_a_per_device_offset():
+    trace = _trace("x", [0.25, 0.5, 0.75, 1.0])
+    for device in range(3):
+        s = TraceSampler(trace, E=4, seed=1, device_index=device, sampling="replay")
+        seq = [s.draw(t) for t in range(1, 9)]
+        assert all((b - a) % 4 == 1 for a, b in zip(seq, seq[1:]))
+
+
+def test_bad_sampler_config():
     with pytest.raises(ConfigError, match="sampling"):
-        TraceParticipation([_trace("x", [1.0])], n_devices=2, E=2, seed=0, sampling="shuffled")
-    with pytest.raises(ConfigError, match="no traces"):
-        TraceParticipation([], n_devices=2, E=2, seed=0)
+        TraceSampler(_trace("x", [1.0]), E=2, seed=0, device_index=0, sampling="shuffled")
+    with pytest.raises(ConfigError, match="n_traces"):
+        assign_traces(2, n_traces=0, seed=0)

@@ -1,0 +1,214 @@
+"""The federated round, written once: the live coordinator and the simulator both run it.
+
+Round tau under the rules (paper Sections 4.1-4.3):
+
+    open    participants = the objective's active members
+            eta_tau = eta_0 / (tau - tau_0)                       (coordinator.objective)
+    ...     each participant k trains s_k local updates from w and returns delta_k
+            (live: over gRPC until its deadline; simulated: s from the trace sampler)
+    close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
+            c_k   = scheme(s, E, p)                                (coordinator.aggregation)
+            w    <- w + sum_k c_k delta_k
+            then the membership events that took effect during tau change the objective:
+            arrivals join it, departures leave it under their policy (include / exclude);
+            a shift sets tau_0 = tau for the next rounds' learning rate.
+
+`Federation` holds the state a round changes (the objective and the global model) and is
+the only code that performs these steps. The live coordinator adds sockets, deadlines and
+persistence around it (coordinator/live_rounds.py); the simulator adds trace draws and
+batched training (simulator/engine.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from coordinator.aggregation import Coefficients, Scheme, apply_update, coefficients
+from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
+from edge_agent.trainer import Unit
+from flexfl.config import coerce_enums
+from flexfl.errors import ConfigError
+from trace_recorder.sampler import Sampling, SRule
+from workloads.federated import DEFAULTS
+from workloads.partition_spec import Dataset
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """The experiment's rules, the `[rules]` table of coordinator, simulator and live configs.
+
+    eta0 and batch_size left out are the paper's values for the dataset. trace_sampling and
+    s_rule say how a device that follows a trace turns it into s (trace_recorder.sampler);
+    the coordinator sends them to its agents with every round.
+    """
+
+    scheme: Scheme = Scheme.C
+    required_updates: int = 20  # E
+    eta0: float | None = None
+    batch_size: int | None = None
+    unit: Unit = Unit.STEP
+    fast_reboot: bool = True
+    fast_reboot_boost: float = 3.0
+    fast_reboot_decay_power: float = 2.0
+    departure_policy: DeparturePolicy = DeparturePolicy.EXCLUDE
+    trace_sampling: Sampling = Sampling.IID
+    s_rule: SRule = SRule.ROUND
+
+    def __post_init__(self) -> None:
+        coerce_enums(self)
+        if self.required_updates < 1:
+            raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
+        if self.eta0 is not None and not self.eta0 > 0:
+            raise ConfigError(f"rules.eta0 must be > 0 (or left out for the paper's value), got {self.eta0}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"rules.batch_size must be >= 1 (or left out for the paper's value), got {self.batch_size}")
+        FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)  # validates
+
+    def eta0_for(self, dataset: Dataset) -> float:
+        return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
+
+    def batch_size_for(self, dataset: Dataset) -> int:
+        return self.batch_size if self.batch_size is not None else DEFAULTS[dataset].batch_size
+
+    def fast_reboot_rule(self) -> FastReboot | None:
+        return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power) if self.fast_reboot else None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Device `device` joins the objective with `n_samples` (at the close of the round it arrived in)."""
+
+    device: str
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Device `device` leaves; `policy` None means the rules' departure policy."""
+
+    device: str
+    policy: DeparturePolicy | None = None
+
+
+@dataclass(frozen=True)
+class RoundOpening:
+    round_index: int
+    participants: tuple[str, ...]
+    lr: float
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """Base weights and coefficients of one round, over the objective's members in order."""
+
+    round_index: int
+    devices: tuple[str, ...]
+    s: np.ndarray  # int64 [N]
+    p: np.ndarray  # float64 [N], fast-reboot boost included
+    coefficients: Coefficients
+
+    @property
+    def contributors(self) -> list[str]:
+        """Devices whose update enters the aggregate (coefficient > 0); the only ones worth training."""
+        return [self.devices[i] for i in self.coefficients.contributors]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a closed round did: its weighing, rate, new model and the membership changes applied."""
+
+    weighing: Weighing
+    lr: float
+    params: dict[str, torch.Tensor]
+    arrivals: tuple[str, ...] = ()
+    departures: tuple[tuple[str, DeparturePolicy], ...] = ()
+    shifted: bool = False  # the objective changed (arrival, or a departure under exclude)
+
+
+@dataclass
+class Federation:
+    """The objective and the global model, advanced one round at a time under `rules`."""
+
+    rules: RulesConfig
+    dataset: Dataset
+    params: dict[str, torch.Tensor]
+    objective: Objective = field(default_factory=Objective)
+    completed_round: int = 0
+
+    @property
+    def E(self) -> int:
+        return self.rules.required_updates
+
+    def learning_rate(self, round_index: int) -> float:
+        return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,
+                                                                   shift_round=self.objective.shift_round)
+
+    def open(self, round_index: int) -> RoundOpening:
+        """Who trains in round `round_index` and at which rate."""
+        if round_index != self.completed_round + 1:
+            raise ConfigError(f"round {round_index} cannot open after round {self.completed_round}")
+        return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
+                            lr=self.learning_rate(round_index))
+
+    def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
+        """p and the scheme's coefficients for the updates counts `s` (a member not in `s`: 0)."""
+        unknown = set(s) - set(self.objective.sample_counts)
+        if unknown:
+            raise ConfigError(f"round {round_index}: s given for devices outside the objective: {sorted(unknown)}")
+        devices = tuple(self.objective.members())
+        s_arr = np.array([int(s.get(d, 0)) for d in devices], dtype=np.int64)
+        p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
+        coef = coefficients(self.rules.scheme, s=s_arr, E=self.E, p=p)
+        return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
+
+    def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
+              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
+        """Aggregate, then apply the membership events; returns what happened.
+
+        `deltas[name]` is stacked [K, *shape] with row i the update of device rows[i]; it
+        must hold (at least) every contributor of `weighing` (with none, pass rows=() and
+        deltas={}: the model stays).
+        """
+        tau = weighing.round_index
+        lr = self.learning_rate(tau)
+        index = {d: i for i, d in enumerate(weighing.devices)}
+        missing = set(weighing.contributors) - set(rows)
+        if missing:
+            raise ConfigError(f"round {tau}: no update given for contributors {sorted(missing)}")
+        try:
+            device_rows = [index[d] for d in rows]
+        except KeyError as exc:
+            raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
+        if device_rows:
+            self.params = apply_update(global_state=self.params, deltas=deltas, coefficients=weighing.coefficients,
+                                       rows=device_rows)
+        self.completed_round = tau
+        shifted_before = self.objective.shift_round
+        for a in arrivals:
+            if a.device in self.objective.departed_included:
+                self.objective.rejoin(a.device)
+            else:
+                self.objective.arrive(a.device, a.n_samples, round_index=tau)
+        applied = []
+        for d in departures:
+            if d.device not in self.objective.sample_counts:
+                continue  # already gone (e.g. excluded earlier)
+            policy = d.policy or self.rules.departure_policy
+            self.objective.depart(d.device, round_index=tau, policy=policy)
+            applied.append((d.device, policy))
+        return RoundOutcome(weighing=weighing, lr=lr, params=self.params, arrivals=tuple(a.device for a in arrivals),
+                            departures=tuple(applied), shifted=self.objective.shift_round != shifted_before)
+
+    def apply_events(self, *, arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> None:
+        """Membership changes before training starts (round 0): initial members, early departures."""
+        if self.completed_round:
+            raise ConfigError("apply_events is for changes before the first round; rounds apply theirs at close")
+        for a in arrivals:
+            self.objective.add_initial(a.device, a.n_samples)
+        for d in departures:
+            if d.device in self.objective.sample_counts:
+                self.objective.depart(d.device, round_index=0, policy=d.policy or self.rules.departure_policy)

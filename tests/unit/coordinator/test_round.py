@@ -1,0 +1,68 @@
+"""The shared round: open -> weigh -> close, with membership events, as both engines run it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from flexfl.errors import ConfigError
+
+
+def _federation(**rules) -> Federation:
+    fed = Federation(rules=RulesConfig(required_updates=4, eta0=1.0, **rules), dataset="synthetic",
+                     params={"w": torch.zeros(2)})
+    fed.apply_events(arrivals=[Arrival("a", 10), Arrival("b", 30)])
+    return fed
+
+
+def test_a_round_aggregates_scheme_c_and_applies_events_at_its_close():
+    fed = _federation()
+    opening = fed.open(1)
+    assert opening.participants == ("a", "b") and opening.lr == 1.0
+    w = fed.weigh(1, {"a": 2, "b": 4})
+    np.testing.assert_allclose(w.p, [0.25, 0.75])
+    np.testing.assert_allclose(w.coefficients.values, [0.25 * 4 / 2, 0.75])
+    deltas = {"w": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
+    out = fed.close(w, deltas=deltas, rows=["a", "b"], arrivals=[Arrival("c", 40)])
+    torch.testing.assert_close(fed.params["w"], torch.tensor([0.5, 0.75]))
+    assert out.arrivals == ("c",) and out.shifted and fed.objective.shift_round == 1
+    # Round 2: the newcomer trains at 3x its weight, the rate restarted at eta_0.
+    opening = fed.open(2)
+    assert opening.participants == ("a", "b", "c") and opening.lr == 1.0
+    w = fed.weigh(2, {"c": 4})
+    assert w.p[2] == pytest.approx(3 * 40 / 80) and w.contributors == ["c"]
+
+
+@pytest.mark.parametrize("policy, shifted", [("include", False), ("exclude", True)])
+def test_departures_under_each_policy(policy, shifted):
+    fed = _federation(departure_policy=policy)
+    w = fed.weigh(1, {"a": 4, "b": 4})
+    out = fed.close(w, deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"], departures=[Departure("b")])
+    assert out.departures == (("b", policy),) and out.shifted is shifted
+    nxt = fed.open(2)
+    assert nxt.participants == ("a",)
+    assert nxt.lr == (1.0 if shifted else 0.5)
+    assert fed.objective.members() == (["a", "b"] if policy == "include" else ["a"])
+    if policy == "include":  # it comes back: trains again, no objective shift
+        fed.close(fed.weigh(2, {"a": 1}), deltas={"w": torch.zeros(1, 2)}, rows=["a"], arrivals=[Arrival("b", 30)])
+        assert fed.open(3).participants == ("a", "b") and fed.objective.shift_round == 0
+
+
+def test_a_departure_policy_per_event_overrides_the_rules():
+    fed = _federation(departure_policy="include")
+    out = fed.close(fed.weigh(1, {}), deltas={}, rows=[], departures=[Departure("a", "exclude")])
+    assert out.departures == (("a", "exclude"),) and fed.objective.members() == ["b"]
+
+
+def test_bad_rounds_are_refused():
+    fed = _federation()
+    with pytest.raises(ConfigError, match="round 2 cannot open after round 0"):
+        fed.open(2)
+    with pytest.raises(ConfigError, match=r"outside the objective: \['z'\]"):
+        fed.weigh(1, {"z": 1})
+    w = fed.weigh(1, {"a": 4, "b": 4})
+    with pytest.raises(ConfigError, match=r"no update given for contributors \['b'\]"):
+        fed.close(w, deltas={"w": torch.zeros(1, 2)}, rows=["a"])
+    assert fed.completed_round == 0  # nothing changed
