@@ -1,145 +1,93 @@
-"""Coordinator configuration: dataclass defaults < TOML file < command-line flags."""
+"""Coordinator configuration: dataclass defaults < TOML file < command-line flags.
+
+Tables: [server] (how devices reach it), [partition] (the data split, sent to every agent),
+[rules] (the experiment's rules, shared with the simulator), [run] (this run's length and
+deadlines) and [output]. Read and written with flexfl.config.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.aggregation import Scheme
-from coordinator.participation import DeparturePolicy
+from coordinator.round import RulesConfig
+from flexfl.config import NOT_IN_FILE, load_config, path_field
 from flexfl.errors import ConfigError
-from flexfl.files import read_secret, read_toml
-from workloads.federated import DEFAULTS
+from flexfl.files import read_secret
+from workloads.partition_spec import PartitionSpec
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:50051"
-    fleet_token_file: str = ""
-    fleet_token: str = ""  # inline token (tests, `flexfl live`); the file wins when both are set
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
+    fleet_token_file: str = path_field()
+    fleet_token: str = field(default="", metadata=NOT_IN_FILE)  # given in code (tests); never in a file
+    tls_cert: str = path_field()
+    tls_key: str = path_field()
+    tls_client_ca: str = path_field()
     max_update_mib: float = 64.0
     pull_wait_s: float = 5.0  # longest a PullRound call is held before answering WAIT
 
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("server.tls_cert and server.tls_key must be given together")
+        if not self.max_update_mib > 0 or not self.pull_wait_s > 0:
+            raise ConfigError("server.max_update_mib and server.pull_wait_s must be > 0")
+
+    def token(self) -> str:
+        if self.fleet_token_file:
+            return read_secret(Path(self.fleet_token_file), what="server.fleet_token_file")
+        if self.fleet_token:
+            return self.fleet_token
+        raise ConfigError("server.fleet_token_file is required: every device must present the fleet token "
+                          "(`flexfl token --out FILE` makes one)")
+
 
 @dataclass(frozen=True)
-class TrainingConfig:
-    dataset: str = "synthetic"
-    iid: bool = False
-    alpha: float = 1.0
-    beta: float = 1.0
-    n_devices: int = 10
-    data_seed: int = 0
-    total_samples: int = 0  # 0: the dataset's default
-    sizes: str = "pareto"  # sample counts per device: pareto (paper default) or equal
+class RunConfig:
     rounds: int = 100
-    required_updates: int = 20
-    deadline_s: float = 10.0
-    scheme: str = "C"
-    departure_policy: str = "exclude"
-    fast_reboot_boost: float = 3.0
-    fast_reboot_decay_power: float = 2.0
-    min_devices: int = 1
+    deadline_s: float = 10.0  # per round, from the moment a device has the model
+    min_devices: int = 1  # a run starts once this many devices joined
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
     resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
-    eta0: float = 0.0  # 0: the paper's value
-    batch_size: int = 0  # 0: the paper's value
-    unit: str = "step"
-    seed: int = 0
+    seed: int = 0  # initial model, minibatch streams, trace draws
 
-    @property
-    def resolved_eta0(self) -> float:
-        return self.eta0 or DEFAULTS[self.dataset].eta0
-
-    @property
-    def resolved_batch_size(self) -> int:
-        return self.batch_size or DEFAULTS[self.dataset].batch_size
+    def __post_init__(self) -> None:
+        for name in ("rounds", "min_devices"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.deadline_s > 0:
+            raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
 
 
 @dataclass(frozen=True)
 class OutputConfig:
-    dir: str = "coordinator-out"
+    dir: str = path_field("coordinator-out")  # metrics.jsonl, checkpoint.pt
 
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
+    partition: PartitionSpec = field(default_factory=PartitionSpec)
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
-    base_dir: str = "."  # relative paths in the file resolve against the file's folder
 
-    def path(self, value: str) -> Path:
-        p = Path(value)
-        return p if p.is_absolute() else Path(self.base_dir) / p
+    @property
+    def eta0(self) -> float:
+        return self.rules.eta0_for(self.partition.dataset)
 
-    def validate(self) -> CoordinatorConfig:
-        t = self.training
-        if t.dataset not in DEFAULTS:
-            raise ConfigError(f"training.dataset: unknown {t.dataset!r}; choose one of {sorted(DEFAULTS)}")
-        try:
-            Scheme(t.scheme)
-            DeparturePolicy(t.departure_policy)
-        except ValueError as exc:
-            raise ConfigError(f"training: {exc}") from None
-        for name in ("rounds", "required_updates", "n_devices", "min_devices"):
-            if getattr(t, name) < 1:
-                raise ConfigError(f"training.{name} must be >= 1, got {getattr(t, name)}")
-        if not t.deadline_s > 0:
-            raise ConfigError(f"training.deadline_s must be > 0, got {t.deadline_s}")
-        if t.unit not in ("step", "epoch"):
-            raise ConfigError(f"training.unit must be 'step' or 'epoch', got {t.unit!r}")
-        if bool(self.server.tls_cert) != bool(self.server.tls_key):
-            raise ConfigError("server.tls_cert and server.tls_key must be given together")
-        if not (self.server.fleet_token or self.server.fleet_token_file):
-            raise ConfigError("server.fleet_token_file is required: every device must present the fleet token")
-        return self
-
-    def token(self) -> str:
-        if self.server.fleet_token_file:
-            return read_secret(self.path(self.server.fleet_token_file), what="server.fleet_token_file")
-        return self.server.fleet_token
+    @property
+    def batch_size(self) -> int:
+        return self.rules.batch_size_for(self.partition.dataset)
 
 
-_SECTIONS = {"server": ServerConfig, "training": TrainingConfig, "output": OutputConfig}
+def load_coordinator_config(path: Path | None, *, overrides: dict[str, Any] | None = None) -> CoordinatorConfig:
+    """Read a TOML config (if any) and apply {table: {key: value}} overrides from flags."""
+    return load_config(CoordinatorConfig, path, overrides=overrides)
 
 
-def _section(cls: type, values: dict[str, Any], where: str) -> Any:
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(values) - set(known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
-    out = {}
-    for key, value in values.items():
-        default = getattr(cls(), key)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}: expected true/false, got {value!r}")
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(default) is not type(value):
-            raise ConfigError(f"{where}.{key}: expected {type(default).__name__}, got {value!r}")
-        out[key] = value
-    return cls(**out)
-
-
-def load_config(path: Path | None, *, overrides: dict[str, dict[str, Any]] | None = None) -> CoordinatorConfig:
-    """Read a TOML config (if any) and apply {section: {key: value}} overrides from flags."""
-    raw: dict[str, Any] = {}
-    base = "."
-    if path is not None:
-        raw = read_toml(path)
-        base = str(Path(path).resolve().parent)
-    unknown = set(raw) - set(_SECTIONS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}; valid: {sorted(_SECTIONS)}")
-    for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
-    parts = {name: _section(cls, raw.get(name, {}), f"{path or 'config'}: [{name}]") for name, cls in _SECTIONS.items()}
-    return CoordinatorConfig(**parts, base_dir=base).validate()
-
-
-def with_training(cfg: CoordinatorConfig, **changes: Any) -> CoordinatorConfig:
-    """A copy with training fields changed (tests, `flexfl live`)."""
-    return replace(cfg, training=replace(cfg.training, **changes)).validate()
+def with_changes(cfg: CoordinatorConfig, **tables: dict[str, Any]) -> CoordinatorConfig:
+    """A copy with fields of some tables changed: with_changes(cfg, run={"rounds": 5})."""
+    return replace(cfg, **{name: replace(getattr(cfg, name), **values) for name, values in tables.items()})

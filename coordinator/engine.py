@@ -1,10 +1,19 @@
-"""The round engine: opens rounds, serves the model, collects updates until the deadline, aggregates.
+"""The live round engine: opens rounds, serves the model, collects updates until the deadline.
 
-One engine thread runs rounds; gRPC handler threads call join/leave/pull/push. All shared
-state is guarded by one condition variable. A round closes when every participant has
-answered or its deadline has passed; whatever has not fully arrived by then counts as
-s = 0. Arrivals and announced departures take effect when the current round closes, so
-a round's objective never changes under it.
+The round's rules (participants, learning rate, coefficients, the update, arrivals and
+departures) are coordinator.round.Federation, shared with the simulator; this module adds
+what only a live fleet needs: a registry of devices that join and leave over gRPC,
+deadlines, per-round transfer accounting, metrics and checkpoints.
+
+One engine thread runs rounds; gRPC handler threads call join/leave/pull/push/status. All
+shared state is guarded by one condition variable. A round closes when every participant
+has answered (or left) or its deadline has passed; whatever has not fully arrived by then
+counts as s = 0. Arrivals and announced departures take effect when the current round
+closes, so a round's objective never changes under it.
+
+Crash safety: each round's metrics row is written (and fsynced) before its checkpoint; a
+resumed coordinator drops rows of rounds its checkpoint does not hold (they run again) and
+reports rounds that have no row.
 """
 
 from __future__ import annotations
@@ -19,29 +28,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coordinator.aggregation import apply_update, coefficients
 from coordinator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from coordinator.config import CoordinatorConfig
-from coordinator.metrics import MetricsWriter
-from coordinator.participation import DeparturePolicy, FastReboot, LearningRate, Objective
-from coordinator.registry import Registry
-from flexfl.errors import ConfigError, FlexFLError, UpdateRejected
-from proto import fleet_pb2 as pb
-from proto import tensors as wire
-from workloads.datasets import ArrayDataset
+from coordinator.metrics import MetricsWriter, read_metrics, round_row
+from coordinator.objective import Objective
+from coordinator.registry import DeviceRecord, Registry
+from coordinator.round import Arrival, Departure, Federation
+from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
 from workloads.evaluation import evaluate
-from workloads.federated import DEFAULTS
-from workloads.models import build_model
+from workloads.federated import DEFAULTS, FederatedData, initial_model
+from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
-
-
-class UnknownDevice(FlexFLError):
-    """A call names a device that never joined (or whose credentials do not match)."""
-
-
-class WrongRoundState(UpdateRejected):
-    """An update for a round that is not open, a device not in it, a duplicate, or too late."""
 
 
 @dataclass
@@ -61,6 +61,7 @@ class OpenRound:
     round_id: int
     lr: float
     opened_at: float  # time.monotonic()
+    opening: object  # coordinator.round.RoundOpening
     participants: list[str]
     payload: pb.Payload
     data: bytes
@@ -68,30 +69,24 @@ class OpenRound:
     updates: dict[str, Update] = field(default_factory=dict)
     bytes_out: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    left: set[str] = field(default_factory=set)  # participants that departed during the round
     closed: bool = False
 
 
 class RoundEngine:
-    """Runs `training.rounds` federated rounds against whichever devices join."""
+    """Runs `run.rounds` federated rounds against whichever devices join."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, test_data: ArrayDataset,
-                 device_test: tuple[ArrayDataset, ...] | None = None, resume: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, data: FederatedData, resume: bool = False) -> None:
         self.cfg = cfg
-        t = cfg.training
-        d = DEFAULTS[t.dataset]
-        self.test_data = test_data
-        self.device_test = device_test
-        self._test_cache: tuple[tuple[int, ...], ArrayDataset] | None = None
-        torch.manual_seed(t.seed)  # same initial model as the simulator for this seed
-        self.model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
-        self.model_description = pb.ModelDescription(architecture=d.model, num_classes=d.num_classes, in_features=d.in_features)
-        self.params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in self.params.items()}
-        self.schedule = LearningRate(t.resolved_eta0)
-        self.fast_reboot = FastReboot(boost=t.fast_reboot_boost, decay_power=t.fast_reboot_decay_power)
+        self.data = data
+        d = DEFAULTS[cfg.partition.dataset]
+        self.model, params = initial_model(cfg.partition.dataset, seed=cfg.run.seed)
+        self.model_description = pb.ModelDescription(architecture=d.model, num_classes=d.num_classes,
+                                                      in_features=d.in_features)
+        self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in params.items()}
+        self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params)
+        self.partition_json = cfg.partition.to_json()
         self.registry = Registry()
-        self.objective = Objective()
-        self.completed_round = 0
         self.run_id = uuid.uuid4().hex[:12]
         self.started = False
         self.finished = False
@@ -101,78 +96,132 @@ class RoundEngine:
         self._pending_departures: list[str] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self.out_dir = cfg.path(cfg.output.dir)
+        self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path = self.out_dir / "checkpoint.pt"
+        metrics_path = self.out_dir / "metrics.jsonl"
         if resume:
             self._restore()
-        self.metrics = MetricsWriter(self.out_dir / "metrics.jsonl", append=resume)
+            self._repair_metrics(metrics_path)
+        self.metrics = MetricsWriter(metrics_path, append=resume)
         self._last_close: float | None = None
+
+    @property
+    def completed_round(self) -> int:
+        return self.federation.completed_round
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return self.federation.params
+
+    @property
+    def objective(self) -> Objective:
+        return self.federation.objective
 
     # ---- state shared with handlers -------------------------------------------------
 
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         device_id = request.device_id
-        if request.sample_count < 1:
-            raise ConfigError(f"device {device_id!r}: sample_count must be >= 1, got {request.sample_count}")
+        shard = request.shard_index if request.HasField("shard_index") else None
+        self._check_partition(device_id, request.partition_json)
+        n_samples = self._sample_count(device_id, shard, request.sample_count)
         hardware = {f.name: v for f, v in request.hardware.ListFields()}
         with self._cond:
             record = self.registry.get(device_id)
             arrival = False
+            if shard is not None:
+                holder = next((r.device_id for r in self.registry.devices.values()
+                               if r.shard_index == shard and r.device_id != device_id and not r.departed), None)
+                if holder is not None:
+                    raise ConfigError(f"device {device_id!r}: shard {shard} is held by {holder!r}; "
+                                      "every device needs its own shard_index")
             if record is None:
-                shard = request.shard_index if request.HasField("shard_index") else None
-                if shard is not None and self.device_test is not None and shard >= len(self.device_test):
-                    raise ConfigError(f"device {device_id!r}: shard_index {shard} is outside the partition's "
-                                      f"0..{len(self.device_test) - 1}")
-                record = self.registry.add(device_id, sample_count=request.sample_count, hardware=hardware,
+                record = self.registry.add(device_id, sample_count=n_samples, hardware=hardware,
                                            agent_version=request.agent_version, after_round=self.completed_round,
                                            shard_index=shard)
                 if self.started:
                     arrival = True
                     self._pending_arrivals.append(device_id)
                 else:
-                    self.objective.add_initial(device_id, request.sample_count)
-                log.info("device %s joined (index %d, %d samples)%s", device_id, record.index,
-                         request.sample_count, " as an arrival" if arrival else "")
+                    self.federation.apply_events(arrivals=[Arrival(device_id, n_samples)])
+                log.info("device %s joined (shard %s, %d samples, %.0f MiB resident)%s", device_id, shard, n_samples,
+                         request.resident_bytes / 2**20, " as an arrival" if arrival else "")
             elif record.departed:
-                # A departed device that comes back is a new arrival into the objective.
+                # A departed device that comes back: an arrival (excluded) or back in training (included).
                 record.departed = False
-                record.sample_count = request.sample_count
+                record.sample_count = n_samples
                 record.joined_after_round = self.completed_round
-                if device_id not in self.objective.sample_counts:
-                    arrival = True
+                if device_id in self._pending_departures:
+                    self._pending_departures.remove(device_id)
+                elif self.started:
+                    arrival = device_id not in self.objective.sample_counts
                     self._pending_arrivals.append(device_id)
                 else:
-                    self.objective.departed_included.discard(device_id)
+                    self.federation.apply_events(arrivals=[Arrival(device_id, n_samples)])
                 log.info("device %s rejoined after departing", device_id)
             else:
                 log.info("device %s reconnected", device_id)
             record.last_seen = time.time()
             record.hardware = hardware or record.hardware
+            record.resident_bytes = int(request.resident_bytes)
             self._seen.add(device_id)
             self._cond.notify_all()
-            return pb.JoinReply(device_id=device_id, device_index=record.index, arrival=arrival,
-                                current_round=self.completed_round, run_id=self.run_id)
+            return pb.JoinReply(device_id=device_id, device_index=self._seed_index(record), arrival=arrival,
+                                current_round=self.completed_round, run_id=self.run_id,
+                                partition_json=self.partition_json)
+
+    def _check_partition(self, device_id: str, partition_json: str) -> None:
+        if not partition_json:
+            return  # the agent adopts ours
+        theirs = PartitionSpec.from_json(partition_json, where=f"device {device_id!r}")
+        if theirs != self.cfg.partition:
+            raise PartitionMismatch(
+                f"device {device_id!r} has partition [{theirs.describe()}] but the coordinator trains on "
+                f"[{self.cfg.partition.describe()}]; differences (device vs coordinator): "
+                + "; ".join(theirs.differences(self.cfg.partition)))
+
+    def _sample_count(self, device_id: str, shard: int | None, reported: int) -> int:
+        if shard is None:
+            if reported < 1:
+                raise ConfigError(f"device {device_id!r}: sample_count must be >= 1, got {reported}")
+            return int(reported)
+        if shard >= len(self.data.train):
+            raise ConfigError(f"device {device_id!r}: shard_index {shard} is outside the partition's "
+                              f"0..{len(self.data.train) - 1}")
+        n = len(self.data.train[shard])
+        if reported not in (0, n):  # 0: the device does not hold data (benchmark agents)
+            raise PartitionMismatch(f"device {device_id!r} holds {reported} samples, but shard {shard} of "
+                                    f"[{self.cfg.partition.describe()}] has {n}")
+        return n
+
+    def _seed_index(self, record: DeviceRecord) -> int:
+        # The simulator seeds device k's streams with k = its shard: so does a live device.
+        return record.shard_index if record.shard_index is not None else record.index
 
     def leave(self, device_id: str, reason: str) -> str:
         with self._cond:
             record = self._known(device_id)
             if not record.departed:
                 record.departed = True
-                self._pending_departures.append(device_id)
-                if not self.started:
-                    self._apply_membership_changes()
+                r = self.current
+                if r is not None and not r.closed and device_id in r.participants:
+                    r.left.add(device_id)  # the round does not wait for a device that is gone
+                if self.started:
+                    self._pending_departures.append(device_id)
+                else:
+                    self.federation.apply_events(departures=[Departure(device_id)])
                 log.info("device %s announced departure (%s); policy %s", device_id, reason or "no reason",
-                         self.cfg.training.departure_policy)
+                         self.cfg.rules.departure_policy)
             self._cond.notify_all()
-            return self.cfg.training.departure_policy
+            return str(self.cfg.rules.departure_policy)
 
     def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
         """Wait up to `wait_s` for an open round this device should train in."""
         limit = time.monotonic() + max(0.0, min(wait_s, self.cfg.server.pull_wait_s))
-        t = self.cfg.training
+        run, rules = self.cfg.run, self.cfg.rules
         with self._cond:
-            self._known(device_id).last_seen = time.time()
+            record = self._known(device_id)
+            record.last_seen = time.time()
             if device_id not in self._seen:
                 self._seen.add(device_id)
                 self._cond.notify_all()
@@ -182,13 +231,14 @@ class RoundEngine:
                 r = self.current
                 # `after_round` is informational: a restarted (resumed) coordinator may reopen a
                 # round the device already saw, and it must be served again.
-                if (r is not None and not r.closed and device_id in r.participants
-                        and device_id not in r.delivered and time.monotonic() < r.opened_at + t.deadline_s):
+                if (r is not None and not r.closed and device_id in r.participants and device_id not in r.left
+                        and device_id not in r.delivered and time.monotonic() < r.opened_at + run.deadline_s):
                     header = pb.RoundHeader(
-                        status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=t.required_updates,
-                        learning_rate=r.lr, batch_size=t.resolved_batch_size, deadline_s=t.deadline_s,
-                        model=self.model_description, payload=r.payload, seed=t.seed, unit=t.unit,
-                        device_index=self.registry.get(device_id).index,
+                        status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=rules.required_updates,
+                        learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
+                        model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
+                        device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
+                        s_rule=str(rules.s_rule),
                     )
                     return header, r.data
                 left = limit - time.monotonic()
@@ -212,7 +262,7 @@ class RoundEngine:
 
     def push(self, device_id: str, header: pb.UpdateHeader, data: bytes, *, message_bytes: int | None = None) -> pb.PushReply:
         """Validate and store an update; raises UpdateRejected (with the reason) and changes nothing."""
-        E = self.cfg.training.required_updates
+        E = self.cfg.rules.required_updates
         if not 0 <= header.updates_completed <= E:
             raise UpdateRejected(f"updates_completed = {header.updates_completed} is outside 0..E (E = {E})")
         for name in ("train_s", "previous_upload_s", "local_loss"):
@@ -243,7 +293,20 @@ class RoundEngine:
                 r.rejected[device_id] = reason
                 self._cond.notify_all()
 
-    def _known(self, device_id: str):
+    def status(self) -> pb.StatusReply:
+        with self._cond:
+            r = self.current
+            members = set(self.objective.sample_counts)
+            devices = [pb.DeviceStatus(device_id=d.device_id, shard_index=d.shard_index, departed=d.departed,
+                                       in_objective=d.device_id in members, joined_after_round=d.joined_after_round,
+                                       connected=d.device_id in self._seen)
+                       for d in self.registry.devices.values()]
+            return pb.StatusReply(run_id=self.run_id, completed_round=self.completed_round,
+                                  open_round=r.round_id if r is not None and not r.closed else 0,
+                                  started=self.started, finished=self.finished, rounds=self.cfg.run.rounds,
+                                  devices=devices, partition_json=self.partition_json)
+
+    def _known(self, device_id: str) -> DeviceRecord:
         record = self.registry.get(device_id)
         if record is None:
             raise UnknownDevice(f"unknown device {device_id!r}: call Join first")
@@ -251,8 +314,6 @@ class RoundEngine:
 
     def _check_round(self, device_id: str, header: pb.UpdateHeader) -> OpenRound:
         r = self.current
-        if header.device_id and header.device_id != device_id:
-            raise UnknownDevice(f"update header names device {header.device_id!r} but the call is from {device_id!r}")
         if r is None or r.closed or header.round_id != r.round_id:
             open_id = r.round_id if r is not None and not r.closed else None
             raise WrongRoundState(f"round {header.round_id} is not open (open round: {open_id}); stale or early update")
@@ -268,8 +329,8 @@ class RoundEngine:
 
     def _deadline_with_grace(self) -> float:
         # Grace covers the gap between "handed to gRPC" and "received by the device".
-        t = self.cfg.training
-        return t.deadline_s + max(0.2, 0.05 * t.deadline_s)
+        deadline = self.cfg.run.deadline_s
+        return deadline + max(0.2, 0.05 * deadline)
 
     # ---- the engine thread ------------------------------------------------------------
 
@@ -279,14 +340,13 @@ class RoundEngine:
             self._cond.notify_all()
 
     def run(self) -> None:
-        """Run rounds until `training.rounds` are done or stop() is called."""
-        t = self.cfg.training
+        """Run rounds until `run.rounds` are done or stop() is called."""
         try:
             if not self._wait_for_start():
                 return
-            while self.completed_round < t.rounds and not self._stop.is_set():
+            while self.completed_round < self.cfg.run.rounds and not self._stop.is_set():
                 self._run_round(self.completed_round + 1)
-            if self.completed_round >= t.rounds:
+            if self.completed_round >= self.cfg.run.rounds:
                 with self._cond:
                     self.finished = True
                     self._cond.notify_all()
@@ -296,13 +356,13 @@ class RoundEngine:
             self.metrics.close()
 
     def _wait_for_start(self) -> bool:
-        t = self.cfg.training
+        run = self.cfg.run
         ready_since = None
         with self._cond:
             if self.completed_round > 0:  # resumed: give the fleet a moment to reconnect
                 active = [d for d, r in self.registry.devices.items() if not r.departed]
-                need = min(t.min_devices, len(active))
-                limit = time.monotonic() + t.resume_wait_s
+                need = min(run.min_devices, len(active))
+                limit = time.monotonic() + run.resume_wait_s
                 while not self._stop.is_set() and len(self._seen) < need and time.monotonic() < limit:
                     self._cond.wait(timeout=0.05)
                 self.started = True
@@ -311,9 +371,9 @@ class RoundEngine:
                 return not self._stop.is_set()
             while not self._stop.is_set():
                 active = [d for d, r in self.registry.devices.items() if not r.departed]
-                if len(active) >= t.min_devices:
+                if len(active) >= run.min_devices:
                     ready_since = ready_since or time.monotonic()
-                    if time.monotonic() - ready_since >= t.start_grace_s:
+                    if time.monotonic() - ready_since >= run.start_grace_s:
                         self.started = True
                         log.info("starting training with %d devices", len(active))
                         return True
@@ -321,25 +381,25 @@ class RoundEngine:
         return False
 
     def _run_round(self, tau: int) -> None:
-        t = self.cfg.training
+        deadline_s = self.cfg.run.deadline_s
         with self._cond:
-            participants = [d for d in self.registry.ordered(self.objective.members())
+            opening = self.federation.open(tau)
+            participants = [d for d in self.registry.ordered(list(opening.participants))
                             if not self.registry.get(d).departed]
             payload, data = wire.encode(self.params)
-            lr = self.schedule.at(round_index=tau, shift_round=self.objective.shift_round)
-            self.current = r = OpenRound(round_id=tau, lr=lr, opened_at=time.monotonic(),
+            self.current = r = OpenRound(round_id=tau, lr=opening.lr, opened_at=time.monotonic(), opening=opening,
                                          participants=participants, payload=payload, data=data)
             overhead = None if self._last_close is None else r.opened_at - self._last_close
             self._cond.notify_all()
-            # Wait until every participant answered or its deadline passed.
+            # Wait until every participant answered (or left) or its deadline passed.
             while not self._stop.is_set():
                 now = time.monotonic()
                 # A rejected update does not end a device's round: it may still send a valid one.
-                pending = [d for d in participants if d not in r.updates]
+                pending = [d for d in participants if d not in r.updates and d not in r.left]
                 if not pending:
                     reason = "all answered"
                     break
-                limits = [r.opened_at + t.deadline_s]
+                limits = [r.opened_at + deadline_s]
                 limits += [r.delivered[d] + self._deadline_with_grace() for d in pending if d in r.delivered]
                 if now >= max(limits):
                     reason = "deadline"
@@ -351,75 +411,41 @@ class RoundEngine:
                 return
             r.closed = True
             closed_at = time.monotonic()
-        self._aggregate(r, reason=reason, overhead_s=overhead, closed_at=closed_at)
+        self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at)
 
-    def _aggregate(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> None:
-        t = self.cfg.training
+    def _close(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> None:
         with self._cond:
-            ids = self.registry.ordered(self.objective.members())
-            s = np.array([r.updates[d].s if d in r.updates else 0 for d in ids], dtype=np.int64)
-            p = self.objective.weights(ids, round_index=r.round_id, fast_reboot=self.fast_reboot)
-            coef = coefficients(t.scheme, s=s, E=t.required_updates, p=p)
-            rows = coef.contributors
-            if len(rows) and not coef.discarded:
-                deltas = {n: torch.stack([torch.from_numpy(r.updates[ids[i]].delta[n]) for i in rows]) for n in self.params}
-                self.params = apply_update(global_state=self.params, deltas=deltas, coefficients=coef, rows=rows)
-            arrivals, departures = list(self._pending_arrivals), list(self._pending_departures)
-            self.completed_round = r.round_id
-            self._apply_membership_changes()
-        acc, loss = evaluate(self.model, self.params, self._objective_test_set())
-        self._save()
-        done = time.monotonic()
+            s = {d: u.s for d, u in r.updates.items()}
+            weighing = self.federation.weigh(r.round_id, s)
+            rows = weighing.contributors
+            deltas = {n: torch.stack([torch.from_numpy(r.updates[d].delta[n]) for d in rows]) for n in self.params} \
+                if rows else {}
+            outcome = self.federation.close(
+                weighing, deltas=deltas, rows=rows,
+                arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
+                departures=[Departure(d) for d in self._pending_departures])
+            self._pending_arrivals.clear()
+            self._pending_departures.clear()
+            shards = [self.registry.get(d).shard_index for d in self.objective.members()]
+        test = self.data.test_for(shards) if None not in shards else self.data.test
+        acc, loss = evaluate(self.model, self.params, test)
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
-        updates = {d: u for d, u in r.updates.items()}
-        self.metrics.write({
-            "round": r.round_id, "time": time.time(), "lr": r.lr, "close_reason": reason,
-            "participants": r.participants, "devices": ids,
-            "s": {d: int(v) for d, v in zip(ids, s)}, "p": {d: float(v) for d, v in zip(ids, p)},
-            "coefficients": {d: float(v) for d, v in zip(ids, coef.values)}, "discarded": coef.discarded,
-            "test_acc": acc, "test_loss": loss,
+        updates = dict(r.updates)
+        row = round_row(r.opening, outcome, test_acc=acc, test_loss=loss)
+        row.update({
+            "time": time.time(), "close_reason": reason, "left_during_round": sorted(r.left),
             "bytes_out": r.bytes_out, "bytes_in": {d: u.bytes_in for d, u in updates.items()},
             "train_s": {d: u.train_s for d, u in updates.items()},
             "local_loss": {d: u.local_loss for d, u in updates.items()},
             "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
             "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
-            "rejected": r.rejected, "arrivals": arrivals, "departures": departures,
-            "round_s": closed_at - r.opened_at, "aggregate_eval_s": done - closed_at,
-            "overhead_s": overhead_s,
+            "rejected": r.rejected, "round_s": closed_at - r.opened_at,
+            "aggregate_eval_s": time.monotonic() - closed_at, "overhead_s": overhead_s,
         })
-        log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, s.tolist(), reason)
-
-    def _objective_test_set(self) -> ArrayDataset:
-        """The holdout data of the devices in the objective, where devices hold per-device holdouts.
-
-        As in the paper's experiments, an arrival's holdout joins the test set and an
-        excluded device's leaves it. Without per-device holdouts (MNIST, EMNIST) or with a
-        device of unknown shard, the global test set is used.
-        """
-        if self.device_test is None:
-            return self.test_data
-        with self._cond:
-            shards = [self.registry.get(d).shard_index for d in self.registry.ordered(self.objective.members())]
-        if not shards or any(s is None for s in shards):
-            return self.test_data
-        key = tuple(sorted(shards))
-        if self._test_cache is None or self._test_cache[0] != key:
-            parts = [self.device_test[i] for i in key]
-            self._test_cache = (key, ArrayDataset(x=np.concatenate([p.x for p in parts]),
-                                                  y=np.concatenate([p.y for p in parts])))
-        return self._test_cache[1]
-
-    def _apply_membership_changes(self) -> None:
-        """Arrivals and departures announced during a round take effect after it (lock held)."""
-        for d in self._pending_arrivals:
-            self.objective.arrive(d, self.registry.get(d).sample_count, round_index=self.completed_round)
-        for d in self._pending_departures:
-            if d in self.objective.sample_counts:
-                self.objective.depart(d, round_index=self.completed_round,
-                                      policy=DeparturePolicy(self.cfg.training.departure_policy))
-        self._pending_arrivals.clear()
-        self._pending_departures.clear()
+        self.metrics.write(row)  # before the checkpoint: a closed round always has its row
+        self._save()
+        log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, row["s"], reason)
 
     # ---- checkpoints ------------------------------------------------------------------
 
@@ -431,9 +457,23 @@ class RoundEngine:
 
     def _restore(self) -> None:
         ckpt = load_checkpoint(self.checkpoint_path, expected=self.expected)
-        self.params = {n: v.clone() for n, v in ckpt.params.items()}
-        self.completed_round = ckpt.completed_round
+        self.federation.params = {n: v.clone() for n, v in ckpt.params.items()}
+        self.federation.completed_round = ckpt.completed_round
+        self.federation.objective = Objective.from_dict(ckpt.objective)
         self.run_id = ckpt.run_id
         self.registry = Registry.from_dict(ckpt.registry)
-        self.objective = Objective.from_dict(ckpt.objective)
         log.info("resumed from %s after round %d", self.checkpoint_path, self.completed_round)
+
+    def _repair_metrics(self, path: Path) -> None:
+        """Keep rows of checkpointed rounds only; say which rounds have no row."""
+        if not path.exists():
+            return
+        rows = read_metrics(path)
+        kept = [row for row in rows if row["round"] <= self.completed_round]
+        if len(kept) != len(rows):
+            redo = sorted({row["round"] for row in rows} - {row["round"] for row in kept})
+            log.warning("metrics hold rows of rounds %s that the checkpoint does not: they run again", redo)
+            MetricsWriter.rewrite(path, kept)
+        missing = sorted(set(range(1, self.completed_round + 1)) - {row["round"] for row in kept})
+        if missing:
+            log.warning("metrics have no row for rounds %s (written by a version that checkpointed first)", missing)

@@ -11,7 +11,7 @@ from flexfl.errors import ConfigError
 @dataclass
 class DeviceRecord:
     device_id: str
-    index: int  # stable, in join order; seeds the device's minibatch stream
+    index: int  # stable, in join order (seeds a device's streams when it has no shard)
     sample_count: int
     hardware: dict = field(default_factory=dict)
     agent_version: str = ""
@@ -19,6 +19,7 @@ class DeviceRecord:
     departed: bool = False
     last_seen: float = 0.0  # unix time
     shard_index: int | None = None  # shard of the seeded partition, when the device says
+    resident_bytes: int = 0  # the agent's resident memory when it (last) joined
 
 
 class Registry:

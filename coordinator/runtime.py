@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
-from coordinator.rounds import RoundEngine
+from coordinator.engine import RoundEngine
 from coordinator.server import build_server
 from workloads.federated import build_federated
 
@@ -18,19 +18,15 @@ class Coordinator:
     """Start with start(), wait with wait(); stop() ends training after a final checkpoint."""
 
     def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False) -> None:
-        t = cfg.training
-        data = build_federated(
-            t.dataset, n_devices=t.n_devices, iid=t.iid, seed=t.data_seed, alpha=t.alpha, beta=t.beta,
-            total_samples=t.total_samples or None, sizes=t.sizes,
-        )
+        self.token = cfg.server.token()  # a missing token fails now, not after loading the data
         self.cfg = cfg
-        self.engine = RoundEngine(cfg, test_data=data.test, device_test=data.device_test, resume=resume)
+        self.engine = RoundEngine(cfg, data=build_federated(cfg.partition), resume=resume)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
-        self.server, self.port = build_server(self.cfg, self.engine)
+        self.server, self.port = build_server(self.cfg, self.engine, token=self.token)
         self._thread = threading.Thread(target=self.engine.run, name="round-engine", daemon=True)
         self._thread.start()
         return self.port

@@ -1,8 +1,8 @@
 """The gRPC servicer: authenticates every call and hands the work to the round engine.
 
-Domain errors become status codes: bad input INVALID_ARGUMENT, wrong round state
-FAILED_PRECONDITION, unknown device or bad token UNAUTHENTICATED, a header that names
-another device PERMISSION_DENIED.
+Domain errors become status codes through one table (`ERRORS`), most specific class first
+by inheritance; the reason travels as trailing metadata (proto/options.py) so that agents
+act on code and reason, never on message text.
 """
 
 from __future__ import annotations
@@ -11,19 +11,49 @@ import hmac
 import logging
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
 from coordinator.config import CoordinatorConfig
-from coordinator.rounds import RoundEngine, UnknownDevice, WrongRoundState
-from flexfl.errors import ConfigError, UpdateRejected
-from proto import fleet_pb2 as pb
-from proto import fleet_pb2_grpc as pb_grpc
-from proto import tensors as wire
-from proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION
+from coordinator.engine import RoundEngine
+from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
+                           UnknownDevice, UpdateRejected, WrongRoundState)
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from flexfl.proto.options import (AUTH_HEADER, DEVICE_HEADER, ERROR_HEADER, PROTOCOL_VERSION, SERVER_OPTIONS,
+                                  ErrorReason)
 
 log = logging.getLogger(__name__)
+
+Code = grpc.StatusCode
+ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
+    Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
+    UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
+    IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
+    ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
+    PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
+    WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
+    UpdateRejected: (Code.INVALID_ARGUMENT, ErrorReason.UPDATE_REJECTED),
+    ConfigError: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
+}
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
+    """The table's entry for `exc`'s most specific class that has one (None: not a domain error)."""
+    return next((ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS), None)
+
+
+@contextmanager
+def _mapped(context: grpc.ServicerContext):
+    try:
+        yield
+    except tuple(ERRORS) as exc:
+        code, reason = status_of(exc)
+        context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
+        context.abort(code, str(exc))
 
 
 class FleetServicer(pb_grpc.FleetServicer):
@@ -38,39 +68,41 @@ class FleetServicer(pb_grpc.FleetServicer):
         presented = md.get(AUTH_HEADER, "")
         token = presented[len("Bearer "):] if presented.startswith("Bearer ") else ""
         if not hmac.compare_digest(token.encode(), self._token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong fleet token")
+            raise Unauthenticated("missing or wrong fleet token")
         device_id = md.get(DEVICE_HEADER, "")
         if not device_id:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing {DEVICE_HEADER} metadata")
+            raise Unauthenticated(f"missing {DEVICE_HEADER} metadata")
         return device_id
 
+    @staticmethod
+    def _same(caller: str, claimed: str, what: str) -> None:
+        if claimed and claimed != caller:
+            raise IdentityMismatch(f"{what} for {claimed!r} from {caller!r}")
+
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
-        caller = self._caller(context)
-        if request.device_id != caller:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"join for {request.device_id!r} from {caller!r}")
-        if request.protocol_version not in (0, PROTOCOL_VERSION):
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"protocol version {request.protocol_version} unsupported (coordinator speaks {PROTOCOL_VERSION})")
-        try:
+        with _mapped(context):
+            caller = self._caller(context)
+            self._same(caller, request.device_id or "(none)", "join")
+            if request.protocol_version not in (0, PROTOCOL_VERSION):
+                raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
+                                       f"(coordinator speaks {PROTOCOL_VERSION})")
             return self.engine.join(request)
-        except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext) -> pb.LeaveReply:
-        caller = self._caller(context)
-        if request.device_id and request.device_id != caller:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"leave for {request.device_id!r} from {caller!r}")
-        try:
+        with _mapped(context):
+            caller = self._caller(context)
+            self._same(caller, request.device_id, "leave")
             return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
-        except UnknownDevice as exc:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        with _mapped(context):
+            self._caller(context)
+            return self.engine.status()
 
     def PullRound(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.RoundChunk]:
-        caller = self._caller(context)
-        try:
+        with _mapped(context):
+            caller = self._caller(context)
             header, data = self.engine.pull(caller, after_round=request.after_round, wait_s=request.wait_s)
-        except UnknownDevice as exc:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         first = pb.RoundChunk(header=header)
         yield first
         if header.status != pb.RoundHeader.ROUND:
@@ -86,61 +118,69 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine.delivered(caller, header.round_id, sent)
 
     def PushUpdate(self, request_iterator: Iterator[pb.UpdateChunk], context: grpc.ServicerContext) -> pb.PushReply:
-        caller = self._caller(context)
-        try:
-            first = next(request_iterator)
-        except StopIteration:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty update stream: the header must come first")
-        if not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of an update must be its header")
-        header = first.header
-        try:
-            self.engine.check_push_header(caller, header)
-            if header.payload.total_bytes > self.max_update_bytes:
-                raise UpdateRejected(f"payload of {header.payload.total_bytes} bytes exceeds the limit of {self.max_update_bytes}")
-            pieces = []
-            message_bytes = first.ByteSize()
-            for chunk in request_iterator:
-                if chunk.HasField("header"):
-                    raise UpdateRejected("a second header arrived inside the update stream")
-                pieces.append(chunk.data)
-                message_bytes += chunk.ByteSize()
-            data = wire.join(pieces, limit_bytes=self.max_update_bytes)
-            return self.engine.push(caller, header, data, message_bytes=message_bytes)
-        except UnknownDevice as exc:
-            code = grpc.StatusCode.PERMISSION_DENIED if "header names" in str(exc) else grpc.StatusCode.UNAUTHENTICATED
-            context.abort(code, str(exc))
-        except WrongRoundState as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except UpdateRejected as exc:
-            log.warning("rejected update from %s: %s", caller, exc)
-            self.engine.note_rejection(caller, header.round_id, str(exc))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with _mapped(context):
+            caller = self._caller(context)
+            first = next(request_iterator, None)
+            if first is None or not first.HasField("header"):
+                raise UpdateRejected("the first message of an update must be its header")
+            header = first.header
+            self._same(caller, header.device_id, "update header")
+            try:
+                self.engine.check_push_header(caller, header)
+                data, message_bytes = self._receive(header, first, request_iterator)
+                return self.engine.push(caller, header, data, message_bytes=message_bytes)
+            except UpdateRejected as exc:
+                if not isinstance(exc, WrongRoundState):
+                    log.warning("rejected update from %s: %s", caller, exc)
+                    self.engine.note_rejection(caller, header.round_id, str(exc))
+                raise
+
+    def _receive(self, header: pb.UpdateHeader, first: pb.UpdateChunk,
+                 rest: Iterator[pb.UpdateChunk]) -> tuple[bytes, int]:
+        """The payload, refused as soon as it exceeds the limit or its declared size (never buffered past either)."""
+        declared = header.payload.total_bytes
+        if declared > self.max_update_bytes:
+            raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
+        pieces, received, message_bytes = [], 0, first.ByteSize()
+        for chunk in rest:
+            if chunk.HasField("header"):
+                raise UpdateRejected("a second header arrived inside the update stream")
+            received += len(chunk.data)
+            if received > declared:
+                raise UpdateRejected(f"payload exceeds its declared {declared} bytes (limit {self.max_update_bytes})")
+            pieces.append(chunk.data)
+            message_bytes += chunk.ByteSize()
+        return wire.join(pieces, limit_bytes=self.max_update_bytes), message_bytes
 
 
-def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, max_workers: int = 64) -> tuple[grpc.Server, int]:
+def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
+                 max_workers: int = 64) -> tuple[grpc.Server, int]:
     """A started gRPC server bound to `server.listen` (port 0 picks a free one); returns it and the port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
-    servicer = FleetServicer(engine, token=cfg.token(), max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+    servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
-    if s.tls_cert:
-        creds = grpc.ssl_server_credentials(
-            [(_read(cfg.path(s.tls_key)), _read(cfg.path(s.tls_cert)))],
-            root_certificates=_read(cfg.path(s.tls_client_ca)) if s.tls_client_ca else None,
-            require_client_auth=bool(s.tls_client_ca),
-        )
-        port = server.add_secure_port(s.listen, creds)
-    else:
-        port = server.add_insecure_port(s.listen)
+    try:
+        if s.tls_cert:
+            creds = grpc.ssl_server_credentials(
+                [(_read(s.tls_key), _read(s.tls_cert))],
+                root_certificates=_read(s.tls_client_ca) if s.tls_client_ca else None,
+                require_client_auth=bool(s.tls_client_ca),
+            )
+            port = server.add_secure_port(s.listen, creds)
+        else:
+            port = server.add_insecure_port(s.listen)
+    except RuntimeError:  # grpcio >= 1.6x raises instead of returning 0
+        port = 0
     if port == 0:
-        raise ConfigError(f"server.listen: cannot bind {s.listen!r}")
+        raise ConfigError(f"server.listen: cannot bind {s.listen!r}: the port is in use by another program, "
+                          "or the address is not HOST:PORT on this machine")
     server.start()
     return server, port
 
 
-def _read(path: Path) -> bytes:
+def _read(path: str) -> bytes:
     try:
-        return path.read_bytes()
+        return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None

@@ -1,10 +1,11 @@
-"""The edge agent: join, then pull a round, train until the time budget runs out, upload; repeat.
+"""The edge agent: learn the partition, load its shard, join; then pull a round, train, upload; repeat.
 
 Deadline rule: after receiving the model the agent has `deadline_s`. Before each local
 update it checks that the time left covers one more update plus the upload (both
 estimated from what it measured so far) plus a small margin; otherwise it stops and
 uploads what it has. It always dials the coordinator and reconnects with exponential
-backoff when the coordinator is away.
+backoff when the coordinator is away. It decides on status codes and the coordinator's
+error reason (proto/options.py), never on message text.
 """
 
 from __future__ import annotations
@@ -14,23 +15,26 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import torch
 
 from edge_agent.config import AgentConfig
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
-from flexfl.errors import ConfigError, FlexFLError
+from flexfl.errors import FlexFLError
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION, ErrorReason, error_reason
 from loadgen.hostinfo import host_facts
-from proto import fleet_pb2 as pb
-from proto import fleet_pb2_grpc as pb_grpc
-from proto import tensors as wire
-from proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION
-from trace_recorder.replay import fraction_to_updates
 from workloads.datasets import ArrayDataset
+from workloads.federated import load_shard
 from workloads.models import build_model
+from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 
 
 class AgentError(FlexFLError):
-    """The agent cannot go on (e.g. its token is refused)."""
+    """The agent cannot go on (its token or partition is refused, ...)."""
 
 
 def hardware_facts() -> pb.HardwareFacts:
@@ -53,20 +57,26 @@ def hardware_facts() -> pb.HardwareFacts:
 
 
 class EdgeAgent:
-    """One device. run() loops until training finishes, stop() is called, or the token is refused."""
+    """One device. run() loops until training finishes, stop() is called, or the coordinator refuses it.
 
-    def __init__(self, cfg: AgentConfig, shard: ArrayDataset) -> None:
+    `shard` is the device's training data when the caller already holds it; by default the
+    agent loads its shard of the coordinator's partition before joining.
+    """
+
+    def __init__(self, cfg: AgentConfig, *, shard: ArrayDataset | None = None) -> None:
         self.cfg = cfg
         self.shard = shard
         self._token = cfg.token()
         self._stop = threading.Event()
         self._leave_on_stop = False
         self.device_index: int | None = None
+        self.partition: PartitionSpec | None = None
         self.rounds_done: list[dict] = []  # what this agent did per round (tests, logs)
         self._model: torch.nn.Module | None = None
         self._update_s: float | None = None  # running estimate of one local update
         self._upload_s: float | None = None  # last measured upload
         self._trace = self._load_trace()
+        self._samplers: dict[tuple, object] = {}
         self._channel = self._make_channel()
         self._stub = pb_grpc.FleetStub(self._channel)
 
@@ -81,14 +91,16 @@ class EdgeAgent:
         """Returns 0 when training finished or the agent was stopped."""
         try:
             try:
+                self._prepare()
                 after_round = self._join()
             except AgentError:
                 if self._stop.is_set():  # stopped while still trying to reach the coordinator
                     return 0
                 raise
+            leave_after = self.cfg.participation.leave_after_round
             while not self._stop.is_set():
                 header, data = self._pull(after_round)
-                if header is None:
+                if header is None or self._stop.is_set():
                     continue
                 if header.status == pb.RoundHeader.FINISHED:
                     log.info("%s: training finished", self.cfg.device_id)
@@ -98,6 +110,9 @@ class EdgeAgent:
                     continue
                 self._do_round(header, data)
                 after_round = header.round_id
+                if leave_after and header.round_id >= leave_after:
+                    log.info("%s: leaving after round %d as scripted", self.cfg.device_id, header.round_id)
+                    self.stop(announce=True)
             if self._leave_on_stop:
                 self._leave()
             return 0
@@ -116,9 +131,9 @@ class EdgeAgent:
             options.append(("grpc.ssl_target_name_override", c.tls_server_name))
         if c.tls_ca:
             creds = grpc.ssl_channel_credentials(
-                root_certificates=c.path(c.tls_ca).read_bytes(),
-                private_key=c.path(c.tls_client_key).read_bytes() if c.tls_client_key else None,
-                certificate_chain=c.path(c.tls_client_cert).read_bytes() if c.tls_client_cert else None,
+                root_certificates=Path(c.tls_ca).read_bytes(),
+                private_key=Path(c.tls_client_key).read_bytes() if c.tls_client_key else None,
+                certificate_chain=Path(c.tls_client_cert).read_bytes() if c.tls_client_cert else None,
             )
             return grpc.secure_channel(c.coordinator, creds, options=options)
         return grpc.insecure_channel(c.coordinator, options=options)
@@ -132,23 +147,67 @@ class EdgeAgent:
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE or self._stop.is_set():
                     raise
-                log.info("%s: %s failed (%s); retrying in %.1f s", self.cfg.device_id, what, exc.code().name, delay)
+                log.info("%s: %s to coordinator %s failed (%s: %s); retrying in %.1f s", self.cfg.device_id, what,
+                         self.cfg.coordinator, exc.code().name, exc.details(), delay)
                 if self._stop.wait(delay * (0.8 + 0.4 * random.random())):
                     raise
                 delay = min(delay * 2, self.cfg.backoff_max_s)
 
+    def _refused(self, what: str, exc: grpc.RpcError) -> AgentError:
+        return AgentError(f"{self.cfg.device_id}: {what} refused by coordinator {self.cfg.coordinator}: "
+                          f"{exc.code().name}: {exc.details()}")
+
+    def status(self) -> pb.StatusReply:
+        """The coordinator's state (retried while it is away)."""
+        try:
+            return self._retrying("status", lambda: self._stub.Status(
+                pb.StatusRequest(), metadata=self._metadata(), timeout=self.cfg.rpc_timeout_s))
+        except grpc.RpcError as exc:
+            raise self._refused("status", exc) from None
+
+    def _prepare(self) -> None:
+        """Learn the coordinator's partition and load this device's shard of it (before joining)."""
+        theirs = PartitionSpec.from_json(self.status().partition_json, where=f"coordinator {self.cfg.coordinator}")
+        mine = self.cfg.partition
+        if mine is not None and mine != theirs:
+            raise AgentError(f"{self.cfg.device_id}: this device's partition [{mine.describe()}] differs from the "
+                             f"coordinator's [{theirs.describe()}] (device vs coordinator: "
+                             f"{'; '.join(mine.differences(theirs))}); fix [partition] in one of the configs")
+        # The local copy keeps where this machine keeps its data (emnist_root).
+        self.partition = mine if mine is not None else theirs
+        if self.shard is None and not self.cfg.participation.no_train:
+            started = time.monotonic()
+            self.shard = load_shard(self.partition, self.cfg.shard_index)
+            log.info("%s: shard %d of [%s]: %d samples (%.1f s)", self.cfg.device_id, self.cfg.shard_index,
+                     self.partition.describe(), len(self.shard), time.monotonic() - started)
+        self._wait_for_join_round()
+
+    def _wait_for_join_round(self) -> None:
+        target = self.cfg.participation.join_in_round
+        while target and not self._stop.is_set():
+            st = self.status()
+            if st.open_round >= target or st.completed_round >= target or st.finished:
+                if st.open_round != target:
+                    log.warning("%s: asked to join in round %d, joining in round %d", self.cfg.device_id, target,
+                                st.open_round or st.completed_round + 1)
+                return
+            self._stop.wait(0.02)
+
     def _join(self) -> int:
-        request = pb.JoinRequest(device_id=self.cfg.device_id, sample_count=len(self.shard), hardware=hardware_facts(),
-                                 agent_version=__version__, protocol_version=PROTOCOL_VERSION,
-                                 shard_index=self.cfg.data.shard_index)
+        request = pb.JoinRequest(device_id=self.cfg.device_id, sample_count=len(self.shard) if self.shard else 0,
+                                 hardware=hardware_facts(), agent_version=__version__,
+                                 protocol_version=PROTOCOL_VERSION, shard_index=self.cfg.shard_index,
+                                 partition_json=self.partition.to_json() if self.partition else "",
+                                 resident_bytes=psutil.Process().memory_info().rss)
         try:
             reply = self._retrying("join", lambda: self._stub.Join(request, metadata=self._metadata(),
                                                                     timeout=self.cfg.rpc_timeout_s))
         except grpc.RpcError as exc:
-            raise AgentError(f"{self.cfg.device_id}: join refused: {exc.code().name}: {exc.details()}") from None
+            raise self._refused("join", exc) from None
         self.device_index = reply.device_index
-        log.info("%s joined as index %d%s (coordinator at round %d)", self.cfg.device_id, reply.device_index,
-                 ", an arrival" if reply.arrival else "", reply.current_round)
+        log.info("%s joined as index %d%s (coordinator at round %d, %.0f MiB resident)", self.cfg.device_id,
+                 reply.device_index, ", an arrival" if reply.arrival else "", reply.current_round,
+                 request.resident_bytes / 2**20)
         return reply.current_round
 
     def _leave(self) -> None:
@@ -157,7 +216,8 @@ class EdgeAgent:
                                      metadata=self._metadata(), timeout=5)
             log.info("%s: departure announced (coordinator policy: %s)", self.cfg.device_id, reply.policy)
         except grpc.RpcError as exc:
-            log.warning("%s: could not announce departure: %s", self.cfg.device_id, exc.code().name)
+            log.warning("%s: could not announce departure to %s: %s", self.cfg.device_id, self.cfg.coordinator,
+                        exc.code().name)
 
     def _pull(self, after_round: int) -> tuple[pb.RoundHeader | None, bytes]:
         def call():
@@ -174,13 +234,15 @@ class EdgeAgent:
         try:
             return self._retrying("pull", call)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAUTHENTICATED and "unknown device" in (exc.details() or ""):
+            if error_reason(exc) == ErrorReason.UNKNOWN_DEVICE:
                 # The coordinator lost us (fresh start without --resume): join again.
+                log.info("%s: the coordinator does not know this device (restarted?); joining again",
+                         self.cfg.device_id)
                 self._join()
                 return None, b""
             if self._stop.is_set():
                 return None, b""
-            raise AgentError(f"{self.cfg.device_id}: pull failed: {exc.code().name}: {exc.details()}") from None
+            raise self._refused("pull", exc) from None
 
     # ---- one round -------------------------------------------------------------------
 
@@ -194,7 +256,7 @@ class EdgeAgent:
             for n, p in model.named_parameters():
                 p.copy_(torch.from_numpy(params[n]))
         E = header.required_updates
-        cap = self._cap(header.round_id, E)
+        cap = self._cap(header)
         part = self.cfg.participation
 
         last = [time.monotonic()]
@@ -234,10 +296,10 @@ class EdgeAgent:
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
         if body:  # an empty (s = 0) push says nothing about how long a real upload takes
             self._upload_s = time.monotonic() - t0
-        self.rounds_done.append({"round": header.round_id, "s": s, "E": E, "train_s": train_s,
+        self.rounds_done.append({"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
                                  "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate})
         log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s", self.cfg.device_id, header.round_id, s, E,
-                 train_s, self._upload_s, outcome)
+                 train_s, self._upload_s or 0.0, outcome)
 
     def _push(self, header: pb.UpdateHeader, body: bytes, *, timeout: float) -> str:
         def messages() -> Iterator[pb.UpdateChunk]:
@@ -259,19 +321,20 @@ class EdgeAgent:
                                       num_classes=desc.num_classes)
         return self._model
 
-    def _cap(self, round_id: int, E: int) -> int:
+    def _cap(self, header: pb.RoundHeader) -> int:
         """Most updates this round may do: E, or what the forced schedule / participation trace allows."""
-        part = self.cfg.participation
+        from trace_recorder.sampler import TraceSampler
+
+        part, E = self.cfg.participation, header.required_updates
         if part.forced_updates:
-            return min(E, part.forced_updates[(round_id - 1) % len(part.forced_updates)])
-        if self._trace is not None:
-            fractions = self._trace.fraction
-            if part.trace_sampling == "replay":
-                f = fractions[(round_id - 1) % len(fractions)]
-            else:
-                f = fractions[np.random.default_rng([self.device_index or 0, round_id, 4]).integers(len(fractions))]
-            return int(fraction_to_updates(np.array([f]), E=E)[0])
-        return E
+            return min(E, part.forced_updates[(header.round_id - 1) % len(part.forced_updates)])
+        if self._trace is None:
+            return E
+        key = (E, header.seed, header.device_index, header.trace_sampling, header.s_rule)
+        if key not in self._samplers:  # the simulator's sampler, with the coordinator's seed and rules
+            self._samplers[key] = TraceSampler(self._trace, E=E, seed=header.seed, device_index=header.device_index,
+                                               sampling=header.trace_sampling or "iid", s_rule=header.s_rule or "round")
+        return self._samplers[key].draw(header.round_id)
 
     def _load_trace(self):
         spec = self.cfg.participation.trace
@@ -280,18 +343,4 @@ class EdgeAgent:
         from trace_recorder.format import read_trace_set
 
         folder, _, name = spec.rpartition(":")
-        if not folder or not name:
-            raise ConfigError(f"participation.trace must be FOLDER:NAME, got {spec!r}")
-        return read_trace_set(self.cfg.path(folder)).get(name)
-
-
-def load_shard(cfg: AgentConfig) -> ArrayDataset:
-    """This device's training data: shard `shard_index` of the seeded partition the coordinator also uses."""
-    from workloads.federated import build_federated
-
-    d = cfg.data
-    if not 0 <= d.shard_index < d.n_devices:
-        raise ConfigError(f"data.shard_index {d.shard_index} is outside 0..{d.n_devices - 1}")
-    data = build_federated(d.dataset, n_devices=d.n_devices, iid=d.iid, seed=d.data_seed, alpha=d.alpha, beta=d.beta,
-                           total_samples=d.total_samples or None, sizes=d.sizes)
-    return data.train[d.shard_index]
+        return read_trace_set(Path(folder)).get(name)

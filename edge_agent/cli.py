@@ -28,15 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from edge_agent.agent import EdgeAgent, load_shard
+    from edge_agent.agent import EdgeAgent
 
     cfg = load_agent_config(args.config, overrides={
         "coordinator": args.coordinator, "device_id": args.device_id, "fleet_token_file": args.fleet_token_file,
-        "announce_departure": False if args.silent else None,
-        "data": {"shard_index": args.shard_index},
+        "announce_departure": False if args.silent else None, "shard_index": args.shard_index,
         "participation": {"trace": args.trace, "no_train": args.no_train},
     })
-    agent = EdgeAgent(cfg, load_shard(cfg))
+    agent = EdgeAgent(cfg)
 
     def on_signal(signum, _frame):
         log.info("%s: received %s", cfg.device_id, signal.Signals(signum).name)

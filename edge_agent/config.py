@@ -1,46 +1,52 @@
-"""Edge agent configuration: dataclass defaults < TOML file < command-line flags."""
+"""Edge agent configuration: dataclass defaults < TOML file < command-line flags.
+
+The agent learns the data partition from the coordinator when it joins and trains on its
+`shard_index` of it. An optional [partition] table pins the partition this device expects:
+the coordinator then refuses the device if its own differs.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexfl.config import NOT_IN_FILE, load_config, path_field
 from flexfl.errors import ConfigError
-from flexfl.files import read_secret, read_toml
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    dataset: str = "synthetic"
-    iid: bool = False
-    alpha: float = 1.0
-    beta: float = 1.0
-    n_devices: int = 10
-    data_seed: int = 0
-    total_samples: int = 0
-    sizes: str = "pareto"
-    shard_index: int = 0
+from flexfl.files import read_secret
+from workloads.partition_spec import PartitionSpec
 
 
 @dataclass(frozen=True)
 class ParticipationConfig:
-    trace: str = ""  # "FOLDER:NAME": cap s each round by a draw from that trace
-    trace_sampling: str = "iid"  # iid | replay
-    forced_updates: tuple[int, ...] = ()  # tests/benchmarks: s per round (cycled); empty = deadline-driven
+    """How this device takes part beyond its own speed (experiments, tests, benchmarks)."""
+
+    trace: str = path_field()  # "FOLDER:NAME": cap s each round by a draw from that trace (trace_recorder.sampler)
+    forced_updates: tuple[int, ...] = ()  # tests: s per round (cycled); empty = deadline-driven
     no_train: bool = False  # benchmarks: skip SGD, report s = E with a zero delta
     min_update_s: float = 0.0  # emulate a slower device: each local update takes at least this long
+    join_in_round: int = 0  # scripted arrival: join once round N is open (takes effect at its close); 0 = at once
+    leave_after_round: int = 0  # scripted departure: announce it right after uploading round N; 0 = never
+
+    def __post_init__(self) -> None:
+        if self.trace and ":" not in self.trace:
+            raise ConfigError(f"participation.trace must be FOLDER:NAME, got {self.trace!r}")
+        if self.min_update_s < 0 or self.join_in_round < 0 or self.leave_after_round < 0:
+            raise ConfigError("participation.min_update_s, join_in_round and leave_after_round must be >= 0")
+        if any(v < 0 for v in self.forced_updates):
+            raise ConfigError(f"participation.forced_updates must be >= 0, got {list(self.forced_updates)}")
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    coordinator: str = "127.0.0.1:50051"
+    coordinator: str = "127.0.0.1:50051"  # HOST:PORT; the agent always dials out (works behind NAT)
     device_id: str = "device-0"
-    fleet_token_file: str = ""
-    fleet_token: str = ""
-    tls_ca: str = ""
-    tls_client_cert: str = ""
-    tls_client_key: str = ""
+    shard_index: int = 0  # this device's shard of the coordinator's partition
+    fleet_token_file: str = path_field()
+    fleet_token: str = field(default="", metadata=NOT_IN_FILE)  # given in code (tests); never in a file
+    tls_ca: str = path_field()
+    tls_client_cert: str = path_field()
+    tls_client_key: str = path_field()
     tls_server_name: str = ""  # override the name checked in the server certificate
     announce_departure: bool = True
     pull_wait_s: float = 5.0
@@ -48,62 +54,27 @@ class AgentConfig:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     safety_margin_s: float = 0.05  # kept free before the deadline on top of the estimates
-    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionSpec | None = None
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
-    base_dir: str = "."
 
-    def path(self, value: str) -> Path:
-        p = Path(value)
-        return p if p.is_absolute() else Path(self.base_dir) / p
+    def __post_init__(self) -> None:
+        host, _, port = self.coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
+        if self.shard_index < 0:
+            raise ConfigError(f"shard_index must be >= 0, got {self.shard_index}")
+        if self.partition is not None and self.shard_index >= self.partition.n_devices:
+            raise ConfigError(f"shard_index {self.shard_index} is outside the partition's 0..{self.partition.n_devices - 1}")
 
     def token(self) -> str:
         if self.fleet_token_file:
-            return read_secret(self.path(self.fleet_token_file), what="fleet_token_file")
+            return read_secret(Path(self.fleet_token_file), what="fleet_token_file")
         if not self.fleet_token:
-            raise ConfigError("fleet_token_file is required: the coordinator refuses devices without the fleet token")
+            raise ConfigError("fleet_token_file is required: the coordinator refuses devices without the fleet token "
+                              "(`flexfl token --out FILE` makes one)")
         return self.fleet_token
 
 
-def _typed(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
-    known = {f.name for f in fields(cls)}
-    unknown = set(values) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
-    defaults = cls()
-    out = {}
-    for key, value in values.items():
-        default = getattr(defaults, key)
-        if isinstance(default, tuple):
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
-                raise ConfigError(f"{where}.{key}: expected a list of integers, got {value!r}")
-            value = tuple(value)
-        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        elif type(default) is not type(value) and not isinstance(default, (DataConfig, ParticipationConfig)):
-            raise ConfigError(f"{where}.{key}: expected {type(default).__name__}, got {value!r}")
-        out[key] = value
-    return out
-
-
 def load_agent_config(path: Path | None, *, overrides: dict[str, Any] | None = None) -> AgentConfig:
-    """Read the TOML file (if any); `overrides` may hold top-level keys and 'data'/'participation' dicts."""
-    raw: dict[str, Any] = {}
-    base = "."
-    if path is not None:
-        raw = read_toml(path)
-        base = str(Path(path).resolve().parent)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict):
-            raw.setdefault(key, {}).update({k: v for k, v in value.items() if v is not None})
-        elif value is not None:
-            raw[key] = value
-    where = str(path or "agent config")
-    data = DataConfig(**_typed(DataConfig, raw.pop("data", {}), f"{where}: [data]"))
-    part = ParticipationConfig(**_typed(ParticipationConfig, raw.pop("participation", {}), f"{where}: [participation]"))
-    top = _typed(AgentConfig, raw, where)
-    cfg = AgentConfig(**top, data=data, participation=part, base_dir=base)
-    if ":" not in cfg.coordinator:
-        raise ConfigError(f"{where}: coordinator must be HOST:PORT, got {cfg.coordinator!r}")
-    if cfg.participation.trace_sampling not in ("iid", "replay"):
-        raise ConfigError(f"{where}: participation.trace_sampling must be iid or replay")
-    return cfg
+    """Read the TOML file (if any); `overrides` may hold top-level keys and a 'participation' dict."""
+    return load_config(AgentConfig, path, overrides=overrides)

@@ -59,34 +59,40 @@ class HardwareFacts(_message.Message):
     def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., os: _Optional[str] = ..., machine: _Optional[str] = ..., python: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("device_id", "sample_count", "hardware", "agent_version", "protocol_version", "shard_index")
+    __slots__ = ("device_id", "sample_count", "hardware", "agent_version", "protocol_version", "shard_index", "partition_json", "resident_bytes")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     sample_count: int
     hardware: HardwareFacts
     agent_version: str
     protocol_version: int
     shard_index: int
-    def __init__(self, device_id: _Optional[str] = ..., sample_count: _Optional[int] = ..., hardware: _Optional[_Union[HardwareFacts, _Mapping]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., shard_index: _Optional[int] = ...) -> None: ...
+    partition_json: str
+    resident_bytes: int
+    def __init__(self, device_id: _Optional[str] = ..., sample_count: _Optional[int] = ..., hardware: _Optional[_Union[HardwareFacts, _Mapping]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., shard_index: _Optional[int] = ..., partition_json: _Optional[str] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("device_id", "device_index", "arrival", "current_round", "run_id")
+    __slots__ = ("device_id", "device_index", "arrival", "current_round", "run_id", "partition_json")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_JSON_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     device_index: int
     arrival: bool
     current_round: int
     run_id: str
-    def __init__(self, device_id: _Optional[str] = ..., device_index: _Optional[int] = ..., arrival: _Optional[bool] = ..., current_round: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
+    partition_json: str
+    def __init__(self, device_id: _Optional[str] = ..., device_index: _Optional[int] = ..., arrival: _Optional[bool] = ..., current_round: _Optional[int] = ..., run_id: _Optional[str] = ..., partition_json: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("device_id", "reason")
@@ -123,7 +129,7 @@ class ModelDescription(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., num_classes: _Optional[int] = ..., in_features: _Optional[int] = ...) -> None: ...
 
 class RoundHeader(_message.Message):
-    __slots__ = ("status", "round_id", "required_updates", "learning_rate", "batch_size", "deadline_s", "model", "payload", "seed", "unit", "device_index")
+    __slots__ = ("status", "round_id", "required_updates", "learning_rate", "batch_size", "deadline_s", "model", "payload", "seed", "unit", "device_index", "trace_sampling", "s_rule")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[RoundHeader.Status]
@@ -145,6 +151,8 @@ class RoundHeader(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRACE_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    S_RULE_FIELD_NUMBER: _ClassVar[int]
     status: RoundHeader.Status
     round_id: int
     required_updates: int
@@ -156,7 +164,9 @@ class RoundHeader(_message.Message):
     seed: int
     unit: str
     device_index: int
-    def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ...) -> None: ...
+    trace_sampling: str
+    s_rule: str
+    def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ..., trace_sampling: _Optional[str] = ..., s_rule: _Optional[str] = ...) -> None: ...
 
 class RoundChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -203,3 +213,43 @@ class PushReply(_message.Message):
     accepted: bool
     message: str
     def __init__(self, round_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeviceStatus(_message.Message):
+    __slots__ = ("device_id", "shard_index", "departed", "in_objective", "joined_after_round", "connected")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
+    IN_OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    JOINED_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    shard_index: int
+    departed: bool
+    in_objective: bool
+    joined_after_round: int
+    connected: bool
+    def __init__(self, device_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., departed: _Optional[bool] = ..., in_objective: _Optional[bool] = ..., joined_after_round: _Optional[int] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("run_id", "completed_round", "open_round", "started", "finished", "rounds", "devices", "partition_json")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_JSON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    completed_round: int
+    open_round: int
+    started: bool
+    finished: bool
+    rounds: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
+    partition_json: str
+    def __init__(self, run_id: _Optional[str] = ..., completed_round: _Optional[int] = ..., open_round: _Optional[int] = ..., started: _Optional[bool] = ..., finished: _Optional[bool] = ..., rounds: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., partition_json: _Optional[str] = ...) -> None: ...

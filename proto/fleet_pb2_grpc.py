@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import fleet_pb2 as proto_dot_fleet__pb2
+from flexfl.proto import fleet_pb2 as flexfl_dot_proto_dot_fleet__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/fleet_pb2_grpc.py depends on'
+        + ' but the generated code in flexfl/proto/fleet_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,28 @@ class FleetStub:
         """
         self.Join = channel.unary_unary(
                 '/flexfl.v1.Fleet/Join',
-                request_serializer=proto_dot_fleet__pb2.JoinRequest.SerializeToString,
-                response_deserializer=proto_dot_fleet__pb2.JoinReply.FromString,
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.JoinRequest.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.JoinReply.FromString,
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/flexfl.v1.Fleet/Leave',
-                request_serializer=proto_dot_fleet__pb2.LeaveRequest.SerializeToString,
-                response_deserializer=proto_dot_fleet__pb2.LeaveReply.FromString,
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.LeaveReply.FromString,
                 _registered_method=True)
         self.PullRound = channel.unary_stream(
                 '/flexfl.v1.Fleet/PullRound',
-                request_serializer=proto_dot_fleet__pb2.PullRequest.SerializeToString,
-                response_deserializer=proto_dot_fleet__pb2.RoundChunk.FromString,
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.PullRequest.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.RoundChunk.FromString,
                 _registered_method=True)
         self.PushUpdate = channel.stream_unary(
                 '/flexfl.v1.Fleet/PushUpdate',
-                request_serializer=proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
-                response_deserializer=proto_dot_fleet__pb2.PushReply.FromString,
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.PushReply.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/flexfl.v1.Fleet/Status',
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.StatusRequest.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.StatusReply.FromString,
                 _registered_method=True)
 
 
@@ -87,28 +92,40 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """The coordinator's state: rounds, devices, partition (operators, the process harness).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=proto_dot_fleet__pb2.JoinRequest.FromString,
-                    response_serializer=proto_dot_fleet__pb2.JoinReply.SerializeToString,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.JoinRequest.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.JoinReply.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=proto_dot_fleet__pb2.LeaveRequest.FromString,
-                    response_serializer=proto_dot_fleet__pb2.LeaveReply.SerializeToString,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.LeaveRequest.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.LeaveReply.SerializeToString,
             ),
             'PullRound': grpc.unary_stream_rpc_method_handler(
                     servicer.PullRound,
-                    request_deserializer=proto_dot_fleet__pb2.PullRequest.FromString,
-                    response_serializer=proto_dot_fleet__pb2.RoundChunk.SerializeToString,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.PullRequest.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.RoundChunk.SerializeToString,
             ),
             'PushUpdate': grpc.stream_unary_rpc_method_handler(
                     servicer.PushUpdate,
-                    request_deserializer=proto_dot_fleet__pb2.UpdateChunk.FromString,
-                    response_serializer=proto_dot_fleet__pb2.PushReply.SerializeToString,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.PushReply.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.StatusRequest.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,8 +153,8 @@ class Fleet:
             request,
             target,
             '/flexfl.v1.Fleet/Join',
-            proto_dot_fleet__pb2.JoinRequest.SerializeToString,
-            proto_dot_fleet__pb2.JoinReply.FromString,
+            flexfl_dot_proto_dot_fleet__pb2.JoinRequest.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -163,8 +180,8 @@ class Fleet:
             request,
             target,
             '/flexfl.v1.Fleet/Leave',
-            proto_dot_fleet__pb2.LeaveRequest.SerializeToString,
-            proto_dot_fleet__pb2.LeaveReply.FromString,
+            flexfl_dot_proto_dot_fleet__pb2.LeaveRequest.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -190,8 +207,8 @@ class Fleet:
             request,
             target,
             '/flexfl.v1.Fleet/PullRound',
-            proto_dot_fleet__pb2.PullRequest.SerializeToString,
-            proto_dot_fleet__pb2.RoundChunk.FromString,
+            flexfl_dot_proto_dot_fleet__pb2.PullRequest.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.RoundChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -217,8 +234,35 @@ class Fleet:
             request_iterator,
             target,
             '/flexfl.v1.Fleet/PushUpdate',
-            proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
-            proto_dot_fleet__pb2.PushReply.FromString,
+            flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flexfl.v1.Fleet/Status',
+            flexfl_dot_proto_dot_fleet__pb2.StatusRequest.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

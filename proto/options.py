@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from proto.tensors import MAX_CHUNK_BYTES
+from enum import StrEnum
+
+from flexfl.proto.tensors import MAX_CHUNK_BYTES
 
 # A message holds at most one 1 MiB chunk plus a header; 4 MiB leaves room for large
 # headers (many tensors) without letting a peer push arbitrary-size messages.
@@ -23,6 +25,32 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
+# Server only: refuse a port another process already holds (gRPC sets SO_REUSEPORT by
+# default, which would let two coordinators split one fleet between them silently).
+SERVER_OPTIONS: list[tuple[str, int]] = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+
 AUTH_HEADER = "authorization"
+# Trailing metadata of a refused call: the machine-readable reason, so that clients decide on
+# the status code and this, never on message text (coordinator/server.py maps errors to both).
+ERROR_HEADER = "x-flexfl-error"
+
+
+class ErrorReason(StrEnum):
+    BAD_TOKEN = "bad-token"
+    UNKNOWN_DEVICE = "unknown-device"
+    IDENTITY_MISMATCH = "identity-mismatch"
+    PROTOCOL_VERSION = "protocol-version"
+    PARTITION_MISMATCH = "partition-mismatch"
+    WRONG_ROUND_STATE = "wrong-round-state"
+    UPDATE_REJECTED = "update-rejected"
+    INVALID_ARGUMENT = "invalid-argument"
+
+
+def error_reason(exc: object) -> str:
+    """The x-flexfl-error reason of a grpc.RpcError ('' when the server gave none)."""
+    for key, value in (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ():
+        if key == ERROR_HEADER:
+            return value
+    return ""
 DEVICE_HEADER = "x-flexfl-device"
 PROTOCOL_VERSION = 1

@@ -4,26 +4,41 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
-from coordinator.config import CoordinatorConfig, ServerConfig, TrainingConfig, OutputConfig
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.round import RulesConfig
 from coordinator.runtime import Coordinator
-from edge_agent.agent import EdgeAgent, load_shard
-from edge_agent.config import AgentConfig, DataConfig, ParticipationConfig
+from edge_agent.agent import EdgeAgent
+from edge_agent.config import AgentConfig, ParticipationConfig
+from workloads.partition_spec import PartitionSpec
 
 TOKEN = "test-fleet-token"
+_TABLES = {"partition": PartitionSpec, "rules": RulesConfig, "run": RunConfig}
 
 
-def make_config(tmp_path, **training) -> CoordinatorConfig:
-    t = dict(dataset="synthetic", iid=False, n_devices=4, data_seed=0, total_samples=1600, rounds=3,
-             required_updates=5, deadline_s=2.0, min_devices=3, scheme="C")
-    t.update(training)
+def make_config(tmp_path, **values) -> CoordinatorConfig:
+    """A loopback coordinator config; each keyword goes to the table that has that field.
+
+    `seed` is the run's seed, `data_seed` the partition's.
+    """
+    flat = dict(dataset="synthetic", n_devices=4, total_samples=1600, rounds=3, required_updates=5, deadline_s=2.0,
+                min_devices=3)
+    flat.update(values)
+    tables: dict[str, dict] = {name: {} for name in _TABLES}
+    for key, value in flat.items():
+        if key == "data_seed":
+            tables["partition"]["seed"] = value
+            continue
+        table = "run" if key == "seed" else next(t for t, cls in _TABLES.items() if key in {f.name for f in fields(cls)})
+        tables[table][key] = value
     return CoordinatorConfig(
         server=ServerConfig(listen="127.0.0.1:0", fleet_token=TOKEN, pull_wait_s=0.5),
-        training=TrainingConfig(**t), output=OutputConfig(dir=str(tmp_path / "coord")),
-    ).validate()
+        partition=PartitionSpec(**tables["partition"]), rules=RulesConfig(**tables["rules"]),
+        run=RunConfig(**tables["run"]), output=OutputConfig(dir=str(tmp_path / "coord")),
+    )
 
 
 class Fleet:
@@ -36,19 +51,15 @@ class Fleet:
         self.agents: dict[str, tuple[EdgeAgent, threading.Thread]] = {}
 
     def agent_config(self, index: int, **kw) -> AgentConfig:
-        t = self.cfg.training
-        part = kw.pop("participation", ParticipationConfig())
         return AgentConfig(
-            coordinator=f"127.0.0.1:{self.port}", device_id=kw.pop("device_id", f"dev-{index}"), fleet_token=kw.pop("token", TOKEN),
-            pull_wait_s=0.5, backoff_initial_s=0.1, backoff_max_s=0.5,
-            data=DataConfig(dataset=t.dataset, iid=t.iid, alpha=t.alpha, beta=t.beta, n_devices=t.n_devices,
-                            data_seed=t.data_seed, total_samples=t.total_samples, shard_index=index),
-            participation=part, **kw,
+            coordinator=f"127.0.0.1:{self.port}", device_id=kw.pop("device_id", f"dev-{index}"), shard_index=index,
+            fleet_token=kw.pop("token", TOKEN), pull_wait_s=0.5, backoff_initial_s=0.1, backoff_max_s=0.5,
+            participation=kw.pop("participation", ParticipationConfig()), **kw,
         )
 
     def start_agent(self, index: int, **kw) -> EdgeAgent:
         cfg = self.agent_config(index, **kw)
-        agent = EdgeAgent(cfg, load_shard(cfg))
+        agent = EdgeAgent(cfg)
         thread = threading.Thread(target=agent.run, name=cfg.device_id, daemon=True)
         thread.start()
         self.agents[cfg.device_id] = (agent, thread)
@@ -79,8 +90,12 @@ def fleet_factory():
 
 @pytest.fixture
 def live_config(tmp_path):
-    """make_config bound to this test's tmp_path: live_config(**training_overrides)."""
-    return lambda **training: make_config(tmp_path, **training)
+    """make_config bound to this test's tmp_path: live_config(**fields)."""
+    return lambda **values: make_config(tmp_path, **values)
+
+
+def with_server(cfg: CoordinatorConfig, **server) -> CoordinatorConfig:
+    return replace(cfg, server=replace(cfg.server, **server))
 
 
 def _wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:

@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from proto import fleet_pb2 as pb
-from proto import fleet_pb2_grpc as pb_grpc
-from proto import tensors as wire
-from proto.options import AUTH_HEADER, DEVICE_HEADER
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from edge_agent.agent import AgentError, EdgeAgent
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, error_reason
+from workloads.partition_spec import PartitionSpec
+
+from .conftest import with_server
 
 TOKEN = "test-fleet-token"
 
@@ -81,7 +85,8 @@ def _bad_variants(header, model):
         "missing tensor": (_update("evil", header.round_id, missing), grpc.StatusCode.INVALID_ARGUMENT, "missing"),
         "stale round": (_update("evil", header.round_id - 1, zero), grpc.StatusCode.FAILED_PRECONDITION, "not open"),
         "future round": (_update("evil", header.round_id + 5, zero), grpc.StatusCode.FAILED_PRECONDITION, "not open"),
-        "other device": (_update("someone-else", header.round_id, zero), grpc.StatusCode.PERMISSION_DENIED, "names device"),
+        "other device": (_update("someone-else", header.round_id, zero), grpc.StatusCode.PERMISSION_DENIED,
+                         "for 'someone-else' from 'evil'"),
     }
 
 
@@ -107,15 +112,51 @@ def test_malformed_updates_rejected_and_model_unchanged(open_round):
     assert engine.completed_round == 1
 
 
-def test_duplicate_update_refused(open_round):
-    fleet, dev, header, model = open_round
+def test_duplicate_update_refused_while_the_round_is_open(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, deadline_s=20.0))
+    first, second = RawDevice(fleet.port, "first"), RawDevice(fleet.port, "second")
+    first.join()
+    second.join()
+    header, model = first.pull()
+    second.pull()  # a second participant that has not answered keeps the round open
     zero = {n: np.zeros_like(v) for n, v in model.items()}
-    # Two participants (n_devices=2 but min 1 joined): the round stays open after the first update.
-    assert dev.push(*_update("evil", header.round_id, zero)).accepted
-    if not fleet.coordinator.engine.current.closed:
-        with pytest.raises(grpc.RpcError) as err:
-            dev.push(*_update("evil", header.round_id, zero))
-        assert err.value.code() in (grpc.StatusCode.FAILED_PRECONDITION,)
+    assert first.push(*_update("first", header.round_id, zero)).accepted
+    engine = fleet.coordinator.engine
+    assert engine.current.round_id == header.round_id and not engine.current.closed  # the branch under test runs
+    kept = engine.current.updates["first"]
+    with pytest.raises(grpc.RpcError) as err:
+        first.push(*_update("first", header.round_id, {n: np.ones_like(v) for n, v in model.items()}, s=1))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already sent its update for round 1" in err.value.details()
+    assert error_reason(err.value) == "wrong-round-state"
+    assert engine.current.updates["first"] is kept and not engine.current.closed
+    for d in (first, second):
+        d.channel.close()
+
+
+def test_partition_mismatch_is_refused_at_join_naming_both(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=4, min_devices=1))
+    dev = RawDevice(fleet.port, "dev-0")
+    mine = PartitionSpec(dataset="mnist", n_devices=4)
+    with pytest.raises(grpc.RpcError) as err:
+        dev.stub.Join(pb.JoinRequest(device_id="dev-0", sample_count=0, protocol_version=1, shard_index=0,
+                                     partition_json=mine.to_json()), metadata=dev.md, timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(err.value) == "partition-mismatch"
+    details = err.value.details()
+    assert "[mnist non-IID, 4 devices, pareto sizes, seed 0]" in details
+    assert "[synthetic(1,1) non-IID, 4 devices, 1600 samples, pareto sizes, seed 0]" in details
+    assert "dataset: mnist vs synthetic" in details
+    assert len(fleet.coordinator.engine.registry.devices) == 0
+    dev.channel.close()
+
+
+def test_an_agent_configured_with_another_partition_stops_with_both_named(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=4, min_devices=1))
+    cfg = fleet.agent_config(0, partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=1600, seed=7))
+    with pytest.raises(AgentError, match=r"seed 7\] differs from the coordinator's \[.*seed 0\].*seed: 7 vs 0"):
+        EdgeAgent(cfg).run()
+    assert len(fleet.coordinator.engine.registry.devices) == 0
 
 
 def test_wrong_token_and_unknown_device_get_unauthenticated(live_config, fleet_factory):
@@ -139,10 +180,8 @@ def test_wrong_token_and_unknown_device_get_unauthenticated(live_config, fleet_f
 
 
 def test_oversized_update_rejected_before_it_is_buffered(live_config, fleet_factory):
-    from dataclasses import replace
-
-    cfg = live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0)
-    cfg = replace(cfg, server=replace(cfg.server, max_update_mib=0.001))  # ~1 KB; the model is ~2.4 KB
+    cfg = with_server(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0),
+                      max_update_mib=0.001)  # ~1 KB; the model is ~2.4 KB
     fleet = fleet_factory(cfg)
     dev = RawDevice(fleet.port, "big")
     dev.join()

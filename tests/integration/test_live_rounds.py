@@ -7,12 +7,19 @@ import numpy as np
 import pytest
 import torch
 
+from dataclasses import replace
+from pathlib import Path
+
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
-from simulator.engine import SimConfig, run_simulation
-from simulator.participation import FixedParticipation
+from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
+                              TracesConfig, run_simulation)
+from trace_recorder.format import read_trace_set
+from trace_recorder.sampler import assign_traces
 
+from .conftest import make_config
 
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _metrics(fleet):
@@ -41,22 +48,57 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
     schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
     cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, scheme="C")
     fleet = fleet_factory(cfg)
-    for i in range(4):  # join in index order so registry index == shard index == simulator device
+    for i in range(4):
         fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
-        wait_for(lambda: f"dev-{i}" in fleet.coordinator.engine.registry, what=f"dev-{i} to join")
     assert fleet.coordinator.wait(timeout=60)
-    t = cfg.training
-    sim = run_simulation(
-        SimConfig(dataset=t.dataset, iid=t.iid, alpha=t.alpha, beta=t.beta, n_devices=4, rounds=3,
-                  E=t.required_updates, scheme="C", seed=0, total_samples=t.total_samples),
-        participation=FixedParticipation(schedule, E=t.required_updates),
-    )
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
+                         participation=FixedParticipation(schedule, E=cfg.rules.required_updates))
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         torch.testing.assert_close(live[name], value, rtol=1e-4, atol=1e-5)
     rows = _metrics(fleet)
-    assert [list(r["s"].values()) for r in rows] == schedule
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["exclude", "include"])
+def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_config, fleet_factory, wait_for,
+                                                                         policy):
+    """Agents follow traces; dev-4 arrives (fast-reboot), dev-0 departs: the simulator ends with the same model."""
+    n, rounds = 5, 8
+    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C", departure_policy=policy,
+                      total_samples=2000, seed=3)
+    fleet = fleet_factory(cfg)
+    traces = read_trace_set(REPO / "traces" / "paper").first(5)
+    assignment = assign_traces(n, n_traces=len(traces), seed=cfg.run.seed)
+    for i in range(n):
+        fleet.start_agent(i, participation=ParticipationConfig(
+            trace=f"{REPO / 'traces' / 'paper'}:{traces[assignment[i]].name}",
+            # dev-0 is the fast one, so its departure reaches the coordinator before round 5 closes.
+            min_update_s=0.0 if i == 0 else 0.03,
+            join_in_round=3 if i == n - 1 else 0, leave_after_round=5 if i == 0 else 0))
+    assert fleet.coordinator.wait(timeout=120)
+    rows = _metrics(fleet)
+    arrival = next(r["round"] for r in rows if r["arrivals"])
+    departure = next(r["round"] for r in rows if r["departures"])
+    assert (arrival, departure) == (3, 5)  # the scripted rounds
+    sim = run_simulation(SimConfig(
+        partition=cfg.partition, rules=cfg.rules, rounds=rounds, seed=cfg.run.seed,
+        traces=TracesConfig(set=str(REPO / "traces" / "paper"), num_traces=5),
+        schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=n - 1, round=arrival),),
+                                departures=(DepartureEvent(device=0, round=departure),))))
+    # The same s per device per round (one trace sampler), p, coefficients and rates ...
+    for live_row, sim_row in zip(rows, sim.rows, strict=True):
+        assert live_row["s"] == sim_row["s"], live_row["round"]
+        assert sorted(live_row["participants"]) == sorted(sim_row["participants"])
+        for key in ("p", "coefficients"):
+            assert live_row[key] == pytest.approx(sim_row[key]), (key, live_row["round"])
+        assert live_row["lr"] == pytest.approx(sim_row["lr"])
+    assert any(0 < s < cfg.rules.required_updates for r in rows for s in r["s"].values())  # incomplete work
+    # ... and the same global model.
+    live = fleet.coordinator.engine.params
+    for name, value in sim.final_params.items():
+        torch.testing.assert_close(live[name], value, rtol=1e-4, atol=1e-5)
 
 
 def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_factory, wait_for):
@@ -75,7 +117,7 @@ def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_
     p_l = n["dev-3"] / sum(n.values())
     assert first["p"]["dev-3"] == pytest.approx(3 * p_l)  # fast-reboot: 3 p_l at arrival
     assert second["p"]["dev-3"] == pytest.approx(p_l * (1 + 2 / 4))  # decaying as (r + 1)^-2
-    eta0 = cfg.training.resolved_eta0
+    eta0 = cfg.eta0
     assert first["lr"] == pytest.approx(eta0)  # eta_0 / (tau - tau_0) restarts
     assert second["lr"] == pytest.approx(eta0 / 2)
     assert rows[tau0 - 1]["lr"] == pytest.approx(eta0 / tau0)
@@ -99,9 +141,30 @@ def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, pol
     if policy == "include":
         assert after["p"]["dev-2"] == pytest.approx(n["dev-2"] / sum(n.values()))
         assert after["s"]["dev-2"] == 0 and after["coefficients"]["dev-2"] == 0
-        assert after["lr"] == pytest.approx(cfg.training.resolved_eta0 / after["round"])
+        assert after["lr"] == pytest.approx(cfg.eta0 / after["round"])
     else:
         assert "dev-2" not in after["p"]
         assert after["p"]["dev-0"] == pytest.approx(n["dev-0"] / (n["dev-0"] + n["dev-1"]))
-        assert after["lr"] == pytest.approx(cfg.training.resolved_eta0)  # objective shift
+        assert after["lr"] == pytest.approx(cfg.eta0)  # objective shift
     assert "dev-2" not in after["participants"]
+
+
+def test_live_emnist_run_from_a_user_given_folder(tmp_path, fleet_factory, make_emnist, monkeypatch):
+    """EMNIST live: the coordinator reads it from emnist_root; one agent finds it in its cache folder,
+    the other is told where by its own [partition]."""
+    root = tmp_path / "emnist-here"
+    make_emnist(root / "EMNIST" / "raw", n_train=300, n_test=60)
+    cache = tmp_path / "cache"
+    make_emnist(cache / "emnist" / "raw", n_train=300, n_test=60)
+    monkeypatch.setenv("FLEXFL_CACHE", str(cache))
+    cfg = make_config(tmp_path, dataset="emnist", emnist_root=str(root), n_devices=2, iid=True, sizes="equal",
+                      total_samples=None, min_devices=2, rounds=2, required_updates=2, deadline_s=30.0)
+    fleet = fleet_factory(cfg)
+    fleet.start_agent(0)
+    fleet.start_agent(1, partition=replace(cfg.partition, emnist_root=str(root)))
+    assert fleet.coordinator.wait(timeout=120)
+    rows = _metrics(fleet)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["s"] == {"dev-0": 2, "dev-1": 2} for r in rows)
+    assert fleet.coordinator.engine.model_description.architecture == "cnn"
+    assert {len(a.shard) for a, _ in fleet.agents.values()} == {150}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.metrics import read_metrics
-from edge_agent.agent import EdgeAgent, load_shard
+from edge_agent.agent import EdgeAgent
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
 
@@ -38,7 +38,7 @@ def _tls_config(live_config, pki: Path, *, mutual: bool):
     cfg = live_config(rounds=2, n_devices=2, min_devices=2)
     server = replace(cfg.server, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
                      tls_client_ca=str(pki / "ca.pem") if mutual else "")
-    return replace(cfg, server=server).validate()
+    return replace(cfg, server=server)
 
 
 @pytest.mark.parametrize("mutual", [False, True])
@@ -56,7 +56,7 @@ def test_plaintext_agent_and_agent_without_client_cert_are_refused(live_config, 
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
     for kwargs in ({}, {"tls_ca": str(pki / "ca.pem")}):  # no TLS at all; TLS but no client certificate
         cfg = replace(fleet.agent_config(0, **kwargs), backoff_max_s=0.2, rpc_timeout_s=2.0)
-        agent = EdgeAgent(cfg, load_shard(cfg))
+        agent = EdgeAgent(cfg)
         outcome: list = []
         t = threading.Thread(target=lambda: outcome.append(agent.run()), daemon=True)
         t.start()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from proto import tensors as wire
+from flexfl.proto import tensors as wire
 
 
 def test_round_trip_keeps_names_shapes_dtypes_values():
