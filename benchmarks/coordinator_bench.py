@@ -1,8 +1,9 @@
 """Benchmark: coordinator overhead per round, bytes per device per round, agent idle memory.
 
-    python -m coordinator.bench --agents 5,20,50 --rounds 6 --dataset mnist
+    python -m benchmarks.coordinator_bench --agents 5,20,50 --rounds 6 --dataset mnist
 
-The coordinator runs as its own process (`flexfl coordinator`); agents run as threads of
+The coordinator runs as its own process (`flexfl coordinator`, started and awaited by
+flexfl.harness); agents run as threads of
 this process in no-training mode (they return a zero delta of the model's full size with
 s = E at once), so a round's time is transfer + aggregation + evaluation + checkpoint.
 "Overhead" is the coordinator's own measurement: from the moment a round closed (all
@@ -16,9 +17,6 @@ its resident set size from psutil.
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,65 +25,49 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
 from edge_agent.agent import EdgeAgent
-from edge_agent.config import AgentConfig, DataConfig, ParticipationConfig
-from workloads.datasets import ArrayDataset
+from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.config import write_config
+from flexfl.files import atomic_file
+from flexfl.harness import Harness, free_port
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
 TOKEN = "bench-token"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _coordinator(tmp: Path, *, port: int, dataset: str, n: int, rounds: int, min_devices: int) -> subprocess.Popen:
-    (tmp / "token").write_text(TOKEN)
-    (tmp / "c.toml").write_text(f"""
-[server]
-listen = "127.0.0.1:{port}"
-fleet_token_file = "token"
-pull_wait_s = 2.0
-[training]
-dataset = "{dataset}"
-n_devices = {max(n, 2)}
-sizes = "equal"
-rounds = {rounds}
-required_updates = 20
-deadline_s = 30.0
-min_devices = {min_devices}
-[output]
-dir = "out"
-""")
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(tmp / "c.toml")],
-                            stdout=open(tmp / "c.log", "w"), stderr=subprocess.STDOUT)
+def _write_coordinator(tmp: Path, *, dataset: str, n: int, rounds: int, min_devices: int) -> tuple[Path, str]:
+    """The benchmark coordinator's config, dumped from the dataclasses; returns it and its address."""
+    with atomic_file(tmp / "token", perms=0o600) as f:
+        f.write(TOKEN)
+    address = f"127.0.0.1:{free_port()}"
+    cfg = CoordinatorConfig(
+        server=ServerConfig(listen=address, fleet_token_file=str(tmp / "token"), pull_wait_s=2.0),
+        partition=PartitionSpec(dataset=Dataset(dataset), n_devices=max(n, 2), sizes=Sizes.EQUAL),
+        run=RunConfig(rounds=rounds, deadline_s=30.0, min_devices=min_devices), output=OutputConfig(dir=str(tmp / "out")))
+    return write_config(tmp / "c.toml", cfg, header="coordinator benchmark"), address
 
 
 def overhead(n_agents: int, *, rounds: int, dataset: str) -> dict:
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, Harness(Path(d)) as harness:
         tmp = Path(d)
-        port = _port()
-        coord = _coordinator(tmp, port=port, dataset=dataset, n=n_agents, rounds=rounds, min_devices=n_agents)
-        shard = ArrayDataset(x=np.zeros((10, 784 if dataset == "mnist" else 60), np.float32), y=np.zeros(10, np.int64))
-        agents, threads = [], []
+        config, address = _write_coordinator(tmp, dataset=dataset, n=n_agents, rounds=rounds, min_devices=n_agents)
+        harness.start_coordinator(config, address=address, token=TOKEN)
+        harness.wait_ready()
+        agents = []
         try:
             for i in range(n_agents):
-                cfg = AgentConfig(coordinator=f"127.0.0.1:{port}", device_id=f"bench-{i}", fleet_token=TOKEN,
-                                  pull_wait_s=2.0, backoff_initial_s=0.2, data=DataConfig(dataset=dataset),
-                                  participation=ParticipationConfig(no_train=True))
-                a = EdgeAgent(cfg, shard)
-                t = threading.Thread(target=a.run, daemon=True)
-                t.start()
+                cfg = AgentConfig(coordinator=address, device_id=f"bench-{i}", shard_index=i, fleet_token=TOKEN,
+                                  pull_wait_s=2.0, backoff_initial_s=0.2, participation=ParticipationConfig(no_train=True))
+                a = EdgeAgent(cfg)
+                threading.Thread(target=a.run, daemon=True).start()
                 agents.append(a)
-                threads.append(t)
-            coord.wait(timeout=600)
+            harness.procs["coordinator"].proc.wait(timeout=600)
+            harness.check("coordinator")
         finally:
             for a in agents:
                 a.stop(announce=False)
-            if coord.poll() is None:
-                coord.kill()
         rows = read_metrics(tmp / "out" / "metrics.jsonl")
     over = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
     agg = [r["aggregate_eval_s"] for r in rows]
@@ -99,32 +81,18 @@ def overhead(n_agents: int, *, rounds: int, dataset: str) -> dict:
 
 def agent_idle_rss(dataset: str) -> tuple[float, float]:
     """RSS (MiB) of a real agent process joined and idle, right after joining and 5 s later."""
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, Harness(Path(d)) as harness:
         tmp = Path(d)
-        port = _port()
-        coord = _coordinator(tmp, port=port, dataset=dataset, n=10, rounds=1, min_devices=2)
-        (tmp / "a.toml").write_text(f"""
-coordinator = "127.0.0.1:{port}"
-device_id = "idle-0"
-fleet_token_file = "token"
-[data]
-dataset = "{dataset}"
-n_devices = 10
-sizes = "equal"
-""")
-        agent = subprocess.Popen([sys.executable, "-m", "flexfl.cli", "agent", "--config", str(tmp / "a.toml")],
-                                 stdout=open(tmp / "a.log", "w"), stderr=subprocess.STDOUT)
-        try:
-            end = time.monotonic() + 120
-            while "joined" not in (tmp / "a.log").read_text() and time.monotonic() < end:
-                time.sleep(0.2)
-            first = psutil.Process(agent.pid).memory_info().rss / 2**20
-            time.sleep(5)
-            later = psutil.Process(agent.pid).memory_info().rss / 2**20
-        finally:
-            for p in (agent, coord):
-                p.terminate()
-                p.wait(timeout=10)
+        config, address = _write_coordinator(tmp, dataset=dataset, n=10, rounds=1, min_devices=2)
+        harness.start_coordinator(config, address=address, token=TOKEN)
+        harness.wait_ready()
+        agent = write_config(tmp / "a.toml", AgentConfig(coordinator=address, device_id="idle-0",
+                                                         fleet_token_file=str(tmp / "token")))
+        managed = harness.start_agent("agent", agent)
+        harness.wait_joined(["idle-0"], timeout_s=120)
+        first = psutil.Process(managed.proc.pid).memory_info().rss / 2**20
+        time.sleep(5)
+        later = psutil.Process(managed.proc.pid).memory_info().rss / 2**20
     return first, later
 
 

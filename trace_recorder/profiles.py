@@ -9,30 +9,19 @@ its format is in `traces/README.md` ("Recording a set").
 
 from __future__ import annotations
 
-import math
-import tomllib
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.aggregation import Scheme
+from coordinator.round import RulesConfig
+from flexfl.config import NOT_IN_FILE, load_config, path_field, to_dict
 from flexfl.errors import ConfigError
 from trace_recorder.manifest import NAME_RE
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "paper_profile.toml"
 STATISTICS = ("max", "p95", "p90", "median")
-
-
-@dataclass(frozen=True)
-class Workload:
-    dataset: str = "mnist"
-    iid: bool = False
-    sizes: str = "equal"
-    required_updates: int = 20  # E
-    batch_size: int = 10
-    eta0: float = 0.0  # 0: the paper's
-    scheme: str = "B"  # plain FedAvg weights, accepting incomplete work; irrelevant to timing
-    data_seed: int = 0
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +38,14 @@ class DeadlineRule:
     factor: float = 1.1
     warmup_deadline_s: float = 60.0
 
+    def __post_init__(self) -> None:
+        if self.statistic not in STATISTICS:
+            raise ConfigError(f"deadline.statistic must be one of {', '.join(STATISTICS)}, got {self.statistic!r}")
+        if not self.factor >= 1.0:
+            raise ConfigError(f"deadline.factor must be >= 1, got {self.factor}")
+        if self.warmup_rounds <= self.skip_rounds or self.skip_rounds < 0:
+            raise ConfigError("deadline.warmup_rounds must exceed skip_rounds >= 0")
+
 
 @dataclass(frozen=True)
 class Emulation:
@@ -60,6 +57,10 @@ class Emulation:
     competitor_nice: int = 0  # stress-ng's nice; 0 = the agent's priority
     shape_download: bool = False  # also limit the coordinator->device direction to the trace's rate
 
+    def __post_init__(self) -> None:
+        if not self.cpu_quota > 0:
+            raise ConfigError(f"emulation.cpu_quota must be > 0, got {self.cpu_quota}")
+
 
 @dataclass(frozen=True)
 class TraceCondition:
@@ -67,22 +68,54 @@ class TraceCondition:
     cpu_load_pct: float = 0.0
     bandwidth: str = ""  # a key of [bandwidth_kbit], "" = unshaped
 
+    def __post_init__(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise ConfigError(f"trace name {self.name!r} is not a plain name (letters, digits, _ . -)")
+        if not 0 <= self.cpu_load_pct <= 100:
+            raise ConfigError(f"trace {self.name}: cpu_load_pct must be in 0..100, got {self.cpu_load_pct}")
+
     @property
     def unloaded(self) -> bool:
         return self.cpu_load_pct == 0 and not self.bandwidth
 
 
+def _recording_rules() -> RulesConfig:
+    # Plain FedAvg weights accepting incomplete work: the scheme does not change timing.
+    return RulesConfig(scheme=Scheme.B)
+
+
 @dataclass(frozen=True)
 class Profile:
+    """[partition] n_devices is set by the recorder (one device per trace or inventory host)."""
+
     name: str
-    description: str
     rounds: int
-    workload: Workload = field(default_factory=Workload)
+    description: str = ""
+    partition: PartitionSpec = field(default_factory=lambda: PartitionSpec(dataset=Dataset.MNIST, sizes=Sizes.EQUAL))
+    rules: RulesConfig = field(default_factory=_recording_rules)
+    seed: int = 0  # the coordinator's run.seed (model, minibatches)
     deadline: DeadlineRule = field(default_factory=DeadlineRule)
     emulation: Emulation = field(default_factory=Emulation)
     bandwidth_kbit: dict[str, int] = field(default_factory=dict)
     traces: tuple[TraceCondition, ...] = ()
-    path: str = ""
+    path: str = field(default="", metadata=NOT_IN_FILE)
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise ConfigError(f"name must be a plain name (letters, digits, _ . -), got {self.name!r}")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if not self.traces:
+            raise ConfigError("no [[traces]]")
+        if len({t.name for t in self.traces}) != len(self.traces):
+            raise ConfigError("duplicate trace names")
+        bad = {k: v for k, v in self.bandwidth_kbit.items() if v < 1}
+        if bad:
+            raise ConfigError(f"[bandwidth_kbit] rates must be positive (kbit/s), got {bad}")
+        for t in self.traces:
+            if t.bandwidth and t.bandwidth not in self.bandwidth_kbit:
+                raise ConfigError(f"trace {t.name}: bandwidth {t.bandwidth!r} is not a key of [bandwidth_kbit] "
+                                  f"({', '.join(self.bandwidth_kbit) or 'none'})")
 
     def rate_kbit(self, trace: TraceCondition) -> int | None:
         return self.bandwidth_kbit[trace.bandwidth] if trace.bandwidth else None
@@ -105,64 +138,13 @@ class Profile:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["traces"] = [asdict(t) for t in self.traces]
-        return d
+        return to_dict(self)
 
 
 def load_profile(path: Path | None = None) -> Profile:
     """Read and validate a profile TOML (default: the committed paper profile)."""
     path = Path(path or DEFAULT_PROFILE)
-    raw = _read_toml(path)
-    where = str(path)
-    known = {"name", "description", "rounds", "workload", "deadline", "emulation", "bandwidth_kbit", "traces"}
-    _no_unknown(raw, known, where)
-    try:
-        name, description, rounds = raw["name"], raw.get("description", ""), raw["rounds"]
-    except KeyError as exc:
-        raise ConfigError(f"{where}: missing key {exc}") from None
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ConfigError(f"{where}: name must be a plain name (letters, digits, _ . -), got {name!r}")
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        raise ConfigError(f"{where}: rounds must be an integer >= 1, got {rounds!r}")
-    workload = _section(Workload, raw.get("workload", {}), f"{where}: [workload]")
-    rule = _section(DeadlineRule, raw.get("deadline", {}), f"{where}: [deadline]")
-    emulation = _section(Emulation, raw.get("emulation", {}), f"{where}: [emulation]")
-    rates = raw.get("bandwidth_kbit", {})
-    if not isinstance(rates, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                              for v in rates.values()):
-        raise ConfigError(f"{where}: [bandwidth_kbit] must map level names to positive integers (kbit/s)")
-    traces = []
-    for i, t in enumerate(raw.get("traces", [])):
-        cond = _section(TraceCondition, t, f"{where}: [[traces]] #{i + 1}", required=("name",))
-        if not NAME_RE.match(cond.name):
-            raise ConfigError(f"{where}: [[traces]] #{i + 1}: name {cond.name!r} is not a plain name")
-        if not 0 <= cond.cpu_load_pct <= 100:
-            raise ConfigError(f"{where}: trace {cond.name}: cpu_load_pct must be in 0..100")
-        if cond.bandwidth and cond.bandwidth not in rates:
-            raise ConfigError(f"{where}: trace {cond.name}: bandwidth {cond.bandwidth!r} is not a key of "
-                              f"[bandwidth_kbit] ({', '.join(rates) or 'none'})")
-        traces.append(cond)
-    if not traces:
-        raise ConfigError(f"{where}: no [[traces]]")
-    if len({t.name for t in traces}) != len(traces):
-        raise ConfigError(f"{where}: duplicate trace names")
-    _check(workload, rule, emulation, where)
-    return Profile(name=name, description=description, rounds=rounds, workload=workload, deadline=rule,
-                   emulation=emulation, bandwidth_kbit=dict(rates), traces=tuple(traces), path=str(path))
-
-
-def _check(w: Workload, rule: DeadlineRule, e: Emulation, where: str) -> None:
-    if w.required_updates < 1 or w.batch_size < 1:
-        raise ConfigError(f"{where}: [workload] required_updates and batch_size must be >= 1")
-    if rule.statistic not in STATISTICS:
-        raise ConfigError(f"{where}: [deadline] statistic must be one of {', '.join(STATISTICS)}")
-    if not rule.factor >= 1.0 or not math.isfinite(rule.factor):
-        raise ConfigError(f"{where}: [deadline] factor must be >= 1, got {rule.factor}")
-    if rule.warmup_rounds <= rule.skip_rounds or rule.skip_rounds < 0:
-        raise ConfigError(f"{where}: [deadline] warmup_rounds must exceed skip_rounds >= 0")
-    if not e.cpu_quota > 0:
-        raise ConfigError(f"{where}: [emulation] cpu_quota must be > 0")
+    return replace(load_config(Profile, path), path=str(path))
 
 
 # ---- inventories ----------------------------------------------------------------------------
@@ -179,68 +161,21 @@ class InventoryDevice:
 @dataclass(frozen=True)
 class Inventory:
     coordinator_listen: str
-    fleet_token_file: str
-    devices: tuple[InventoryDevice, ...]
+    fleet_token_file: str = path_field()
+    devices: tuple[InventoryDevice, ...] = ()
     n_devices: int = 0  # partition size the agents were provisioned with; 0 = number of devices
     loadgen_timeout_s: float = 5.0
-    path: str = ""
+    path: str = field(default="", metadata=NOT_IN_FILE)
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ConfigError("no [[devices]]")
+        if not self.coordinator_listen or not self.fleet_token_file:
+            raise ConfigError("coordinator_listen and fleet_token_file are required")
+        if len({d.device_id for d in self.devices}) != len(self.devices) or \
+                len({d.trace for d in self.devices}) != len(self.devices):
+            raise ConfigError("every device needs its own device_id and its own trace")
 
 
 def load_inventory(path: Path) -> Inventory:
-    raw = _read_toml(path)
-    where = str(path)
-    _no_unknown(raw, {"coordinator_listen", "fleet_token_file", "n_devices", "loadgen_timeout_s", "devices"}, where)
-    devices = tuple(_section(InventoryDevice, d, f"{where}: [[devices]] #{i + 1}",
-                             required=("device_id", "trace", "loadgen"))
-                    for i, d in enumerate(raw.get("devices", [])))
-    if not devices:
-        raise ConfigError(f"{where}: no [[devices]]")
-    for key in ("coordinator_listen", "fleet_token_file"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise ConfigError(f"{where}: {key} is required (a string)")
-    if len({d.device_id for d in devices}) != len(devices) or len({d.trace for d in devices}) != len(devices):
-        raise ConfigError(f"{where}: every device needs its own device_id and its own trace")
-    token = Path(raw["fleet_token_file"])
-    if not token.is_absolute():
-        token = Path(path).resolve().parent / token
-    return Inventory(coordinator_listen=raw["coordinator_listen"], fleet_token_file=str(token), devices=devices,
-                     n_devices=int(raw.get("n_devices", 0)), loadgen_timeout_s=float(raw.get("loadgen_timeout_s", 5.0)),
-                     path=str(path))
-
-
-# ---- TOML helpers -----------------------------------------------------------------------------
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-
-
-def _no_unknown(raw: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
-
-
-def _section(cls: type, values: Any, where: str, *, required: tuple[str, ...] = ()) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a table")
-    names = {f.name: f for f in fields(cls)}
-    _no_unknown(values, set(names), where)
-    missing = [k for k in required if k not in values]
-    if missing:
-        raise ConfigError(f"{where}: missing {', '.join(missing)}")
-    out = {}
-    for key, value in values.items():
-        default = names[key].default
-        expected = str if default is MISSING else type(default)  # fields without a default are names
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(value) is not expected:
-            raise ConfigError(f"{where}: {key}: expected {expected.__name__}, got {value!r}")
-        out[key] = value
-    return cls(**out)
+    return replace(load_config(Inventory, path), path=str(path))

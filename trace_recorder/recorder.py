@@ -22,7 +22,6 @@ checkpoint, state.json); `--resume` continues an interrupted recording from it.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -31,8 +30,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,8 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from edge_agent.config import AgentConfig
 from flexfl import __version__
+from flexfl.config import write_config
 from flexfl.errors import ConfigError, FlexFLError
+from flexfl.files import atomic_file, read_secret
+from flexfl.harness import Harness, HarnessError, connect_address
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
 from trace_recorder.manifest import SCHEMA_VERSION
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile, load_inventory, load_profile
@@ -56,7 +58,6 @@ COLUMNS = {
     "upload_bytes": "bytes of the update that arrived (0 when none did)",
     "arrived": "1 if the device's update (possibly with s = 0) arrived before the deadline, else 0",
 }
-_PR_SET_PDEATHSIG = 1
 
 
 class RecordError(FlexFLError):
@@ -109,7 +110,7 @@ class EmulatedBackend:
         self.work = work
         self.port = opts.port
         self.fleet = None
-        self.agents: dict[int, subprocess.Popen] = {}
+        self.agents: dict[int, str] = {}  # device index -> harness process name
         self.devices: list[DeviceRun] = []
 
     def start(self) -> None:
@@ -129,33 +130,31 @@ class EmulatedBackend:
     def n_devices(self) -> int:
         return len(self.devices)
 
-    def start_agents(self, configs: list[Path], *, timeout_s: float = 300.0) -> None:
-        """Start every agent at full speed; once all have joined, cap each device at its quota."""
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        logs, offsets = {}, {}
+    def start_agents(self, harness: Harness, configs: list[Path], *, timeout_s: float = 300.0) -> None:
+        """Start every agent at full speed; as each one joins (Status), cap its device at its quota."""
         for i, path in enumerate(configs):
             self.fleet.set_cpu_quota(i, None)  # start-up (imports, MNIST shard) is not what we measure
-            logs[i] = self.work / f"agent-{self.devices[i].device_id}.log"
-            offsets[i] = logs[i].stat().st_size if logs[i].exists() else 0
-            self.agents[i] = self.fleet.spawn(i, [sys.executable, "-m", "flexfl.cli", "agent", "--config", str(path)],
-                                              role="agent", log_path=logs[i], env=env)
+            self.agents[i] = f"agent-{self.devices[i].device_id}"
+            harness.start_agent(self.agents[i], path, device=i)
         deadline = time.monotonic() + timeout_s
         waiting = set(self.agents)
         while waiting:
-            self.check()
-            for i in list(waiting):
-                if b"joined as index" in logs[i].read_bytes()[offsets[i]:]:
-                    waiting.discard(i)
-                    self.fleet.set_cpu_quota(i, self.profile.emulation.cpu_quota)
+            self.check(harness)
+            st = harness.status()
+            joined = {d.device_id for d in st.devices if d.connected} if st is not None else set()
+            for i in [i for i in waiting if self.devices[i].device_id in joined]:
+                waiting.discard(i)
+                self.fleet.set_cpu_quota(i, self.profile.emulation.cpu_quota)
             if time.monotonic() > deadline:
                 raise RecordError(f"agents {sorted(waiting)} did not join within {timeout_s:g} s; see {self.work}")
             time.sleep(0.1)
 
-    def check(self) -> None:
-        for i, p in self.agents.items():
-            if p.poll() is not None:
-                raise RecordError(f"agent {self.devices[i].device_id} exited with code {p.returncode}; "
-                                  f"see {self.work / f'agent-{self.devices[i].device_id}.log'}")
+    def check(self, harness: Harness) -> None:
+        try:
+            for name in self.agents.values():
+                harness.check(name)
+        except HarnessError as exc:
+            raise RecordError(str(exc)) from None
 
     def facts(self) -> dict[str, Any]:
         f = self.fleet
@@ -204,10 +203,10 @@ class InventoryBackend:
     def n_devices(self) -> int:
         return self.inventory.n_devices or len(self.devices)
 
-    def start_agents(self, configs: list[Path], *, timeout_s: float = 0.0) -> None:
+    def start_agents(self, harness: Harness, configs: list[Path], *, timeout_s: float = 0.0) -> None:
         pass  # services; the coordinator waits until all of them joined (min_devices)
 
-    def check(self) -> None:
+    def check(self, harness: Harness) -> None:
         pass
 
     def facts(self) -> dict[str, Any]:
@@ -222,49 +221,29 @@ class InventoryBackend:
 
 
 class CoordinatorProcess:
-    def __init__(self, config: Path, log_path: Path) -> None:
-        self.config = config
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+    """The recording's coordinator, run (and restarted with --resume) through the harness."""
+
+    def __init__(self, harness: Harness, config: Path, *, address: str, token: str) -> None:
+        self.harness, self.config, self.address, self.token = harness, config, address, token
 
     def start(self, *, resume: bool, deadline_s: float | None = None, timeout_s: float = 180.0) -> None:
-        args = [sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(self.config)]
-        if resume:
-            args.append("--resume")
-        if deadline_s is not None:
-            args += ["--deadline-s", repr(deadline_s)]
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        libc = ctypes.CDLL(None, use_errno=True)
-
-        def die_with_recorder() -> None:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_recorder)
-        deadline = time.monotonic() + timeout_s
-        while b"coordinator listening on port" not in self.log_path.read_bytes()[offset:]:
-            self.check()
-            if time.monotonic() > deadline:
-                raise RecordError(f"the coordinator did not start within {timeout_s:g} s; see {self.log_path}")
-            time.sleep(0.1)
+        args = ["--deadline-s", repr(deadline_s)] if deadline_s is not None else []
+        self.harness.start_coordinator(self.config, address=self.address, token=self.token, resume=resume, args=args)
+        try:
+            self.harness.wait_ready(timeout_s=timeout_s)
+        except HarnessError as exc:
+            raise RecordError(str(exc)) from None
 
     def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RecordError(f"the coordinator exited with code {self.proc.returncode}; see {self.log_path}")
+        try:
+            self.harness.check("coordinator")
+        except HarnessError as exc:
+            raise RecordError(str(exc)) from None
 
     def stop(self, *, timeout_s: float = 30.0) -> None:
         """SIGTERM (the coordinator then writes its checkpoint) and wait."""
-        p, self.proc = self.proc, None
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("coordinator ignored SIGTERM for %.0f s; killing it", timeout_s)
-            p.kill()
-            p.wait()
+        if "coordinator" in self.harness.procs:
+            self.harness.stop(["coordinator"], timeout_s=timeout_s)
 
 
 # ---- rules ---------------------------------------------------------------------------------------
@@ -353,7 +332,7 @@ class Recording:
         self._metrics_rows: dict[int, dict] = {}
         self._metrics_offset = 0
         self.cpu_readings: dict[str, list[float]] = {}
-        self.E = profile.workload.required_updates
+        self.E = profile.rules.required_updates
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -408,54 +387,32 @@ class Recording:
 
     # ---- configs -------------------------------------------------------------------------
 
-    def _write_configs(self, backend: Any) -> tuple[Path, list[Path]]:
-        w = self.profile.workload
+    def _write_configs(self, backend: Any) -> tuple[Path, list[Path], str]:
+        """Coordinator and agent configs (dumped from the dataclasses); returns them and the fleet token."""
+        p = self.profile
         if self.inventory is not None:
             token = Path(self.inventory.fleet_token_file)
         else:
             token = self.work / "fleet_token"
             if not token.exists():
-                token.write_text(secrets.token_hex(16))
-                token.chmod(0o600)
-        data = (f'dataset = "{w.dataset}"\niid = {str(w.iid).lower()}\nn_devices = {backend.n_devices}\n'
-                f'data_seed = {w.data_seed}\nsizes = "{w.sizes}"\n')
-        coord = self.work / "coordinator.toml"
-        coord.write_text(f"""# written by flexfl traces record
-[server]
-listen = "{backend.coordinator_listen}"
-fleet_token_file = "{token}"
-pull_wait_s = 1.0
-
-[training]
-{data}rounds = 1000000
-required_updates = {w.required_updates}
-batch_size = {w.batch_size}
-eta0 = {w.eta0}
-deadline_s = {self.profile.deadline.warmup_deadline_s}
-scheme = "{w.scheme}"
-min_devices = {len(backend.devices)}
-start_grace_s = 3.0
-seed = {w.seed}
-
-[output]
-dir = "coordinator"
-""")
+                with atomic_file(token, perms=0o600) as f:
+                    f.write(secrets.token_hex(16))
+        partition = replace(p.partition, n_devices=backend.n_devices)
+        coordinator = CoordinatorConfig(
+            server=ServerConfig(listen=backend.coordinator_listen, fleet_token_file=str(token), pull_wait_s=1.0),
+            partition=partition, rules=p.rules,
+            run=RunConfig(rounds=1_000_000, deadline_s=p.deadline.warmup_deadline_s, min_devices=len(backend.devices),
+                          start_grace_s=3.0, seed=p.seed),
+            output=OutputConfig(dir=str(self.work / "coordinator")))
+        coord = write_config(self.work / "coordinator.toml", coordinator, header="written by flexfl traces record")
         agents = []
         for d in backend.devices:
-            path = self.work / f"agent-{d.device_id}.toml"
-            path.write_text(f"""# written by flexfl traces record
-coordinator = "{backend.coordinator_listen}"
-device_id = "{d.device_id}"
-fleet_token_file = "{token}"
-announce_departure = false
-pull_wait_s = 1.0
-backoff_max_s = 4.0
-
-[data]
-{data}shard_index = {d.shard_index}
-""")
-            agents.append(path)
-        return coord, agents
+            agent = AgentConfig(coordinator=backend.coordinator_listen, device_id=d.device_id, shard_index=d.shard_index,
+                                fleet_token_file=str(token), announce_departure=False, pull_wait_s=1.0,
+                                backoff_max_s=4.0, partition=partition)
+            agents.append(write_config(self.work / f"agent-{d.device_id}.toml", agent,
+                                       header="written by flexfl traces record"))
+        return coord, agents, read_secret(token, what="fleet token")
 
     # ---- loads ---------------------------------------------------------------------------
 
@@ -498,7 +455,7 @@ backoff_max_s = 4.0
 
     # ---- phases --------------------------------------------------------------------------
 
-    def _calibrate(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path]) -> None:
+    def _calibrate(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path], harness: Harness) -> None:
         rule = self.profile.deadline
         self._forget_metrics()  # an interrupted calibration starts over
         print(f"calibration: {rule.warmup_rounds} warm-up rounds with a {rule.warmup_deadline_s:g} s deadline",
@@ -506,12 +463,12 @@ backoff_max_s = 4.0
         coordinator.start(resume=False)
         if self.inventory is not None:
             self._apply_loads(backend)
-        backend.start_agents(agents)
+        backend.start_agents(harness, agents)
         if self.inventory is None:
             self._apply_loads(backend)
         while len(self._rows()) < rule.warmup_rounds:
             coordinator.check()
-            backend.check()
+            backend.check(harness)
             time.sleep(0.2)
         coordinator.stop()
         rows = sorted(self._rows().values(), key=lambda r: r["round"])
@@ -531,21 +488,22 @@ backoff_max_s = 4.0
         self._save_state()
         print(f"calibration: deadline {deadline:g} s ({json.dumps(details)})", flush=True)
 
-    def _record(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path], *, fresh_agents: bool) -> None:
+    def _record(self, backend: Any, coordinator: CoordinatorProcess, agents: list[Path], harness: Harness, *,
+                fresh_agents: bool) -> None:
         R = self.profile.rounds
         deadline = self.state["deadline_s"]
         self.state["segments"].append(max(self._rows(), default=0))
         self._save_state()
         coordinator.start(resume=True, deadline_s=deadline)
         if fresh_agents:
-            backend.start_agents(agents)
+            backend.start_agents(harness, agents)
             self._apply_loads(backend)
         ids = [d.device_id for d in backend.devices]
         started, shown, last_sample = time.monotonic(), 0, 0.0
         print(f"recording: {R} rounds, deadline {deadline:g} s, E = {self.E}", flush=True)
         while True:
             coordinator.check()
-            backend.check()
+            backend.check(harness)
             rows = self._rows()
             kept = select_rounds(rows, segments=self.state["segments"], ids=ids, rounds=R)
             for k in kept[shown:]:
@@ -579,18 +537,21 @@ backoff_max_s = 4.0
         if self.state["phase"] != "done":
             backend = (InventoryBackend(self.profile, self.inventory) if self.inventory is not None
                        else EmulatedBackend(self.profile, self.opts, self.work))
+            harness = None
             try:
                 backend.start()
-                coord_cfg, agent_cfgs = self._write_configs(backend)
-                coordinator = CoordinatorProcess(coord_cfg, self.work / "coordinator.log")
+                coord_cfg, agent_cfgs, token = self._write_configs(backend)
+                harness = Harness(self.work, fleet=getattr(backend, "fleet", None), env=dict(os.environ))
+                coordinator = CoordinatorProcess(harness, coord_cfg, address=connect_address(backend.coordinator_listen),
+                                                 token=token)
                 try:
                     fresh = True
                     if self.state["phase"] == "calibrating":
-                        self._calibrate(backend, coordinator, agent_cfgs)
+                        self._calibrate(backend, coordinator, agent_cfgs, harness)
                         fresh = False
                     else:
                         self.cpu_readings = self.state.get("cpu_achieved", {})
-                    self._record(backend, coordinator, agent_cfgs, fresh_agents=fresh)
+                    self._record(backend, coordinator, agent_cfgs, harness, fresh_agents=fresh)
                     host_replies = self._sample_cpu(backend)
                 finally:
                     coordinator.stop()
@@ -601,6 +562,8 @@ backoff_max_s = 4.0
             finally:
                 self.state["elapsed_s"] = self.state.get("elapsed_s", 0.0) + time.monotonic() - t0
                 self._save_state()
+                if harness is not None:
+                    harness.close()
                 backend.close()
         return self._write_set()
 
@@ -642,7 +605,7 @@ backoff_max_s = 4.0
             else "real hosts from an inventory"
         description = (f"Recorded with `flexfl traces record` on {where}. Per round, the fraction of the E = {self.E} "
                        f"required local updates that arrived before a {self.state['deadline_s']:g} s deadline, "
-                       f"running {p.workload.dataset.upper()} FedAvg through the real coordinator and agents. "
+                       f"running {str(p.partition.dataset).upper()} FedAvg through the real coordinator and agents. "
                        f"Conditions: {', '.join(f'{t.name} ' + _cond_text(t, p) for t in p.traces)}.")
         source = {
             "recorder": "trace_recorder.recorder", "command": self.opts.command, "profile": p.to_dict(),
@@ -651,8 +614,9 @@ backoff_max_s = 4.0
                        "segments_after_round": self.state["segments"],
                        "rule": "per coordinator (re)start, rounds up to and including the first in which every "
                                "device received the model are settling rounds and dropped"},
-            "model": {"dataset": p.workload.dataset, "architecture": "mlp 784-200-200-10" if p.workload.dataset == "mnist"
-                      else p.workload.dataset, "batch_size": p.workload.batch_size, "unit": "step",
+            "model": {"dataset": str(p.partition.dataset), "architecture": "mlp 784-200-200-10"
+                      if p.partition.dataset == "mnist" else str(p.partition.dataset),
+                      "batch_size": p.rules.batch_size_for(p.partition.dataset), "unit": str(p.rules.unit),
                       "update_bytes": int(max(int(t.extra["upload_bytes"].max()) for t in traces))},
             "columns": COLUMNS, "software": _software(), "started": self.state["started"],
             "duration_s": round(self.state["elapsed_s"], 1),

@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator.live import LiveConfig, LiveRun
+from flexfl.live import EmulationConfig, LiveConfig, LiveRun
 from coordinator.metrics import read_metrics
 from loadgen import fleet as fl
+from workloads.partition_spec import PartitionSpec
 
 
 @pytest.fixture
@@ -34,10 +35,10 @@ def fleet_host(root_netns):
 
 def test_bandwidth_limited_agent_is_inactive_while_the_unlimited_one_stays_active(fleet_host, tmp_path: Path) -> None:
     prefix = f"fl{os.getpid():06x}"
-    cfg = LiveConfig(devices=2, dataset="mnist", rounds=3, deadline_s=2.0, arrive_after=0, depart_after=0,
-                     trace_set="", update_s=0.0, out=str(tmp_path), emulate=True, emulate_cpu=0.0,
-                     emulate_up_kbit=(0, 256), emulate_prefix=prefix,
-                     emulate_subnet=f"10.78.{(os.getpid() % 60) * 4 + 2}")
+    cfg = LiveConfig(partition=PartitionSpec(dataset="mnist", n_devices=2, sizes="equal"), rounds=3, deadline_s=2.0,
+                     arrive_round=0, depart_round=0, trace_set="", update_s=0.0, out=str(tmp_path),
+                     emulate=EmulationConfig(enabled=True, cpu=0.0, up_kbit=(0, 256), prefix=prefix,
+                                             subnet=f"10.78.{(os.getpid() % 60) * 4 + 2}"))
     try:
         LiveRun(cfg).run()
     finally:

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from loadgen import fleet as fl
-from simulator.engine import SimConfig, run_simulation
+from simulator.engine import SimConfig, TracesConfig, run_simulation
+from workloads.partition_spec import PartitionSpec
 from trace_recorder.format import read_trace_set
 from trace_recorder.recorder import RecordOptions, record
 
@@ -78,7 +79,8 @@ def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fle
     assert t90.fraction.mean() < t0.fraction.mean(), (t0.fraction, t90.fraction)
     assert result["elapsed_s"] > 0
 
-    sim = run_simulation(SimConfig(dataset="synthetic", n_devices=4, rounds=3, E=20, trace_set=str(out), num_traces=2))
+    sim = run_simulation(SimConfig(partition=PartitionSpec(n_devices=4), rounds=3,
+                                   traces=TracesConfig(set=str(out), num_traces=2)))
     assert len(sim.records) == 3
     assert set(sim.trace_assignment) <= {"T0", "T90"}
     assert np.isfinite(sim.records[-1].test_loss)

@@ -18,7 +18,7 @@ def test_committed_profile_is_the_papers_protocol() -> None:
     assert [t.bandwidth for t in p.traces[5:]] == ["hi", "mi", "lo"]
     rates = [p.rate_kbit(t) for t in p.traces[5:]]
     assert rates == sorted(rates, reverse=True) and all(rates)
-    assert (p.workload.dataset, p.workload.required_updates, p.workload.batch_size) == ("mnist", 20, 10)
+    assert (p.partition.dataset, p.rules.required_updates, p.rules.batch_size) == ("mnist", 20, 10)
     assert [t.name for t in p.traces if t.unloaded] == ["T0"]
 
 
@@ -37,11 +37,13 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("text, message", [
     ('name = "x"\nrounds = 5\n[[traces]]\nname = "T0"\nbandwidth = "hi"\n', "bandwidth 'hi' is not a key"),
-    ('name = "x"\nrounds = 5\npct = 3\n[[traces]]\nname = "T0"\n', "unknown keys \\['pct'\\]"),
+    ('name = "x"\nrounds = 5\npct = 3\n[[traces]]\nname = "T0"\n', "pct: unknown key"),
     ('name = "x"\nrounds = 5\n[deadline]\nfactor = 0.9\n[[traces]]\nname = "T0"\n', "factor must be >= 1"),
-    ('name = "x"\nrounds = 0\n[[traces]]\nname = "T0"\n', "rounds must be an integer >= 1"),
-    ('name = "x"\nrounds = 5\n[workload]\nrequired_updates = "20"\n[[traces]]\nname = "T0"\n',
-     "required_updates: expected int"),
+    ('name = "x"\nrounds = 0\n[[traces]]\nname = "T0"\n', "rounds must be >= 1"),
+    ('name = "x"\nrounds = 5\n[rules]\nrequired_updates = "20"\n[[traces]]\nname = "T0"\n',
+     r"\[rules\].required_updates: expected an integer, got '20'"),
+    ('name = "x"\nrounds = 5\n[workload]\ndataset = "mnist"\n[[traces]]\nname = "T0"\n',
+     "workload: unknown key"),
     ('name = "x"\nrounds = 5\n', "no \\[\\[traces\\]\\]"),
 ])
 def test_bad_profiles_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

@@ -1,0 +1,305 @@
+"""`flexfl live`: a real coordinator and N real agent processes on this machine.
+
+Loopback by default. The last device arrives late (fast-reboot) and the first one announces
+its departure, so a run shows both policies at work. Both events are scripted by round
+(the agents' participation.join_in_round / leave_after_round), so they happen in the rounds
+asked for and a simulation with the same schedule is comparable. Each agent follows a
+participation trace (the simulator's assignment and sampler, trace_recorder.sampler) that
+caps its s per round, so Scheme C has incomplete work to rescale even on a fast machine.
+
+With `emulate` (root) every agent runs inside an emulated device of loadgen.fleet: its own
+network namespace reaching the coordinator over a veth link, a tbf limit on its upload and
+a cgroup CPU quota. Agents start at full speed and get their quota once they have joined
+(start-up is not what the run is about). The fleet is removed on exit, Ctrl-C, SIGTERM and
+errors. Processes are run by flexfl.harness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.metrics import read_metrics, write_run_info
+from coordinator.round import RulesConfig
+from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.config import path_field, to_dict, write_config
+from flexfl.errors import ConfigError
+from flexfl.files import atomic_file
+from flexfl.harness import Harness, free_port
+from workloads.partition_spec import PartitionSpec, Sizes
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class EmulationConfig:
+    """[emulate]: agents in an emulated fleet (root): a netns, tbf upload limit and cgroup quota each."""
+
+    enabled: bool = False
+    cpu: float = 0.25  # CPUs per device; 0 = no quota
+    up_kbit: tuple[int, ...] = ()  # upload limit per device, cycled; 0 = unshaped
+    prefix: str = "fflive"
+    subnet: str = "10.77.1"
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """A live run: the data split, the rules, and the script of who joins and leaves when."""
+
+    partition: PartitionSpec = field(default_factory=lambda: PartitionSpec(n_devices=5, sizes=Sizes.EQUAL))
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    rounds: int = 30
+    deadline_s: float = 2.0
+    # The last device is absent until it arrives during this round (it trains from the next);
+    # dev-0 trains in depart_round and leaves at its close. None: a third / two thirds of the
+    # rounds; 0: no such event.
+    arrive_round: int | None = None
+    depart_round: int | None = None
+    trace_set: str = path_field(str(REPO_ROOT / "traces" / "paper"))  # "" = agents follow no trace
+    num_traces: int = 5
+    update_s: float = 0.05  # each local update takes at least this long (edge-device speed); 0: this machine's
+    seed: int = 0
+    out: str = path_field("out/live")
+    host: str = "127.0.0.1"
+    emulate: EmulationConfig = field(default_factory=EmulationConfig)
+
+    @property
+    def devices(self) -> int:
+        return self.partition.n_devices
+
+    @property
+    def arrival(self) -> int:
+        return self.rounds // 3 if self.arrive_round is None else self.arrive_round
+
+    @property
+    def departure(self) -> int:
+        return 2 * self.rounds // 3 if self.depart_round is None else self.depart_round
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or not self.deadline_s > 0:
+            raise ConfigError(f"rounds must be >= 1 and deadline_s > 0, got {self.rounds}, {self.deadline_s}")
+        events = (self.arrival > 0) + (self.departure > 0)
+        if self.devices < 1 + events:
+            raise ConfigError(f"--devices must be >= {1 + events} for {events} arrival/departure event(s) "
+                              "(one device must stay from start to end)")
+        for name, value in (("--arrive-round", self.arrival), ("--depart-round", self.departure)):
+            if not 0 <= value < self.rounds:
+                raise ConfigError(f"{name} must be in 1..rounds-1 = 1..{self.rounds - 1} (0: none), got {value}")
+        if self.emulate.cpu < 0 or any(k < 0 for k in self.emulate.up_kbit):
+            raise ConfigError("--emulate-cpu and --emulate-up-kbit must be >= 0")
+
+    def device_spec(self, i: int):
+        """Device i's emulated budget."""
+        from loadgen.fleet import DeviceSpec
+
+        e = self.emulate
+        up = e.up_kbit[i % len(e.up_kbit)] if e.up_kbit else 0
+        return DeviceSpec(cpu_quota=e.cpu or None, up_kbit=up or None)
+
+
+def device_traces(cfg: LiveConfig) -> list[str]:
+    """Each agent's FOLDER:NAME trace, assigned exactly as the simulator assigns them ([] = none)."""
+    if not cfg.trace_set:
+        return []
+    from trace_recorder.format import read_trace_set
+    from trace_recorder.sampler import assign_traces
+
+    chosen = read_trace_set(Path(cfg.trace_set)).first(cfg.num_traces)
+    assignment = assign_traces(cfg.devices, n_traces=len(chosen), seed=cfg.seed)
+    return [f"{Path(cfg.trace_set).resolve()}:{chosen[j].name}" for j in assignment]
+
+
+def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[Path], str]:
+    """Coordinator and agent TOML files for this run (also a record of what ran); returns them and the token."""
+    token = secrets.token_hex(16)
+    token_path = out / "fleet_token"
+    with atomic_file(token_path, perms=0o600) as f:
+        f.write(token)
+    late = cfg.devices - 1 if cfg.arrival else None
+    coordinator = CoordinatorConfig(
+        server=ServerConfig(listen=address, fleet_token_file=str(token_path), pull_wait_s=1.0),
+        partition=cfg.partition, rules=cfg.rules,
+        run=RunConfig(rounds=cfg.rounds, deadline_s=cfg.deadline_s, min_devices=cfg.devices - (late is not None),
+                      start_grace_s=0.5, seed=cfg.seed),
+        output=OutputConfig(dir=str(out / "coordinator")),
+    )
+    coord_path = write_config(out / "coordinator.toml", coordinator, header="written by flexfl live")
+    traces = device_traces(cfg)
+    agents = []
+    for i in range(cfg.devices):
+        agent = AgentConfig(
+            coordinator=address, device_id=f"dev-{i}", shard_index=i, fleet_token_file=str(token_path),
+            pull_wait_s=1.0, partition=cfg.partition,
+            participation=ParticipationConfig(
+                trace=traces[i] if traces else "", min_update_s=cfg.update_s,
+                join_in_round=cfg.arrival if i == late else 0,
+                leave_after_round=cfg.departure if i == 0 and cfg.departure else 0),
+        )
+        agents.append(write_config(out / f"agent-{i}.toml", agent, header="written by flexfl live"))
+    return coord_path, agents, token
+
+
+class LiveRun:
+    """Starts and supervises the processes; always stops them (and the emulated fleet) on exit."""
+
+    def __init__(self, cfg: LiveConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.fleet = None  # loadgen.fleet.EmulatedFleet when emulating
+
+    def run(self) -> dict:
+        """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
+        def on_sigterm(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _start_fleet(self) -> str:
+        """Bring up the emulated fleet; return the coordinator's address on it."""
+        from loadgen.fleet import EmulatedFleet, FleetSpec, require_root
+
+        cfg = self.cfg
+        require_root("flexfl live --emulate")
+        spec = FleetSpec(devices=tuple(cfg.device_spec(i) for i in range(cfg.devices)), prefix=cfg.emulate.prefix,
+                         subnet=cfg.emulate.subnet)
+        self.fleet = EmulatedFleet.up(spec)
+        for d in self.fleet.devices:
+            print(f"  device {d.index}: netns {d.netns}, {d.address}, upload "
+                  f"{f'{d.spec.up_kbit} kbit/s' if d.spec.up_kbit else 'unshaped'}, "
+                  f"{f'{d.spec.cpu_quota:g} CPU' if d.spec.cpu_quota else 'no CPU quota'}", flush=True)
+        return self.fleet.coordinator_host
+
+    def _run(self) -> dict:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics = self.out / "coordinator" / "metrics.jsonl"
+        metrics.unlink(missing_ok=True)
+        started = time.monotonic()
+        harness = None
+        try:
+            host = self._start_fleet() if cfg.emulate.enabled else cfg.host
+            address = f"{host}:{free_port(host)}"
+            coord_path, agent_paths, token = write_configs(cfg, self.out, address)
+            harness = Harness(self.out, fleet=self.fleet)
+            harness.start_coordinator(coord_path, address=address, token=token)
+            harness.wait_ready()
+            for i, path in enumerate(agent_paths):
+                if self.fleet is not None:
+                    self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
+                harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
+            unquoted = set(range(cfg.devices)) if self.fleet is not None else set()
+            printed, dead = 0, {}
+            while harness.running("coordinator"):
+                rows = read_metrics(metrics) if metrics.exists() else []
+                for row in rows[printed:]:
+                    print(round_line(row, cfg), flush=True)
+                printed = len(rows)
+                for name, code in harness.exits().items():
+                    if name != "coordinator" and code != 0:
+                        # The coordinator copes (the device counts as silent); the run goes on.
+                        dead[name] = code
+                        print(f"{name} exited with code {code} after round {len(rows)}; the coordinator treats it "
+                              f"as silent from now on (see {self.out / (name + '.log')})", flush=True)
+                if unquoted:
+                    unquoted = self._quotas(harness, unquoted)
+                time.sleep(0.1)
+            harness.check("coordinator")
+            rows = read_metrics(metrics)
+            for row in rows[printed:]:
+                print(round_line(row, cfg), flush=True)
+        finally:
+            if harness is not None:
+                harness.close()
+            if self.fleet is not None:
+                self.fleet.down()  # also whatever the agents left in their devices
+                self.fleet = None
+        traces = device_traces(cfg)
+        write_run_info(self.out, kind="live", config=to_dict(cfg), deadline_s=cfg.deadline_s,
+                       required_updates=cfg.rules.required_updates,
+                       devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
+                                for i in range(cfg.devices)})
+        summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        plot_live(rows, self.out / "accuracy.png", cfg)
+        return summary
+
+    def _quotas(self, harness: Harness, unquoted: set[int]) -> set[int]:
+        st = harness.status()
+        joined = {d.device_id for d in st.devices if d.connected} if st is not None else set()
+        for i in sorted(unquoted):
+            if f"dev-{i}" in joined:
+                self.fleet.set_cpu_quota(i, self.fleet.devices[i].spec.cpu_quota)
+                unquoted.discard(i)
+        return unquoted
+
+
+def round_line(row: dict, cfg: LiveConfig) -> str:
+    s = " ".join(f"{d}:{v}" for d, v in sorted(row["s"].items()))
+    extra = []
+    if row["arrivals"]:
+        extra.append("arrival: " + ",".join(row["arrivals"]) + " (fast-reboot from next round)")
+    if row["departures"]:
+        extra.append("departure: " + ",".join(f"{d} ({p})" for d, p in row.get("departure_policies", {}).items()))
+    late = f"dev-{cfg.devices - 1}"
+    if cfg.arrival and row["round"] > cfg.arrival and late in row["p"]:
+        extra.append(f"p({late})={row['p'][late]:.3f}")
+    return (f"round {row['round']:>3}  acc {100 * row['test_acc']:6.2f}%  loss {row['test_loss']:.3f}  "
+            f"lr {row['lr']:.4g}  s (E={cfg.rules.required_updates}) {s}  {'  '.join(extra)}")
+
+
+def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: dict[str, int]) -> dict:
+    if not rows:
+        raise ConfigError("the coordinator completed no round")
+    arrival = next((r["round"] for r in rows if r["arrivals"]), None)
+    departure = next((r["round"] for r in rows if r["departures"]), None)
+    if cfg.arrival and arrival is None:
+        raise ConfigError(f"the late device dev-{cfg.devices - 1} never arrived (asked for round {cfg.arrival}); "
+                          f"see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'}")
+    return {
+        "rounds": len(rows), "final_acc": rows[-1]["test_acc"], "final_loss": rows[-1]["test_loss"],
+        "best_acc": max(r["test_acc"] for r in rows),
+        "arrival_asked": cfg.arrival or None, "arrival_round": arrival,
+        "departure_asked": cfg.departure or None, "departure_round": departure,
+        "inactive_device_rounds": sum(v == 0 for r in rows for d, v in r["s"].items() if d in r["participants"]),
+        "dead_agents": dead_agents, "wall_s": wall_s, "scheme": str(cfg.rules.scheme),
+        "departure_policy": str(cfg.rules.departure_policy), "fast_reboot": cfg.rules.fast_reboot,
+    }
+
+
+def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot([r["round"] for r in rows], [100 * r["test_acc"] for r in rows], color="tab:green",
+            label=f"Scheme {cfg.rules.scheme}")
+    for r in rows:
+        if r["arrivals"]:
+            # Evaluated from this round on with the newcomer's holdout; it trains from the next.
+            ax.axvline(r["round"], color="tab:blue", ls="--", lw=1, label="arrival")
+        if r["departures"]:
+            ax.axvline(r["round"], color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.rules.departure_policy})")
+    ax.set_ylim(0, 100)  # a fixed axis: a run at chance must look like one
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    where = "an emulated fleet" if cfg.emulate.enabled else cfg.host
+    ax.set_title(f"Live run: {str(cfg.partition.dataset).upper()}, {cfg.devices} devices on {where}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

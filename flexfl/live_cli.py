@@ -1,0 +1,76 @@
+"""`flexfl live`: the command (flexfl/live.py holds the run; this module stays light to import)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flexfl.config import flag_dest
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from coordinator.cli import add_rules_flags
+    from workloads.cli import add_partition_flags
+
+    p = sub.add_parser("live", help="a live run on this machine: coordinator + N agent processes, "
+                                    "one late arrival and one departure")
+    p.add_argument("--config", type=Path, help="TOML file with LiveConfig fields (flags override it)")
+    add_partition_flags(p)
+    add_rules_flags(p)
+    p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 30)")
+    p.add_argument("--deadline-s", dest=flag_dest("deadline_s"), type=float, help="per-round deadline (default 2)")
+    p.add_argument("--arrive-round", dest=flag_dest("arrive_round"), type=int, metavar="R",
+                   help="the last device arrives during round R and trains from R+1 (default rounds/3; 0: none)")
+    p.add_argument("--depart-round", dest=flag_dest("depart_round"), type=int, metavar="R",
+                   help="dev-0 trains in round R and leaves at its close (default 2*rounds/3; 0: none)")
+    p.add_argument("--trace-set", dest=flag_dest("trace_set"), help="agents follow its traces ('' = none; "
+                   "default traces/paper)")
+    p.add_argument("--num-traces", dest=flag_dest("num_traces"), type=int, help="|T|: traces used (default 5)")
+    p.add_argument("--update-s", dest=flag_dest("update_s"), type=float,
+                   help="emulated device speed: each local update takes at least this long (default 0.05; 0 = full speed)")
+    p.add_argument("--seed", dest=flag_dest("seed"), type=int, help="model, minibatch and trace seed (default 0)")
+    p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
+    p.add_argument("--emulate", dest=flag_dest("emulate", "enabled"), action="store_true", default=None,
+                   help="run each agent in an emulated device (needs root): its own network namespace and veth "
+                        "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
+                        "pair with --update-s 0 to let the quota alone set the device speed")
+    p.add_argument("--emulate-cpu", dest=flag_dest("emulate", "cpu"), type=float,
+                   help="--emulate: CPUs per device (default 0.25; 0 = no quota)")
+    p.add_argument("--emulate-up-kbit", dest=flag_dest("emulate", "up_kbit"), type=_int_list,
+                   help="--emulate: upload limit per device in kbit/s, a comma list cycled over devices "
+                        "(default 0 = unshaped), e.g. 0,0,20000,5000")
+    p.set_defaults(func=cmd_live)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from flexfl.config import load_config, overrides_from_args
+    from flexfl.live import LiveConfig, LiveRun
+
+    cfg = load_config(LiveConfig, args.config, overrides=overrides_from_args(args))
+    where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
+    r = cfg.rules
+    events = []
+    if cfg.arrival:
+        events.append(f"dev-{cfg.devices - 1} arrives in round {cfg.arrival}"
+                      f"{' with fast-reboot' if r.fast_reboot else ' (fast-reboot off)'}")
+    if cfg.departure:
+        events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
+    print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
+          f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
+          f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
+    s = LiveRun(cfg).run()
+    happened = []
+    if s["arrival_round"] is not None:
+        happened.append(f"arrival took effect at round {s['arrival_round']} (asked {s['arrival_asked']})")
+    if s["departure_round"] is not None:
+        happened.append(f"departure at round {s['departure_round']} (asked {s['departure_asked']})")
+    print(f"final test accuracy {100 * s['final_acc']:.2f}% after {s['rounds']} rounds ({s['wall_s']:.0f} s); "
+          f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
+          f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
+    return 0
