@@ -79,7 +79,7 @@ data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
 	$(BIN)/flexfl data prepare
 
 proto: setup ## regenerate proto/fleet_pb2*.py from proto/fleet.proto (grpcio-tools pinned in pyproject)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/fleet.proto
+	$(BIN)/python -m flexfl.proto.generate
 
 # ---- Ansible: provision a Raspberry Pi fleet (ansible/README.md) ---------------------
 # The tools live in their own venv (.venv-ansible, add it to .gitignore): ansible-lint
