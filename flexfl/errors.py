@@ -27,3 +27,7 @@ class AggregationError(FlexFLError):
 
 class UpdateRejected(FlexFLError):
     """A device's update failed validation and was not applied."""
+
+
+class ReportError(FlexFLError):
+    """A folder given to `flexfl report` is not a run, sweep or trace set, or its files are malformed."""
