@@ -12,11 +12,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "run folder, a scheme sweep (results/) or a trace set (traces/<set>).")
     p.add_argument("dir", type=Path, metavar="DIR", help="run folder, sweep results folder or trace-set folder")
     p.add_argument("--out", type=Path, default=None, help="HTML file to write (default DIR/report.html)")
+    p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
+                   help="also open the page in headless Chromium, save a full-page screenshot, and fail on "
+                        "console errors, broken images or requests outside the page")
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from flexfl.errors import ReportError
     from flexfl.report import write_report
 
-    print(write_report(args.dir, args.out))
+    path = write_report(args.dir, args.out)
+    print(path)
+    if args.screenshot is not None:
+        from flexfl.report.browser import check_page
+
+        check = check_page(path, screenshot=args.screenshot)
+        if not check.ok:
+            problems = check.console_errors + [f"broken image: {i}" for i in check.broken_images] + [
+                f"outside request: {u}" for u in check.outside_requests] + (["no images"] if not check.images else [])
+            raise ReportError(f"{path} in Chromium: " + "; ".join(problems))
+        print(f"{args.screenshot} ({check.images} images, {check.height_px} px tall, no console errors)")
     return 0

@@ -61,9 +61,16 @@ def _mark_events(ax, events: list[tuple[int, str, str]], *, label: bool, offset:
                         rotation=90, va="top", ha="left", fontsize=7, color=color)
 
 
-def accuracy_loss(series: dict[str | None, tuple[list[int], list[float | None], list[float | None]]],
-                  events: list[tuple[int, str, str]]) -> str:
+Series = dict[str | None, tuple[list[int], list[float | None], list[float | None]]]
+
+
+def accuracy_loss(series: Series, events: list[tuple[int, str, str]]) -> str:
     """Test accuracy (fixed 0-100 %) and loss (fixed 0..max) per round, one line per scheme."""
+    return svg_uri(accuracy_loss_figure(series, events))
+
+
+def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]]) -> Figure:
+    """The figure of `accuracy_loss`: {scheme: (rounds, accuracy 0..1, loss)}, None = not recorded."""
     with mpl.rc_context(RC):
         fig, axes = _figure(10, 3.4, ncols=2)
         ax_acc, ax_loss = axes[0]
@@ -90,8 +97,8 @@ def accuracy_loss(series: dict[str | None, tuple[list[int], list[float | None], 
             handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--", label="arrival (takes effect next round)"))
         if any(w == "departure" for _, _, w in events):
             handles.append(mpl.lines.Line2D([], [], color=DEPARTURE_COLOR, ls=":", label="departure"))
-        ax_loss.legend(handles=handles, fontsize=8, loc="upper right")
-    return svg_uri(fig)
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    return fig
 
 
 def _device_axis(ax, devices: list[str], rounds: list[int]) -> None:
@@ -176,7 +183,7 @@ def traffic_plot(t: dict[str, list[float]]) -> str:
         ax.bar(x + w / 2, np.array(t["bytes_in"]) / size, width=w, color="tab:cyan", label="in: updates received")
         ax.set(xlabel="round", ylabel=unit, title="Traffic per round (all devices)")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return svg_uri(fig)
 
 
