@@ -22,6 +22,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     from flexfl.errors import ReportError
     from flexfl.report import write_report
 
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ReportError(f"flexfl report needs the 'report' extra ({exc.name} is missing): "
+                          "pip install 'flexfl[report]'") from None
     path = write_report(args.dir, args.out)
     print(path)
     if args.screenshot is not None:

@@ -257,11 +257,12 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
                     ax.fill_between(x, 100 * runs.min(axis=0), 100 * runs.max(axis=0), color=color, alpha=0.15, lw=0)
             ax.set_ylim(0, 100)
             ax.set(title=f"|T| = {j}", xlabel="round")
-            ax.legend(fontsize=7, loc="lower right")
         for ax in axes[:, 0]:
             ax.set_ylabel("test accuracy (%)")
         for ax in list(axes.flat)[len(curves):]:
             ax.set_visible(False)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
         fig.suptitle(f"{dataset.upper()} {setting.upper()}: test accuracy per round (mean, band: min-max over seeds)")
     return svg_uri(fig)
 

@@ -129,8 +129,8 @@ def _sweep_context(path: Path) -> dict[str, Any]:
             "improvements_svg": plots.sweep_improvements(ds.dataset, table) if table.ours_values else None,
             "schemes": sorted({r["scheme"] for r in ds.final}),
             "seeds": sorted({r["seed"] for r in ds.final}),
-            "runs_dir": str(ds.runs_dir.relative_to(path)) if ds.runs_dir and ds.runs_dir != path else (
-                "." if ds.runs_dir else None),
+            "runs_dir": None if ds.runs_dir is None else (
+                "this folder" if ds.runs_dir == path else str(ds.runs_dir.relative_to(path))),
             "notes": str(ds.notes_file.relative_to(path)) if ds.notes_file else None,
         })
     return {"title": f"sweep: {path.resolve().name}", "datasets": datasets}
