@@ -151,6 +151,10 @@ class _Chromium:
         else:
             os.killpg(self.pid, signal.SIGKILL)  # its own process group: renderers and helpers too
             os.waitpid(self.pid, 0)
+        try:  # helpers that outlive the browser process (its group id is the browser's pid)
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
