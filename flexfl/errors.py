@@ -51,3 +51,7 @@ class ProtocolMismatch(FlexFLError):
 
 class WrongRoundState(UpdateRejected):
     """An update for a round that is not open, from a device not in it, a duplicate, or too late."""
+
+
+class ReportError(FlexFLError):
+    """A folder given to `flexfl report` is not a run, sweep or trace set, or its files are malformed."""

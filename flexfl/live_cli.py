@@ -73,4 +73,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     print(f"final test accuracy {100 * s['final_acc']:.2f}% after {s['rounds']} rounds ({s['wall_s']:.0f} s); "
           f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
           f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
+    from flexfl.report import report_line
+
+    print(report_line(Path(cfg.out)))
     return 0

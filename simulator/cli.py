@@ -165,6 +165,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     accs = " ".join(f"{k} {100 * v:.2f}%" for k, v in finals.items())
     print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
           f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
+    from flexfl.report import report_line
+
+    for scheme in schemes:
+        print(f"scheme {scheme} {report_line(out / scheme)}")
     return 0
 
 

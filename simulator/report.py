@@ -52,8 +52,12 @@ class Cell:
         spread = f" ± {np.std(v, ddof=1):.1f}" if len(v) > 1 else ""
         return f"{np.mean(v):.1f}{spread}"
 
+    def parts(self) -> tuple[str, str]:
+        """("B over A", "C over B"), each as mean ± sample std over seeds."""
+        return self._fmt(self.b_over_a), self._fmt(self.c_over_b)
+
     def text(self) -> str:
-        return f"{self._fmt(self.b_over_a)}, {self._fmt(self.c_over_b)}"
+        return ", ".join(self.parts())
 
 
 def table3_cells(final: Iterable[dict]) -> dict[tuple[str, int], Cell]:

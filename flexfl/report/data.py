@@ -1,0 +1,381 @@
+"""What a report reads, and the one place that knows the output formats.
+
+A folder is one of three kinds (`detect`):
+- a run: `run.json` and/or per-round records in `metrics.jsonl` or `coordinator/metrics.jsonl`
+  (the coordinator's per-round schema, written by `coordinator.rounds`); a live run folder of
+  without `run.json` (a run stopped before writing it) gets its deadline, E and traces from
+  `coordinator.toml` and `agent-*.toml`, read with their own config loaders. A simulation folder of today (`rounds.csv` + `summary.json`) holds
+  per-round aggregates only and is read too.
+- a sweep: `schemes_<dataset>_final.csv` (with the per-run CSVs in `runs/schemes_<dataset>/`),
+  or such a work folder of `<setting>_T<j>_seed<s>_<scheme>.json/.csv` files itself.
+- a trace set: `manifest.json` (read by `trace_recorder.format`, its only reader).
+
+`read_run` is the adapter: every field of a round record goes through `_round_row`, so a
+format change is absorbed there. Optional fields may be missing (None: shown as "n/a").
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flexfl.errors import ConfigError, ReportError
+
+RUN_JSON = "run.json"
+METRICS_FILES = ("metrics.jsonl", "coordinator/metrics.jsonl")
+SIM_ROUNDS_CSV = "rounds.csv"
+TRACE_MANIFEST = "manifest.json"
+SWEEP_FINAL_RE = re.compile(r"^schemes_(?P<dataset>[A-Za-z0-9]+)_final\.csv$")
+SWEEP_RUN_RE = re.compile(r"^(?P<setting>[a-z]+)_T(?P<num_traces>\d+)_seed(?P<seed>\d+)_(?P<scheme>[A-Z])\.json$")
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """One round of a run. None means the run's output does not record the field."""
+
+    round: int
+    scheme: str | None = None  # set when one file holds several schemes (a simulation)
+    lr: float | None = None
+    close_reason: str | None = None
+    participants: tuple[str, ...] | None = None  # devices the round was opened for
+    devices: tuple[str, ...] | None = None  # the objective's members (rows of s, p, coefficients)
+    s: dict[str, int] | None = None
+    p: dict[str, float] | None = None
+    coefficients: dict[str, float] | None = None
+    discarded: bool | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    bytes_out: dict[str, int] | None = None
+    bytes_in: dict[str, int] | None = None
+    train_s: dict[str, float] | None = None
+    arrived_after_s: dict[str, float] | None = None
+    rejected: dict[str, str] | None = None
+    arrivals: tuple[str, ...] = ()
+    departures: tuple[str, ...] = ()
+    round_s: float | None = None
+    aggregate_eval_s: float | None = None
+    overhead_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    trace: str | None = None  # trace name, None: the device followed no trace
+    shard: int | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    kind: str  # "live" or "sim"
+    sources: tuple[str, ...]  # files read, relative to path
+    rounds: tuple[RoundRow, ...]
+    devices: dict[str, DeviceInfo] = field(default_factory=dict)
+    deadline_s: float | None = None
+    required_updates: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def variants(self) -> dict[str | None, list[RoundRow]]:
+        """Rounds grouped by scheme (one group, key None, unless a file holds several schemes)."""
+        out: dict[str | None, list[RoundRow]] = {}
+        for r in self.rounds:
+            out.setdefault(r.scheme, []).append(r)
+        return out
+
+
+@dataclass(frozen=True)
+class SweepDataset:
+    dataset: str
+    final: tuple[dict, ...]  # {setting, num_traces, seed, scheme, final_acc, final_loss}
+    runs_dir: Path | None  # holds <setting>_T<j>_seed<s>_<scheme>.csv per-round files
+    notes_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    path: Path
+    datasets: tuple[SweepDataset, ...]
+
+
+def detect(path: Path) -> str:
+    """'run', 'sweep' or 'traces'; a ReportError naming what was looked for otherwise."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ReportError(f"{path}: no such folder")
+    if (path / RUN_JSON).is_file() or any((path / m).is_file() for m in METRICS_FILES) \
+            or (path / SIM_ROUNDS_CSV).is_file():
+        return "run"
+    if (path / TRACE_MANIFEST).is_file():
+        return "traces"
+    if any(SWEEP_FINAL_RE.match(p.name) for p in path.iterdir()) or any(SWEEP_RUN_RE.match(p.name) for p in path.iterdir()):
+        return "sweep"
+    raise ReportError(
+        f"{path}: not a run (run.json, metrics.jsonl, coordinator/metrics.jsonl or rounds.csv), "
+        f"a sweep (schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json) "
+        f"or a trace set (manifest.json)")
+
+
+# ---- runs ---------------------------------------------------------------------------------
+
+
+def read_run(path: Path) -> Run:
+    """The adapter: a run folder (any of the formats above) as a Run."""
+    path = Path(path)
+    meta = _read_run_json(path / RUN_JSON) if (path / RUN_JSON).is_file() else None
+    metrics = next((path / m for m in METRICS_FILES if (path / m).is_file()), None)
+    sources: list[str] = [RUN_JSON] if meta else []
+    if metrics is not None:
+        rounds = _read_metrics_jsonl(metrics)
+        sources.append(str(metrics.relative_to(path)))
+    elif (path / SIM_ROUNDS_CSV).is_file():
+        rounds = _read_rounds_csv(path / SIM_ROUNDS_CSV)
+        sources.append(SIM_ROUNDS_CSV)
+    else:
+        raise ReportError(f"{path}: run folder without per-round records "
+                          f"({', '.join(METRICS_FILES)} or {SIM_ROUNDS_CSV})")
+    if meta is not None:
+        return Run(path=path, sources=tuple(sources), rounds=rounds, **meta)
+    if (path / "coordinator.toml").is_file() or metrics is not None:
+        legacy, used = _legacy_live_meta(path)
+        return Run(path=path, kind="live", sources=tuple(sources + used), rounds=rounds, **legacy)
+    config = {}
+    if (path / "summary.json").is_file():
+        config = _load_json(path / "summary.json").get("config") or {}
+        sources.append("summary.json")
+    E = config.get("E")
+    return Run(path=path, kind="sim", sources=tuple(sources), rounds=rounds, config=config,
+               required_updates=E if isinstance(E, int) else None)
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _read_run_json(path: Path) -> dict[str, Any]:
+    d = _load_json(path)
+    if not isinstance(d, dict):
+        raise ReportError(f"{path}: expected a JSON object")
+    kind = d.get("kind", "live")
+    if kind not in ("live", "sim"):
+        raise ReportError(f"{path}: field 'kind': expected 'live' or 'sim', got {kind!r}")
+    devices_raw = d.get("devices") or {}
+    if not isinstance(devices_raw, dict):
+        raise ReportError(f"{path}: field 'devices': expected an object of device id -> {{trace, shard}}")
+    devices = {}
+    for dev, info in devices_raw.items():
+        if not isinstance(info, dict):
+            raise ReportError(f"{path}: field 'devices.{dev}': expected an object with trace and shard")
+        devices[str(dev)] = DeviceInfo(trace=_opt(info.get("trace"), str, path, f"devices.{dev}.trace"),
+                                       shard=_opt(info.get("shard"), int, path, f"devices.{dev}.shard"))
+    config = d.get("config") or {}
+    if not isinstance(config, dict):
+        raise ReportError(f"{path}: field 'config': expected an object")
+    return dict(kind=kind, devices=devices, config=config,
+                deadline_s=_opt(d.get("deadline_s"), float, path, "deadline_s"),
+                required_updates=_opt(d.get("required_updates"), int, path, "required_updates"))
+
+
+def _opt(value: Any, kind: type, where: Path | str, name: str) -> Any:
+    """value converted to kind (None stays None); a ReportError naming the field otherwise."""
+    if value is None:
+        return None
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind in (int, float) else isinstance(value, kind)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        ok = False
+    if not ok:
+        raise ReportError(f"{where}: field '{name}': expected {kind.__name__}, got {value!r}")
+    value = kind(value)
+    if kind is float and not math.isfinite(value):
+        return None
+    return value
+
+
+def _read_metrics_jsonl(path: Path) -> tuple[RoundRow, ...]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines):  # a torn last line from a crash: the rounds before it stand
+                break
+            raise ReportError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+        rows.append(_round_row(record, where=f"{path}:{i}"))
+    return tuple(rows)
+
+
+def _read_rounds_csv(path: Path) -> tuple[RoundRow, ...]:
+    """`flexfl sim run`'s per-round aggregates (one row per scheme and round)."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = []
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            rows.append(_round_row({
+                "round": _number(row.get("round"), int, where, "round"),
+                "scheme": row.get("scheme") or None,
+                "lr": _number(row.get("lr"), float, where, "lr"),
+                "discarded": row.get("discarded") == "True" if row.get("discarded") else None,
+                "test_acc": _number(row.get("test_acc"), float, where, "test_acc"),
+                "test_loss": _number(row.get("test_loss"), float, where, "test_loss"),
+            }, where=where))
+    return tuple(rows)
+
+
+def _number(text: str | None, kind: type, where: str, name: str) -> Any:
+    if text is None or text == "" or text.lower() == "nan":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise ReportError(f"{where}: field '{name}': expected {kind.__name__}, got {text!r}") from None
+
+
+def _round_row(record: Any, *, where: str) -> RoundRow:
+    """One per-round record (coordinator schema) as a RoundRow; missing fields are None."""
+    if not isinstance(record, dict):
+        raise ReportError(f"{where}: expected a JSON object per line")
+    if "round" not in record:
+        raise ReportError(f"{where}: field 'round': missing")
+
+    def scalar(name: str, kind: type) -> Any:
+        return _opt(record.get(name), kind, where, name)
+
+    def ids(name: str) -> tuple[str, ...] | None:
+        value = record.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ReportError(f"{where}: field '{name}': expected a list of device ids, got {value!r}")
+        return tuple(value)
+
+    def per_device(name: str, kind: type) -> dict | None:
+        value = record.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ReportError(f"{where}: field '{name}': expected an object of device id -> {kind.__name__}")
+        if kind is str:
+            return {str(k): str(v) for k, v in value.items()}
+        out = {str(k): _opt(v, kind, where, f"{name}.{k}") for k, v in value.items()}
+        return {k: v for k, v in out.items() if v is not None}
+
+    discarded = record.get("discarded")
+    if discarded is not None and not isinstance(discarded, bool):
+        raise ReportError(f"{where}: field 'discarded': expected true or false, got {discarded!r}")
+    return RoundRow(
+        round=scalar("round", int), scheme=scalar("scheme", str), lr=scalar("lr", float),
+        close_reason=scalar("close_reason", str), participants=ids("participants"), devices=ids("devices"),
+        s=per_device("s", int), p=per_device("p", float), coefficients=per_device("coefficients", float),
+        discarded=discarded, test_acc=scalar("test_acc", float), test_loss=scalar("test_loss", float),
+        bytes_out=per_device("bytes_out", int), bytes_in=per_device("bytes_in", int),
+        train_s=per_device("train_s", float), arrived_after_s=per_device("arrived_after_s", float),
+        rejected=per_device("rejected", str), arrivals=ids("arrivals") or (), departures=ids("departures") or (),
+        round_s=scalar("round_s", float), aggregate_eval_s=scalar("aggregate_eval_s", float),
+        overhead_s=scalar("overhead_s", float),
+    )
+
+
+def _legacy_live_meta(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Deadline, E, config and per-device traces of a live run folder without run.json (an aborted run)."""
+    from coordinator.config import load_coordinator_config
+    from edge_agent.config import load_agent_config
+    from flexfl.config import to_dict
+
+    used: list[str] = []
+    config: dict[str, Any] = {}
+    deadline_s = required_updates = None
+    coord = path / "coordinator.toml"
+    try:
+        if coord.is_file():
+            cfg = load_coordinator_config(coord)
+            config = to_dict(cfg)
+            deadline_s, required_updates = cfg.run.deadline_s, cfg.rules.required_updates
+            used.append(coord.name)
+        devices: dict[str, DeviceInfo] = {}
+        for agent in sorted(path.glob("agent-*.toml"), key=lambda p: natural_key(p.name)):
+            a = load_agent_config(agent)
+            trace = None
+            if a.participation.trace:  # "<trace set folder>:<trace name>"
+                trace_set, _, trace = a.participation.trace.rpartition(":")
+                config.setdefault("trace_set", trace_set)
+            devices[a.device_id] = DeviceInfo(trace=trace, shard=a.shard_index)
+            used.append(agent.name)
+    except ConfigError as exc:
+        raise ReportError(str(exc)) from None
+    return dict(config=config, deadline_s=deadline_s, required_updates=required_updates, devices=devices), used
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that puts dev-2 before dev-10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+# ---- sweeps -------------------------------------------------------------------------------
+
+
+def read_sweep(path: Path) -> Sweep:
+    """A results folder (schemes_<dataset>_final.csv) or a sweep's work folder of per-run files."""
+    path = Path(path)
+    datasets = []
+    for final in sorted(path.glob("schemes_*_final.csv")):
+        m = SWEEP_FINAL_RE.match(final.name)
+        if not m:
+            continue
+        dataset = m["dataset"]
+        runs_dir = path / "runs" / f"schemes_{dataset}"
+        notes = path / f"schemes_{dataset}.md"
+        datasets.append(SweepDataset(dataset=dataset, final=_read_final_csv(final),
+                                     runs_dir=runs_dir if runs_dir.is_dir() else None,
+                                     notes_file=notes if notes.is_file() else None))
+    if not datasets:
+        by_dataset: dict[str, list[dict]] = {}
+        for p in sorted(path.iterdir()):
+            m = SWEEP_RUN_RE.match(p.name)
+            if not m:
+                continue
+            d = _load_json(p)
+            dataset = str((d.get("config") or {}).get("dataset", "unknown"))
+            by_dataset.setdefault(dataset, []).append({
+                "setting": m["setting"], "num_traces": int(m["num_traces"]), "seed": int(m["seed"]),
+                "scheme": m["scheme"], "final_acc": _opt(d.get("final_acc"), float, p, "final_acc"),
+                "final_loss": _opt(d.get("final_loss"), float, p, "final_loss")})
+        datasets = [SweepDataset(dataset=k, final=tuple(v), runs_dir=path) for k, v in sorted(by_dataset.items())]
+    if not datasets:
+        raise ReportError(f"{path}: no sweep results (schemes_<dataset>_final.csv or per-run JSON files)")
+    return Sweep(path=path, datasets=tuple(datasets))
+
+
+def _read_final_csv(path: Path) -> tuple[dict, ...]:
+    rows = []
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"setting", "num_traces", "seed", "scheme", "final_acc"} - set(reader.fieldnames or ())
+        if missing:
+            raise ReportError(f"{path}:1: missing columns {sorted(missing)}")
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            rows.append({"setting": row["setting"], "num_traces": _number(row["num_traces"], int, where, "num_traces"),
+                         "seed": _number(row["seed"], int, where, "seed"), "scheme": row["scheme"],
+                         "final_acc": _number(row["final_acc"], float, where, "final_acc"),
+                         "final_loss": _number(row.get("final_loss"), float, where, "final_loss")})
+    return tuple(rows)
+
+
+def read_sweep_curve(runs_dir: Path, *, setting: str, num_traces: int, seed: int, scheme: str) -> list[float] | None:
+    """Test accuracy per round of one sweep run, or None if its CSV is not there."""
+    path = runs_dir / f"{setting}_T{num_traces}_seed{seed}_{scheme}.csv"
+    if not path.is_file():
+        return None
+    return [r.test_acc if r.test_acc is not None else math.nan for r in _read_rounds_csv(path)]

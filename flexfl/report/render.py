@@ -1,0 +1,152 @@
+"""Lay out a report: the numbers (`sections`) and figures (`plots`) into one HTML page (Jinja2)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from flexfl import __version__
+from flexfl.errors import ReportError
+from flexfl.files import atomic_file
+from flexfl.report import data, plots, sections
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "report.html"
+NA = "n/a"
+
+
+def _fmt(value: Any, spec: str = "", suffix: str = "") -> str:
+    """A value formatted with `spec`, or "n/a" where the run did not record it."""
+    if value is None or (isinstance(value, float) and value != value):
+        return NA
+    return f"{value:{spec}}{suffix}"
+
+
+def _num(value: float | None) -> str:
+    """A measured number for a table: thousands separated when large, 4 significant digits otherwise."""
+    if value is None or value != value:
+        return NA
+    return f"{value:,.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return NA if value is None else f"{100 * value:.{digits}f} %"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("flexfl.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["fmt"] = _fmt
+    env.filters["pct"] = _pct
+    env.filters["num"] = _num
+    return env
+
+
+def write_report(path: Path, out: Path | None = None) -> Path:
+    """Write the HTML report of a run, sweep or trace-set folder; returns the file written.
+
+    The page is self-contained (figures inlined as SVG data URIs, CSS inline, no scripts),
+    so it opens offline. Default location: `<path>/report.html`.
+    """
+    path = Path(path)
+    kind = data.detect(path)
+    started = time.perf_counter()
+    context = {"run": _run_context, "sweep": _sweep_context, "traces": _traces_context}[kind](path)
+    context.update(path=str(path), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), version=__version__)
+    html = _environment().get_template(f"{kind}.html").render(**context)
+    out = Path(out) if out is not None else path / REPORT_NAME
+    with atomic_file(out) as f:
+        f.write(html)
+    log.debug("report of %s (%s) in %.1f s: %s", path, kind, time.perf_counter() - started, out)
+    return out
+
+
+# ---- runs ---------------------------------------------------------------------------------
+
+
+def _events(rows: list[data.RoundRow]) -> list[tuple[int, str, str]]:
+    return ([(r.round, d, "arrival") for r in rows for d in r.arrivals]
+            + [(r.round, d, "departure") for r in rows for d in r.departures])
+
+
+def _run_context(path: Path) -> dict[str, Any]:
+    run = data.read_run(path)
+    if not run.rounds:
+        raise ReportError(f"{path}: the run has no completed round yet ({', '.join(run.sources)})")
+    variants = run.variants()
+    series = {k: ([r.round for r in rows], [r.test_acc for r in rows], [r.test_loss for r in rows])
+              for k, rows in variants.items()}
+    all_events = sorted({e for rows in variants.values() for e in _events(rows)})
+    blocks = []
+    for scheme, rows in variants.items():
+        block: dict[str, Any] = {"scheme": scheme, "summary": sections.run_summary(run, rows),
+                                 "participation_svg": None, "coefficients_svg": None, "devices": None}
+        if sections.has_per_device(rows):
+            part = sections.participation(run, rows)
+            block["participation_svg"] = plots.participation_heatmap(part, _events(rows))
+            coef = sections.coefficient_matrix(part.devices, rows)
+            block["coefficients_svg"] = (plots.coefficient_heatmap(part.devices, part.rounds, coef,
+                                                                   [r.round for r in rows if r.discarded])
+                                         if any(r.coefficients is not None for r in rows) else None)
+            block["devices"] = sections.device_table(run, rows)
+        traffic = sections.traffic(rows)
+        block["traffic_svg"] = plots.traffic_plot(traffic) if traffic else None
+        durations = sections.durations(rows)
+        block["durations_svg"] = plots.durations_plot(durations, run.deadline_s) if durations else None
+        blocks.append(block)
+    files = sorted((p for p in path.rglob("*") if p.is_file() and p.name != REPORT_NAME and not p.name.startswith(".")),
+                   key=lambda p: str(p))
+    return {
+        "title": f"{run.kind} run: {path.resolve().name}",
+        "run": run,
+        "acc_loss_svg": plots.accuracy_loss(series, all_events),
+        "blocks": blocks,
+        "config": sorted((str(k), v) for k, v in run.config.items()),
+        "files": [(str(p.relative_to(path)), p.stat().st_size) for p in files][:200],
+    }
+
+
+# ---- sweeps -------------------------------------------------------------------------------
+
+
+def _sweep_context(path: Path) -> dict[str, Any]:
+    sweep = data.read_sweep(path)
+    datasets = []
+    for ds in sweep.datasets:
+        table = sections.sweep_table(ds)
+        cells = []
+        for setting in table.settings:
+            curves = sections.sweep_curves(ds, setting)
+            cells.append({"setting": setting, "svg": plots.sweep_cells(ds.dataset, setting, curves) if curves else None})
+        datasets.append({
+            "ds": ds, "table": table, "cells": cells,
+            "improvements_svg": plots.sweep_improvements(ds.dataset, table) if table.ours_values else None,
+            "schemes": sorted({r["scheme"] for r in ds.final}),
+            "seeds": sorted({r["seed"] for r in ds.final}),
+            "runs_dir": None if ds.runs_dir is None else (
+                "this folder" if ds.runs_dir == path else str(ds.runs_dir.relative_to(path))),
+            "notes": str(ds.notes_file.relative_to(path)) if ds.notes_file else None,
+        })
+    return {"title": f"sweep: {path.resolve().name}", "datasets": datasets}
+
+
+# ---- trace sets ---------------------------------------------------------------------------
+
+
+def _traces_context(path: Path) -> dict[str, Any]:
+    from trace_recorder.format import read_trace_set
+
+    trace_set = read_trace_set(path)  # TraceFormatError (a FlexFLError) names file, line, field
+    m = trace_set.manifest
+    rows = sections.trace_table(trace_set)
+    # Calibrated sets sit on the grid k / required_updates; recorded ones on k / E as well.
+    figures = [(t.name, plots.trace_figure(t, m.required_updates)) for t in trace_set.traces]
+    extra_columns = sorted({k for r in rows for k in r.extra_means})
+    return {"title": f"trace set: {m.name}", "manifest": m, "rows": rows, "figures": figures,
+            "extra_columns": extra_columns}

@@ -1,0 +1,127 @@
+"""The written page: self-contained, every figure a valid SVG, every section there or marked n/a."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from flexfl.cli import main
+from flexfl.report import write_report
+
+REPO = Path(__file__).resolve().parents[3]
+SVG_URI = "data:image/svg+xml;base64,"
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[dict] = []
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.add(tag)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "img":
+            self.images.append(a)
+        for key in ("href", "src"):
+            if key in a and tag != "img":
+                self.links.append(a[key])
+
+
+def _page(path: Path) -> tuple[str, _Page]:
+    html = path.read_text(encoding="utf-8")
+    page = _Page()
+    page.feed(html)
+    return html, page
+
+
+def _assert_self_contained(page: _Page) -> None:
+    assert page.images, "no figures"
+    for img in page.images:
+        assert img["src"].startswith(SVG_URI), img["src"][:60]
+        svg = ET.fromstring(base64.b64decode(img["src"][len(SVG_URI):]))  # a broken figure fails to parse
+        assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+        assert img.get("alt")
+    assert "script" not in page.tags and "link" not in page.tags
+    assert all(link.startswith("#") for link in page.links), page.links
+
+
+def test_live_run_report_has_every_section(live_dir):
+    out = write_report(live_dir)
+    assert out == live_dir / "report.html"
+    html, page = _page(out)
+    _assert_self_contained(page)
+    assert {"overview", "accuracy", "participation", "coefficients", "traffic", "durations", "devices",
+            "config", "files"} <= page.ids
+    assert len(page.images) == 5  # accuracy+loss, participation, coefficients, traffic, durations
+    assert "n/a:" not in html
+    assert "tensor &#39;fc.weight&#39; has shape (3,) not (10, 5)" in html  # the reason, escaped
+    assert "update contains NaN" in html and "arrived in round 2" in html and "departed in round 3" in html
+    assert "deadline = 2 s" in html
+
+
+def test_sim_run_report_marks_what_the_run_does_not_record(sim_dir):
+    html, page = _page(write_report(sim_dir, sim_dir / "elsewhere.html"))
+    _assert_self_contained(page)
+    assert len(page.images) == 3  # accuracy+loss, participation, coefficients
+    assert "n/a: bytes sent and received were not recorded" in html
+    assert "n/a: round durations were not recorded" in html
+    assert "deadline = n/a" in html and "<b>sim</b> run" in html
+    assert "Tlo" in html
+
+
+@pytest.mark.parametrize("trace_set", ["paper", "recorded-emulated"])
+def test_trace_set_report(tmp_path, trace_set):
+    from trace_recorder.format import read_trace_set
+
+    names = read_trace_set(REPO / "traces" / trace_set).manifest.traces
+    html, page = _page(write_report(REPO / "traces" / trace_set, tmp_path / "traces.html"))
+    _assert_self_contained(page)
+    assert len(page.images) == len(names)
+    assert {f"trace-{n}" for n in names} <= page.ids
+    assert "<td class=\"num\">75.3</td>" in html  # Table 2's T30 mean beside ours
+
+
+def test_sweep_report_has_table_and_cell_plots(sweep_dir):
+    html, page = _page(write_report(sweep_dir))
+    _assert_self_contained(page)
+    assert len(page.images) == 2  # improvements against the paper, one per-cell grid (one setting)
+    assert {"synthetic", "synthetic-cells"} <= page.ids
+    # |T| = 3 of SYNTHETIC NIID: ours (B over A: 20.0 and 19.6 %; C over B: 5.0 and 4.9 %), the paper's 22.2, 1.8.
+    assert "19.8 ± 0.3,<br>5.0 ± 0.1" in html and "22.2,<br>1.8" in html
+    assert html.count("not run") == 7  # the other |T| columns
+    assert "<code>schemes_synthetic.md</code>" in html and "<code>runs/schemes_synthetic</code>" in html
+
+
+def test_sweep_without_per_run_files_says_so(sweep_dir):
+    import shutil
+
+    shutil.rmtree(sweep_dir / "runs")
+    html, page = _page(write_report(sweep_dir))
+    assert len(page.images) == 1 and "n/a: no per-run CSVs for NIID" in html
+
+
+def test_cli_prints_the_path_and_rejects_other_folders(live_dir, tmp_path, capsys):
+    assert main(["report", str(live_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(live_dir / "report.html")
+    (tmp_path / "nothing").mkdir()
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("flexfl: error: ") and "not a run" in err and "\n" not in err
+
+
+def test_parser_does_not_import_the_report_libraries():
+    code = ("import sys; from flexfl.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('matplotlib', 'jinja2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
