@@ -29,7 +29,7 @@ Threads are the caller's choice (torch.set_num_threads); see benchmarks/sim_spee
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -95,22 +95,26 @@ class FastTrainer:
         steps: Sequence[int] | np.ndarray,
         lr: float | Sequence[float] | np.ndarray,
         rngs: Sequence[np.random.Generator],
+        out: dict[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
-        `start` is one global dict (every row starts there) or {name: [R, *shape]}.
+        `start` is one global dict (every row starts there) or {name: [R, *shape]}. `out`, if
+        given, receives the deltas (float32 [R, *shape] each): a caller that keeps it from round
+        to round saves the page faults of fresh memory (a tenth of an MNIST round).
         """
         shard_of_row = np.asarray(shard_of_row, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
         n_rows = len(steps)
-        lrs = np.broadcast_to(np.asarray(lr, dtype=np.float64), (n_rows,)) if np.ndim(lr) == 0 else np.asarray(lr, dtype=np.float64)
+        lrs = np.full(n_rows, float(lr)) if np.ndim(lr) == 0 else np.asarray(lr, dtype=np.float64)
         self._validate(start, shard_of_row, steps, lrs, rngs)
-        stacked = {n: start[n].dim() == len(self.shapes[n]) + 1 for n in self.shapes}
+        start = {n: start[n].detach().to(torch.float32) for n in self.shapes}
+        stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
 
-        # Sort rows by steps, descending: rows training at step t are the prefix [0, active[t]).
+        # Sort rows by steps, descending: rows training at step t are a prefix of their chunk.
         order = np.argsort(-steps, kind="stable")
         s_sorted = steps[order]
-        n_training = int((s_sorted > 0).sum())
+        n_training = int(np.count_nonzero(s_sorted))
         max_steps = int(s_sorted[0]) if n_rows else 0
         # plan[t, i] = global sample indices of sorted row i's t-th batch.
         plan = np.zeros((max_steps, n_training, self.batch_size), dtype=np.int64)
@@ -118,28 +122,44 @@ class FastTrainer:
             shard = shard_of_row[row]
             plan[: s_sorted[i], i] = step_plan(int(self.sizes[shard]), batch_size=self.batch_size,
                                                steps=int(s_sorted[i]), rng=rngs[row]) + self.offsets[shard]
-        order_t = torch.from_numpy(order[:n_training])
-        weights = {}
-        for n, shape in self.shapes.items():
-            w = start[n].detach()
-            weights[n] = (w.index_select(0, order_t) if stacked[n] else w.unsqueeze(0).expand(n_training, *shape)).to(
-                torch.float32, copy=True).contiguous()
-        lr_sorted = torch.from_numpy(lrs[order[:n_training]].astype(np.float32))
-        losses = torch.zeros((max_steps, n_training), dtype=torch.float32)
         plan_t = torch.from_numpy(plan)
+        order_t = torch.from_numpy(order)
+        lr_sorted = torch.from_numpy(lrs[order].astype(np.float32))
+        losses = torch.zeros((max_steps, n_training), dtype=torch.float32)
 
-        kernel: Callable = self._cnn_steps if self.kind == "cnn" else self._dense_steps
-        for lo in range(0, n_training, self.chunk_rows):
-            hi = min(lo + self.chunk_rows, n_training)
-            kernel({n: w[lo:hi] for n, w in weights.items()}, plan_t[:, lo:hi], s_sorted[lo:hi],
-                   lr_sorted[lo:hi], losses[:, lo:hi])
+        if out is None:
+            deltas = {n: torch.empty((n_rows, *shape), dtype=torch.float32) for n, shape in self.shapes.items()}
+        else:
+            deltas = out
+            for n, shape in self.shapes.items():
+                if n not in out or tuple(out[n].shape) != (n_rows, *shape) or out[n].dtype != torch.float32:
+                    got = tuple(out[n].shape) if n in out else "missing"
+                    raise ConfigError(f"out[{n!r}] must be float32 of shape {(n_rows, *shape)}, got {got}")
+        idle = order_t[n_training:]  # rows with 0 steps: zero delta
+        for d in deltas.values():
+            d.index_fill_(0, idle, 0.0)
+        chunk = min(self.chunk_rows, n_training)
+        # One chunk's weights at a time, trained in place while they sit in cache, then
+        # turned into deltas; the buffers are reused by every step of every chunk.
+        work = {n: torch.empty((chunk, *shape), dtype=torch.float32) for n, shape in self.shapes.items()}
+        buffers = self._dense_buffers(chunk) if self.kind != "cnn" else None
+        for lo in range(0, n_training, max(chunk, 1)):
+            hi = min(lo + chunk, n_training)
+            rows = order_t[lo:hi]
+            w = {n: work[n][: hi - lo] for n in work}
+            for n, wn in w.items():
+                if stacked[n]:
+                    torch.index_select(start[n], 0, rows, out=wn)
+                else:
+                    wn.copy_(start[n])
+            if self.kind == "cnn":
+                self._cnn_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi])
+            else:
+                self._dense_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], buffers)
+            for n, wn in w.items():
+                wn.sub_(start[n].index_select(0, rows) if stacked[n] else start[n])
+                deltas[n].index_copy_(0, rows, wn)
 
-        # Back to the caller's row order; rows with 0 steps keep a zero delta.
-        deltas = {}
-        for n, shape in self.shapes.items():
-            w = start[n].detach()
-            trained = weights[n].sub_(w.index_select(0, order_t) if stacked[n] else w)
-            deltas[n] = torch.zeros((n_rows, *shape), dtype=torch.float32).index_copy_(0, order_t, trained)
         loss_sum = np.zeros(n_rows)
         loss_sum[order[:n_training]] = losses.to(torch.float64).sum(dim=0).numpy()
         mean_loss = np.full(n_rows, np.nan)
@@ -166,39 +186,57 @@ class FastTrainer:
             if got != shape and got != (n_rows, *shape):
                 raise ConfigError(f"start[{n!r}] has shape {got}; expected {shape} or {(n_rows, *shape)}")
 
-    def _dense_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: torch.Tensor, losses: torch.Tensor) -> None:
+    def _dense_buffers(self, rows: int) -> dict[str, list[torch.Tensor]]:
+        """Inputs, pre-activations and input gradients of every layer for `rows` rows."""
+        b = self.batch_size
+        widths = [self.shapes[wn][1] for wn, _ in self._layers] + [self.shapes[self._layers[-1][1]][0]]
+        return {
+            "x": [torch.empty((rows, b, widths[0]))],
+            "target": [torch.empty((rows, b, widths[-1]))],
+            "z": [torch.empty((rows, b, width)) for width in widths[1:]],  # z[l]: output of layer l
+            "g": [torch.empty((rows, b, width)) for width in widths[:-1]],  # g[l]: gradient at layer l's input
+        }
+
+    def _dense_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: torch.Tensor, losses: torch.Tensor,
+                     buffers: dict[str, list[torch.Tensor]]) -> None:
         """All steps of one chunk of a Linear(+ReLU) chain; rows sorted by steps, descending."""
         b = self.batch_size
-        layers = [(w[wn], w[bn]) for wn, bn in self._layers]
-        scale = (lr / b).view(-1, 1, 1)  # d(mean CE)/d(logits) = (softmax - onehot) / B
-        views = None
+        last = len(self._layers) - 1
+        active_at = (steps[None, :] > np.arange(int(steps[0]))[:, None]).sum(axis=1)
         active_prev = -1
-        for t in range(int(steps[0])):
-            active = int(np.count_nonzero(steps > t))
-            if active != active_prev:  # slices of the active prefix, rebuilt only when it shrinks
-                views = [(wt[:active], bt[:active].unsqueeze(1)) for wt, bt in layers]
-                sc = scale[:active]
+        for t, active in enumerate(active_at.tolist()):
+            if active != active_prev:  # views of the active prefix, rebuilt only when it shrinks
+                layers = [(w[wn][:active], w[bn][:active].unsqueeze(1)) for wn, bn in self._layers]
+                x, target = buffers["x"][0][:active], buffers["target"][0][:active]
+                z = [buf[:active] for buf in buffers["z"]]
+                g_in = [buf[:active] for buf in buffers["g"]]
+                scale = (lr[:active] / b).view(-1, 1, 1)  # d(mean CE)/d(logits) = (softmax - onehot) / B
                 active_prev = active
             idx = plan[t, :active].reshape(-1)
-            h = self.x.index_select(0, idx).view(active, b, -1)  # [A, B, in]
-            target = self.onehot.index_select(0, idx).view(active, b, -1)  # [A, B, C]
-            inputs = []
-            for layer, (wt, bt) in enumerate(views):
-                inputs.append(h)
-                h = torch.baddbmm(bt, h, wt.transpose(1, 2))  # [A, B, out]
-                if layer < len(views) - 1:
-                    h = h.relu_()
-            logp = torch.log_softmax(h, dim=2)
-            torch.sum(logp * target, dim=(1, 2), out=losses[t, :active]).mul_(-1.0 / b)
-            g = logp.exp_().sub_(target).mul_(sc)  # lr * dLoss/dlogits, [A, B, C]
-            for layer in range(len(views) - 1, -1, -1):
-                wt, bt = views[layer]
-                h_in = inputs[layer]
-                # The input gradient uses the weights before their update; ReLU passes where h_in > 0.
-                g_in = torch.ops.aten.threshold_backward(torch.bmm(g, wt), h_in, 0) if layer else None
-                wt.baddbmm_(g.transpose(1, 2), h_in, alpha=-1.0)
-                bt.sub_(g.sum(dim=1, keepdim=True))
-                g = g_in
+            torch.index_select(self.x, 0, idx, out=x.view(active * b, -1))  # [A, B, in]
+            torch.index_select(self.onehot, 0, idx, out=target.view(active * b, -1))  # [A, B, C]
+            h = x
+            for layer, (weight, bias) in enumerate(layers):
+                h = torch.baddbmm(bias, h, weight.transpose(1, 2), out=z[layer])  # [A, B, out]
+                if layer < last:
+                    h.relu_()
+            # Softmax cross-entropy by hand: torch's log_softmax over 10 classes is slow on CPU,
+            # and exp() of an argument below -87 (a result below float32's normal range) takes a
+            # slow path; e^-40 is far below the resolution of what it is added to.
+            logits = h.sub_(h.amax(dim=2, keepdim=True))  # shifted: max 0
+            e = logits.clamp_min(-40.0).exp_()
+            total = e.sum(dim=2, keepdim=True)  # in [1, C]
+            torch.mean(total.log().squeeze(2) - (logits * target).sum(dim=2), dim=1, out=losses[t, :active])
+            g = e.div_(total).sub_(target).mul_(scale)  # lr * dLoss/dlogits, [A, B, C]
+            for layer in range(last, -1, -1):
+                weight, bias = layers[layer]
+                h_in = z[layer - 1] if layer else x
+                if layer:  # input gradient with the weights before their update; ReLU passes where h_in > 0
+                    grad_in = torch.bmm(g, weight, out=g_in[layer])
+                    torch.ops.aten.threshold_backward.grad_input(grad_in, h_in, 0, grad_input=grad_in)
+                weight.baddbmm_(g.transpose(1, 2), h_in, alpha=-1.0)
+                bias.sub_(g.sum(dim=1, keepdim=True))
+                g = grad_in if layer else g
 
     def _cnn_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: torch.Tensor, losses: torch.Tensor) -> None:
         """All steps of one chunk of EmnistCNN rows: autograd over grouped convolutions."""

@@ -114,3 +114,28 @@ def test_bad_input_names_the_row_or_parameter():
         trainer.train(start, shard_of_row=[0, 1], steps=[1, 1], lr=0.1, rngs=rngs[:1])
     with pytest.raises(ConfigError, match="no kernel for Linear"):
         FastTrainer(torch.nn.Linear(3, 2), _shards([5], 3, 2), batch_size=BATCH)
+
+
+def test_out_buffer_receives_the_deltas_and_idle_rows_are_zeroed():
+    model = build_model("logreg", in_features=60, num_classes=10)
+    shards = _shards([20, 30], 60, 10)
+    trainer = FastTrainer(model, shards, batch_size=BATCH)
+    start = _params(model)
+    out = {n: torch.full((3, *p.shape), 7.0) for n, p in start.items()}  # stale values from a "last round"
+    rows = dict(shard_of_row=[0, 1, 0], steps=[2, 0, 3], lr=0.1)
+    deltas, losses = trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out=out)
+    fresh, _ = trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)])
+    for n in start:
+        assert deltas[n] is out[n]
+        torch.testing.assert_close(out[n], fresh[n], rtol=0, atol=0)
+        assert float(out[n][1].abs().max()) == 0.0
+    with pytest.raises(ConfigError, match=r"out\['linear.bias'\] must be float32 of shape \(3, 10\)"):
+        trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out={**out, "linear.bias": torch.zeros(2, 10)})
+
+
+def test_no_row_trains():
+    model = build_model("mlp", num_classes=10)
+    trainer = FastTrainer(model, _shards([12], 784, 10), batch_size=BATCH)
+    deltas, losses = trainer.train(_params(model), shard_of_row=[0, 0], steps=[0, 0], lr=0.1, rngs=[None, None])
+    assert all(float(d.abs().max()) == 0.0 and d.shape[0] == 2 for d in deltas.values())
+    assert np.isnan(losses).all()
