@@ -11,18 +11,21 @@ equals `edge_agent.trainer.train_local(unit="step")` on that shard with rngs[i] 
 tolerance (tests/unit/simulator/test_fast_trainer.py). Rows are independent, so paired runs
 that share data (the schemes of a seed, seeds over one partition) can be trained in one call.
 
-How it is fast:
+`out` (optional) receives the deltas, so a caller can keep one buffer from round to round.
+
+How it is fast (MLP and logistic regression, chains of Linear + ReLU):
 - Weights are stacked per row ([R, out, in]); a step of all rows is a few batched matmuls
   (`baddbmm`), and the SGD update is fused into the weight-gradient matmul in place
   (`W.baddbmm_(g^T, h, alpha=-1)`, the learning rate folded into the output gradient).
 - Rows are sorted by steps, descending, so the rows still training at step t are a prefix:
   slices, never gathers or scatters of weights. No per-row Python runs inside a step.
-- Rows are trained in chunks of `chunk_rows` (all steps of one chunk, then the next), so a
-  chunk's weights stay in cache between the forward pass and the update.
-- MLP and logistic regression (chains of Linear + ReLU) use a hand-written backward
-  (softmax - onehot, ReLU masks); the CNN runs autograd over grouped convolutions (one
-  group per row) and batched matmuls. These kernels mirror workloads.models; the equality
-  test pins them to it.
+- Rows are trained in chunks of `chunk_rows` (all steps of one chunk, then the next): a
+  chunk's weights are copied in, trained and turned into deltas while they sit in cache.
+- The backward pass is written out (softmax - onehot, ReLU masks) and every step reuses
+  preallocated buffers. This kernel mirrors workloads.models; the equality test pins it.
+The CNN is trained row by row through the model's own forward and autograd: a CNN step is
+~0.75 GFLOP of convolutions, so batching saves little, and grouped convolutions (one group
+per row) measured 2.3x slower than the row loop; it runs at the plain trainer's speed.
 
 Threads are the caller's choice (torch.set_num_threads); see benchmarks/sim_speed.py.
 """
@@ -34,15 +37,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from edge_agent.trainer import step_plan
 from flexfl.errors import ConfigError
 from workloads.datasets import ArrayDataset
 from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
 
-# Rows per chunk by model: measured with benchmarks/sim_speed.py --chunks (MNIST MLP: a chunk
-# of 16 rows, 12.7 MB of weights, beats all 100 rows at once; logreg rows are tiny).
-DEFAULT_CHUNK_ROWS = {"dense": 16, "logreg": 1024, "cnn": 8}
+# Rows per chunk, measured with `python -m benchmarks.sim_speed --variants fast@4,fast@16,...`:
+# for the MNIST MLP 16 rows (12.7 MB of weights) beat 4, 8, 32 and all 100; logistic
+# regression rows are 2.4 KB, so all rows go at once; CNN rows train one by one anyway.
+DEFAULT_CHUNK_ROWS = {"mlp": 16, "logreg": 1024, "cnn": 1}
 
 
 class FastTrainer:
@@ -63,10 +68,11 @@ class FastTrainer:
         if chunk_rows is not None and chunk_rows < 1:
             raise ConfigError(f"chunk_rows must be >= 1, got {chunk_rows}")
         self.batch_size = batch_size
+        self.model = model
         self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         if isinstance(model, MnistMLP):
             self._layers = [("fc1.weight", "fc1.bias"), ("fc2.weight", "fc2.bias"), ("fc3.weight", "fc3.bias")]
-            kind = "dense"
+            kind = "mlp"
         elif isinstance(model, LogisticRegression):
             self._layers = [("linear.weight", "linear.bias")]
             kind = "logreg"
@@ -82,7 +88,7 @@ class FastTrainer:
         # All shards in one flat tensor; a row's batch is an index_select by global index.
         self.x = torch.from_numpy(np.concatenate([d.x.reshape(len(d), -1) for d in shards]))
         self.y = torch.from_numpy(np.concatenate([d.y for d in shards]))
-        num_classes = self.shapes[self._layers[-1][1]][0] if self._layers else self.shapes["fc2.bias"][0]
+        num_classes = self.shapes["fc2.bias" if kind == "cnn" else self._layers[-1][1]][0]
         if len(self.y) and int(self.y.max()) >= num_classes:
             raise ConfigError(f"labels reach {int(self.y.max())} but the model has {num_classes} classes")
         self.onehot = nn.functional.one_hot(self.y, num_classes).to(torch.float32)
@@ -124,7 +130,7 @@ class FastTrainer:
                                                steps=int(s_sorted[i]), rng=rngs[row]) + self.offsets[shard]
         plan_t = torch.from_numpy(plan)
         order_t = torch.from_numpy(order)
-        lr_sorted = torch.from_numpy(lrs[order].astype(np.float32))
+        lr_sorted = lrs[order]
         losses = torch.zeros((max_steps, n_training), dtype=torch.float32)
 
         if out is None:
@@ -197,7 +203,7 @@ class FastTrainer:
             "g": [torch.empty((rows, b, width)) for width in widths[:-1]],  # g[l]: gradient at layer l's input
         }
 
-    def _dense_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: torch.Tensor, losses: torch.Tensor,
+    def _dense_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: np.ndarray, losses: torch.Tensor,
                      buffers: dict[str, list[torch.Tensor]]) -> None:
         """All steps of one chunk of a Linear(+ReLU) chain; rows sorted by steps, descending."""
         b = self.batch_size
@@ -210,7 +216,8 @@ class FastTrainer:
                 x, target = buffers["x"][0][:active], buffers["target"][0][:active]
                 z = [buf[:active] for buf in buffers["z"]]
                 g_in = [buf[:active] for buf in buffers["g"]]
-                scale = (lr[:active] / b).view(-1, 1, 1)  # d(mean CE)/d(logits) = (softmax - onehot) / B
+                # d(mean CE)/d(logits) = (softmax - onehot) / B; the learning rate is folded in.
+                scale = torch.from_numpy((lr[:active] / b).astype(np.float32)).view(-1, 1, 1)
                 active_prev = active
             idx = plan[t, :active].reshape(-1)
             torch.index_select(self.x, 0, idx, out=x.view(active * b, -1))  # [A, B, in]
@@ -238,36 +245,22 @@ class FastTrainer:
                 bias.sub_(g.sum(dim=1, keepdim=True))
                 g = grad_in if layer else g
 
-    def _cnn_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: torch.Tensor, losses: torch.Tensor) -> None:
-        """All steps of one chunk of EmnistCNN rows: autograd over grouped convolutions."""
+    def _cnn_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: np.ndarray, losses: torch.Tensor) -> None:
+        """All steps of one chunk of CNN rows, row by row through the model's own forward and autograd.
+
+        A CNN step is ~0.75 GFLOP of convolutions: batching rows saves little dispatch and
+        grouped convolutions (one group per row) measured 2.3x slower than this loop.
+        """
         b = self.batch_size
-        for t in range(int(steps[0])):
-            active = int(np.count_nonzero(steps > t))
-            idx = plan[t, :active].reshape(-1)
-            x = self.x.index_select(0, idx).view(active, b, 28, 28)
-            y = self.y.index_select(0, idx)
-            leaves = {n: p[:active].detach().requires_grad_() for n, p in w.items()}
-            with torch.enable_grad():
-                logits = _cnn_forward(leaves, x)  # [A, B, C]
-                ce = nn.functional.cross_entropy(logits.reshape(active * b, -1), y, reduction="none").view(active, b).mean(dim=1)
-                # Rows are independent: the gradient of sum_i lr_i * CE_i w.r.t. row i's weights is lr_i * grad_i.
-                (ce * lr[:active]).sum().backward()
-            losses[t, :active] = ce.detach()
-            with torch.no_grad():
-                for n, p in w.items():
-                    p[:active].sub_(leaves[n].grad)
-
-
-def _cnn_forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """EmnistCNN for A rows at once: x [A, B, 28, 28] -> logits [A, B, C]; row i uses p[name][i]."""
-    a, b = x.shape[:2]
-    # Rows become channel groups: [B, A, 28, 28], convolved with groups=A.
-    h = x.transpose(0, 1)
-    for conv in ("conv1", "conv2"):
-        weight = p[f"{conv}.weight"]  # [A, out, in, 5, 5]
-        h = nn.functional.conv2d(h, weight.reshape(-1, *weight.shape[2:]), p[f"{conv}.bias"].reshape(-1), padding=2, groups=a)
-        h = torch.max_pool2d(torch.relu(h), 2)  # conv1: [B, A*32, 14, 14]; conv2: [B, A*64, 7, 7]
-    h = h.reshape(b, a, -1).transpose(0, 1)  # [A, B, 64*7*7], channel-major per row as in flatten(1)
-    h = torch.relu(torch.baddbmm(p["fc1.bias"].unsqueeze(1), h, p["fc1.weight"].transpose(1, 2)))
-    return torch.baddbmm(p["fc2.bias"].unsqueeze(1), h, p["fc2.weight"].transpose(1, 2))
-
+        for i in range(len(steps)):
+            for t in range(int(steps[i])):
+                idx = plan[t, i]
+                x = self.x.index_select(0, idx).view(b, 1, 28, 28)
+                leaves = {n: p[i].detach().requires_grad_() for n, p in w.items()}
+                with torch.enable_grad():
+                    loss = nn.functional.cross_entropy(functional_call(self.model, leaves, (x,)), self.y.index_select(0, idx))
+                    grads = torch.autograd.grad(loss, list(leaves.values()))
+                losses[t, i] = loss.detach()
+                with torch.no_grad():
+                    for p, grad in zip(w.values(), grads):
+                        p[i].sub_(grad, alpha=float(lr[i]))  # as train_local does
