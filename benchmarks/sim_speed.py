@@ -119,7 +119,7 @@ def sequential_loop(w: Workload, rngs: list[np.random.Generator]) -> dict[str, t
     return aggregate
 
 
-def variant_fns(w: Workload) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
+def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
     """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
     fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
     batched = BatchedTrainer(w.model, w.data.train, batch_size=w.batch_size)
@@ -139,8 +139,14 @@ def variant_fns(w: Workload) -> dict[str, Callable[[list[np.random.Generator]], 
             deltas.append(train_local(w.model, w.data.train[k], updates=int(s), lr=w.lr, batch_size=w.batch_size, rng=rng).delta)
         return aggregate(stack_deltas(deltas))
 
-    return {
-        "fast": lambda rngs: aggregate(fast.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs, out=out)[0]),
+    def fast_with(trainer):
+        return lambda rngs: aggregate(trainer.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs, out=out)[0])
+
+    # fast@N: the fast trainer with N rows per chunk (to choose DEFAULT_CHUNK_ROWS).
+    chunked = {v: fast_with(FastTrainer(w.model, w.data.train, batch_size=w.batch_size, chunk_rows=int(v[5:])))
+               for v in variants if v.startswith("fast@")}
+    return chunked | {
+        "fast": fast_with(fast),
         "sequential": lambda rngs: sequential_loop(w, rngs),
         "batched": lambda rngs: aggregate(batched.train(w.start, devices=w.rows, steps=w.steps, lr=w.lr, rngs=rngs)[0]),
         "plain": plain,
@@ -163,13 +169,16 @@ def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     return "min " + fmt.format(min(values)) + "  median " + fmt.format(float(np.median(values))) + "  max " + fmt.format(max(values))
 
 
-def run(workload: Workload, *, variants: list[str], reps: int, seed: int, machine: bool) -> None:
-    fns = variant_fns(workload)
+def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> None:
+    fns = variant_fns(workload, variants)
     device_steps = int(workload.steps.sum())
-    rates: dict[str, list[float]] = {v: [] for v in variants}
+    roofline = workload.name == "mnist"  # the MLP step's rooflines, measured between the variants
+    wall: dict[str, list[float]] = {v: [] for v in variants}  # device-steps per second of wall time
+    cpu: dict[str, list[float]] = {v: [] for v in variants}  # ... per second of this thread's CPU time
     bandwidth, gflops = [], []
-    a, b = torch.ones(BANDWIDTH_FLOATS), torch.ones(BANDWIDTH_FLOATS)
-    m = torch.randn(1024, 1024)
+    if roofline:
+        a, b = torch.ones(BANDWIDTH_FLOATS), torch.ones(BANDWIDTH_FLOATS)
+        m = torch.randn(1024, 1024)
     print(f"\n== {workload.name}: {len(workload.rows)} devices training, batch {workload.batch_size}, E {workload.E}, "
           f"{device_steps} device-steps per round (mean s {workload.steps.mean():.1f})")
     for rep in range(-1, reps):  # rep -1 warms up (allocations, MKL, batch plans) and checks equality
@@ -177,11 +186,12 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int, machin
         out = {}
         for v in order:
             rngs = [device_rng(seed, rep + 2, int(k)) for k in workload.rows]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out[v] = fns[v](rngs)
             if rep >= 0:
-                rates[v].append(device_steps / (time.perf_counter() - t0))
-        if machine and rep >= 0:
+                wall[v].append(device_steps / (time.perf_counter() - t0))
+                cpu[v].append(device_steps / (time.thread_time() - c0))
+        if roofline and rep >= 0:
             bandwidth.append(add_bandwidth_gbs(a, b))
             gflops.append(sgemm_gflops(m))
         if rep == -1 and "fast" in out and "sequential" in out:
@@ -189,22 +199,22 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int, machin
             size = max(float(out["sequential"][n].abs().max()) for n in out["fast"])
             print(f"aggregate update: max |fast - sequential| = {diff:.2e} (max |sequential| {size:.2e})")
     for v in variants:
-        print(f"{v:>10}: device-steps/s  {spread(rates[v])}")
+        print(f"{v:>10}: device-steps/s  {spread(wall[v])}   (per CPU-second: {spread(cpu[v])})")
     if "fast" in variants:
         for v in variants:
             if v != "fast":
-                ratio = [f / o for f, o in zip(rates["fast"], rates[v])]
-                print(f"  fast/{v}: {spread(ratio, '{:.2f}x')}")
-    if machine and workload.name == "mnist":
+                print(f"  fast/{v}: {spread([f / o for f, o in zip(wall['fast'], wall[v])], '{:.2f}x')}   "
+                      f"(CPU time: {spread([f / o for f, o in zip(cpu['fast'], cpu[v])], '{:.2f}x')})")
+    if roofline:
         roof = [bw * 1e9 / MLP_STEP_BYTES for bw in bandwidth]
+        comp = [g * 1e9 / MLP_STEP_FLOPS for g in gflops]
         print(f"memory bandwidth (add_, 2 x 256 MiB, {torch.get_num_threads()} thread(s)): {spread(bandwidth, '{:.1f} GB/s')}")
         print(f"memory roofline at {MLP_STEP_BYTES:,} bytes per MLP device-step: device-steps/s {spread(roof)}")
-        comp = [g * 1e9 / MLP_STEP_FLOPS for g in gflops]
-        print(f"sgemm 1024^3: {spread(gflops, '{:.1f} GFLOP/s')}; compute roofline at {MLP_STEP_FLOPS:,} FLOPs per "
-              f"device-step: device-steps/s {spread(comp)}")
+        print(f"sgemm 1024^3: {spread(gflops, '{:.1f} GFLOP/s')}")
+        print(f"compute roofline at {MLP_STEP_FLOPS:,} FLOPs per MLP device-step: device-steps/s {spread(comp)}")
         if "fast" in variants:
-            print(f"  fast / memory roofline: {spread([f / r for f, r in zip(rates['fast'], roof)], '{:.2f}')}")
-            print(f"  fast / compute roofline: {spread([f / r for f, r in zip(rates['fast'], comp)], '{:.2f}')}")
+            print(f"  fast / memory roofline: {spread([f / r for f, r in zip(wall['fast'], roof)], '{:.2f}')}")
+            print(f"  fast / compute roofline: {spread([f / r for f, r in zip(wall['fast'], comp)], '{:.2f}')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,14 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (default 7)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: one per worker process)")
     p.add_argument("--workloads", default="mnist,synthetic", help="comma-separated: mnist, synthetic")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N (the fast trainer with N rows per chunk)")
     p.add_argument("--participation", choices=["full", "traces"], default="full")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    unknown = sorted(v for v in set(variants) - set(VARIANTS) if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
     if unknown:
-        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}, participation {args.participation}, {args.reps} reps")
@@ -227,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         if name not in ("mnist", "synthetic"):
             p.error(f"unknown workload {name!r}; choose mnist or synthetic")
         w = build_workload(name, participation=args.participation, seed=args.seed)
-        run(w, variants=variants, reps=args.reps, seed=args.seed, machine=True)
+        run(w, variants=variants, reps=args.reps, seed=args.seed)
 
 
 if __name__ == "__main__":
