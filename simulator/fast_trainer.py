@@ -112,7 +112,8 @@ class FastTrainer:
         shard_of_row = np.asarray(shard_of_row, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
         n_rows = len(steps)
-        lrs = np.full(n_rows, float(lr)) if np.ndim(lr) == 0 else np.asarray(lr, dtype=np.float64)
+        lrs = np.asarray(lr, dtype=np.float64)
+        lrs = np.full(n_rows, float(lrs)) if lrs.ndim == 0 else lrs
         self._validate(start, shard_of_row, steps, lrs, rngs)
         start = {n: start[n].detach().to(torch.float32) for n in self.shapes}
         stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
@@ -121,26 +122,12 @@ class FastTrainer:
         order = np.argsort(-steps, kind="stable")
         s_sorted = steps[order]
         n_training = int(np.count_nonzero(s_sorted))
-        max_steps = int(s_sorted[0]) if n_rows else 0
-        # plan[t, i] = global sample indices of sorted row i's t-th batch.
-        plan = np.zeros((max_steps, n_training, self.batch_size), dtype=np.int64)
-        for i, row in enumerate(order[:n_training]):
-            shard = shard_of_row[row]
-            plan[: s_sorted[i], i] = step_plan(int(self.sizes[shard]), batch_size=self.batch_size,
-                                               steps=int(s_sorted[i]), rng=rngs[row]) + self.offsets[shard]
-        plan_t = torch.from_numpy(plan)
+        plan_t = torch.from_numpy(self._batch_plan(order[:n_training], s_sorted[:n_training], shard_of_row, rngs))
         order_t = torch.from_numpy(order)
         lr_sorted = lrs[order]
-        losses = torch.zeros((max_steps, n_training), dtype=torch.float32)
+        losses = torch.zeros((plan_t.shape[0], n_training), dtype=torch.float32)  # [t, sorted row]
 
-        if out is None:
-            deltas = {n: torch.empty((n_rows, *shape), dtype=torch.float32) for n, shape in self.shapes.items()}
-        else:
-            deltas = out
-            for n, shape in self.shapes.items():
-                if n not in out or tuple(out[n].shape) != (n_rows, *shape) or out[n].dtype != torch.float32:
-                    got = tuple(out[n].shape) if n in out else "missing"
-                    raise ConfigError(f"out[{n!r}] must be float32 of shape {(n_rows, *shape)}, got {got}")
+        deltas = self._delta_buffers(n_rows, out)
         idle = order_t[n_training:]  # rows with 0 steps: zero delta
         for d in deltas.values():
             d.index_fill_(0, idle, 0.0)
@@ -171,6 +158,25 @@ class FastTrainer:
         mean_loss = np.full(n_rows, np.nan)
         mean_loss[steps > 0] = loss_sum[steps > 0] / steps[steps > 0]
         return deltas, mean_loss
+
+    def _batch_plan(self, rows: np.ndarray, steps: np.ndarray, shard_of_row: np.ndarray,
+                    rngs: Sequence[np.random.Generator]) -> np.ndarray:
+        """plan[t, i] = global sample indices of rows[i]'s t-th batch, int64 [max steps, len(rows), B]."""
+        plan = np.zeros((int(steps.max(initial=0)), len(rows), self.batch_size), dtype=np.int64)
+        for i, (row, s) in enumerate(zip(rows, steps)):
+            shard = shard_of_row[row]
+            plan[:s, i] = step_plan(int(self.sizes[shard]), batch_size=self.batch_size, steps=int(s),
+                                    rng=rngs[row]) + self.offsets[shard]
+        return plan
+
+    def _delta_buffers(self, n_rows: int, out: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        if out is None:
+            return {n: torch.empty((n_rows, *shape), dtype=torch.float32) for n, shape in self.shapes.items()}
+        for n, shape in self.shapes.items():
+            if n not in out or tuple(out[n].shape) != (n_rows, *shape) or out[n].dtype != torch.float32:
+                got = f"{out[n].dtype} {tuple(out[n].shape)}" if n in out else "nothing"
+                raise ConfigError(f"out[{n!r}] must be float32 of shape {(n_rows, *shape)}, got {got}")
+        return out
 
     def _validate(self, start, shard_of_row, steps, lrs, rngs) -> None:
         n_rows = len(steps)

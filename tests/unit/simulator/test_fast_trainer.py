@@ -131,7 +131,7 @@ def test_out_buffer_receives_the_deltas_and_idle_rows_are_zeroed():
         assert deltas[n] is out[n]
         torch.testing.assert_close(out[n], fresh[n], rtol=0, atol=0)
         assert float(out[n][1].abs().max()) == 0.0
-    with pytest.raises(ConfigError, match=r"out\['linear.bias'\] must be float32 of shape \(3, 10\)"):
+    with pytest.raises(ConfigError, match=r"out\[.linear.bias.\] must be float32 of shape \(3, 10\), got torch.float32 \(2, 10\)"):
         trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out={**out, "linear.bias": torch.zeros(2, 10)})
 
 
