@@ -18,8 +18,10 @@ ending with the round's aggregate sum_k c_k delta_k (c_k = n_k / n over the trai
 - batched:    simulator.batched.BatchedTrainer (today's vmap trainer), then a tensordot
 - plain:      edge_agent.trainer.train_local per device (today's reference path), stacked
 It prints device-steps/s per variant (min/median/max over repetitions), the per-repetition
-ratios fast/other (min/median/max), the largest difference between the fast and sequential
-aggregates (they must train the same thing), and, measured in the same repetitions:
+ratios fast/other (min/median/max), each variant's largest difference from the sequential
+aggregate (they train the same thing; at SYNTHETIC's eta = 1 float32 rounding grows over 20
+steps: per device, both train_local and the fast trainer sit ~5e-3 from a float64 run),
+and, measured in the same repetitions:
 - memory bandwidth: `a.add_(b)` on two 256 MiB float32 tensors (3 x 256 MiB moved);
 - the MLP step's memory roofline: bandwidth / bytes per device-step, where one SGD step that
   streams its weights moves 4 bytes x (3 x 199,210 parameters: read in the forward pass,
@@ -194,10 +196,12 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> Non
         if roofline and rep >= 0:
             bandwidth.append(add_bandwidth_gbs(a, b))
             gflops.append(sgemm_gflops(m))
-        if rep == -1 and "fast" in out and "sequential" in out:
-            diff = max(float((out["fast"][n] - out["sequential"][n]).abs().max()) for n in out["fast"])
-            size = max(float(out["sequential"][n].abs().max()) for n in out["fast"])
-            print(f"aggregate update: max |fast - sequential| = {diff:.2e} (max |sequential| {size:.2e})")
+        if rep == -1 and "sequential" in out:  # all variants train the same thing (up to float32 rounding)
+            ref = out["sequential"]
+            diffs = ", ".join(f"{v} {max(float((out[v][n] - ref[n]).abs().max()) for n in ref):.1e}" for v in variants
+                              if v != "sequential")
+            print(f"aggregate update: max |variant - sequential|: {diffs} (max |sequential| "
+                  f"{max(float(t.abs().max()) for t in ref.values()):.1e})")
     for v in variants:
         print(f"{v:>10}: device-steps/s  {spread(wall[v])}   (per CPU-second: {spread(cpu[v])})")
     if "fast" in variants:
