@@ -11,7 +11,8 @@ equals `edge_agent.trainer.train_local(unit="step")` on that shard with rngs[i] 
 tolerance (tests/unit/simulator/test_fast_trainer.py). Rows are independent, so paired runs
 that share data (the schemes of a seed, seeds over one partition) can be trained in one call.
 
-`out` (optional) receives the deltas, so a caller can keep one buffer from round to round.
+`out` (optional) receives the deltas, so a caller can keep one buffer from round to round
+(sized for the most rows it will train; the first R rows are used).
 
 How it is fast (MLP and logistic regression, chains of Linear + ReLU):
 - Weights are stacked per row ([R, out, in]); a step of all rows is a few batched matmuls
@@ -106,8 +107,9 @@ class FastTrainer:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
         `start` is one global dict (every row starts there) or {name: [R, *shape]}. `out`, if
-        given, receives the deltas (float32 [R, *shape] each): a caller that keeps it from round
-        to round saves the page faults of fresh memory (a tenth of an MNIST round).
+        given, receives the deltas in its first R rows (float32 [>= R, *shape] each; the views
+        are returned): a caller that keeps it from round to round saves the page faults of
+        fresh memory (a tenth of an MNIST round).
         """
         shard_of_row = np.asarray(shard_of_row, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
@@ -173,10 +175,11 @@ class FastTrainer:
         if out is None:
             return {n: torch.empty((n_rows, *shape), dtype=torch.float32) for n, shape in self.shapes.items()}
         for n, shape in self.shapes.items():
-            if n not in out or tuple(out[n].shape) != (n_rows, *shape) or out[n].dtype != torch.float32:
-                got = f"{out[n].dtype} {tuple(out[n].shape)}" if n in out else "nothing"
-                raise ConfigError(f"out[{n!r}] must be float32 of shape {(n_rows, *shape)}, got {got}")
-        return out
+            t = out.get(n)
+            if t is None or t.dtype != torch.float32 or tuple(t.shape[1:]) != shape or len(t) < n_rows or not t.is_contiguous():
+                got = f"{t.dtype} {tuple(t.shape)}" if t is not None else "nothing"
+                raise ConfigError(f"out[{n!r}] must be contiguous float32 of shape (>= {n_rows}, {', '.join(map(str, shape))}), got {got}")
+        return {n: out[n][:n_rows] for n in self.shapes}
 
     def _validate(self, start, shard_of_row, steps, lrs, rngs) -> None:
         n_rows = len(steps)
