@@ -46,7 +46,8 @@ from workloads.datasets import ArrayDataset
 from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
 
 # Rows per chunk, measured with `python -m benchmarks.sim_speed --variants fast@4,fast@16,...`:
-# for the MNIST MLP 16 rows (12.7 MB of weights) beat 4, 8, 32 and all 100; logistic
+# for the MNIST MLP 16 rows (12.7 MB of weights) tie with 32, beat 4 and 8 by 5-15 % and all
+# 100 rows at once by 1.7x; logistic
 # regression rows are 2.4 KB, so all rows go at once; CNN rows train one by one anyway.
 DEFAULT_CHUNK_ROWS = {"mlp": 16, "logreg": 1024, "cnn": 1}
 
@@ -109,7 +110,7 @@ class FastTrainer:
         `start` is one global dict (every row starts there) or {name: [R, *shape]}. `out`, if
         given, receives the deltas in its first R rows (float32 [>= R, *shape] each; the views
         are returned): a caller that keeps it from round to round saves the page faults of
-        fresh memory (a tenth of an MNIST round).
+        fresh memory (about a tenth of an MNIST round in torch.profiler).
         """
         shard_of_row = np.asarray(shard_of_row, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
