@@ -47,8 +47,8 @@ from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
 
 # Rows per chunk, measured with `python -m benchmarks.sim_speed --variants fast@4,fast@16,...`:
 # for the MNIST MLP 16 rows (12.7 MB of weights) tie with 32, beat 4 and 8 by 5-15 % and all
-# 100 rows at once by 1.7x; logistic
-# regression rows are 2.4 KB, so all rows go at once; CNN rows train one by one anyway.
+# 100 rows at once by 1.7x; logistic regression rows are 2.4 KB, so all rows go at once; CNN
+# rows train one by one anyway.
 DEFAULT_CHUNK_ROWS = {"mlp": 16, "logreg": 1024, "cnn": 1}
 
 
