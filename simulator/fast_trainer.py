@@ -2,8 +2,9 @@
 
 `FastTrainer(model, shards, batch_size=B).train(start, shard_of_row=, steps=, lr=, rngs=)`
 runs, for each row i, `steps[i]` plain SGD steps on shard `shard_of_row[i]` from start
-weights `start` (one global dict {name: tensor}, broadcast to all rows, or a stacked dict
-{name: [R, *shape]} with a row each) at learning rate `lr` (a float or one per row), with
+weights `start` (one global dict {name: tensor}, broadcast to all rows; or a stacked dict
+{name: [G, *shape]} with `start_of_row[i]` choosing row i's model, G = R and row i's own
+model by default) at learning rate `lr` (a float or one per row), with
 minibatches from `edge_agent.trainer.step_plan(n, batch_size=B, steps=steps[i], rng=rngs[i])`.
 It returns the deltas {name: [R, *shape]} (trained - start, row order as given) and each
 row's mean minibatch loss over its steps (float64 [R], nan for 0 steps). Row i's result
@@ -103,11 +104,14 @@ class FastTrainer:
         steps: Sequence[int] | np.ndarray,
         lr: float | Sequence[float] | np.ndarray,
         rngs: Sequence[np.random.Generator],
+        start_of_row: Sequence[int] | np.ndarray | None = None,
         out: dict[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
-        `start` is one global dict (every row starts there) or {name: [R, *shape]}. `out`, if
+        `start` is one global dict (every row starts there) or {name: [G, *shape]}: row i
+        starts from start[name][start_of_row[i]] (default: G = R, row i from its own; paired
+        runs pass one model per run and the run of each row). `out`, if
         given, receives the deltas in its first R rows (float32 [>= R, *shape] each; the views
         are returned): a caller that keeps it from round to round saves the page faults of
         fresh memory (about a tenth of an MNIST round in torch.profiler).
@@ -117,7 +121,8 @@ class FastTrainer:
         n_rows = len(steps)
         lrs = np.asarray(lr, dtype=np.float64)
         lrs = np.full(n_rows, float(lrs)) if lrs.ndim == 0 else lrs
-        self._validate(start, shard_of_row, steps, lrs, rngs)
+        source = np.arange(n_rows) if start_of_row is None else np.asarray(start_of_row, dtype=np.int64)
+        self._validate(start, shard_of_row, steps, lrs, rngs, source, start_of_row is not None)
         start = {n: start[n].detach().to(torch.float32) for n in self.shapes}
         stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
 
@@ -127,6 +132,7 @@ class FastTrainer:
         n_training = int(np.count_nonzero(s_sorted))
         plan_t = torch.from_numpy(self._batch_plan(order[:n_training], s_sorted[:n_training], shard_of_row, rngs))
         order_t = torch.from_numpy(order)
+        source_t = torch.from_numpy(source[order])  # start model of each sorted row
         lr_sorted = lrs[order]
         losses = torch.zeros((plan_t.shape[0], n_training), dtype=torch.float32)  # [t, sorted row]
 
@@ -141,11 +147,11 @@ class FastTrainer:
         buffers = self._dense_buffers(chunk) if self.kind != "cnn" else None
         for lo in range(0, n_training, max(chunk, 1)):
             hi = min(lo + chunk, n_training)
-            rows = order_t[lo:hi]
+            rows, sources = order_t[lo:hi], source_t[lo:hi]
             w = {n: work[n][: hi - lo] for n in work}
             for n, wn in w.items():
                 if stacked[n]:
-                    torch.index_select(start[n], 0, rows, out=wn)
+                    torch.index_select(start[n], 0, sources, out=wn)
                 else:
                     wn.copy_(start[n])
             if self.kind == "cnn":
@@ -153,7 +159,7 @@ class FastTrainer:
             else:
                 self._dense_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], buffers)
             for n, wn in w.items():
-                wn.sub_(start[n].index_select(0, rows) if stacked[n] else start[n])
+                wn.sub_(start[n].index_select(0, sources) if stacked[n] else start[n])
                 deltas[n].index_copy_(0, rows, wn)
 
         loss_sum = np.zeros(n_rows)
@@ -182,11 +188,12 @@ class FastTrainer:
                 raise ConfigError(f"out[{n!r}] must be contiguous float32 of shape (>= {n_rows}, {', '.join(map(str, shape))}), got {got}")
         return {n: out[n][:n_rows] for n in self.shapes}
 
-    def _validate(self, start, shard_of_row, steps, lrs, rngs) -> None:
+    def _validate(self, start, shard_of_row, steps, lrs, rngs, source, given_sources: bool) -> None:
         n_rows = len(steps)
-        if steps.ndim != 1 or shard_of_row.shape != (n_rows,) or lrs.shape != (n_rows,) or len(rngs) != n_rows:
-            raise ConfigError(f"steps, shard_of_row, lr and rngs must have one entry per row; got lengths "
-                              f"{len(steps)}, {len(shard_of_row)}, {lrs.size}, {len(rngs)}")
+        if (steps.ndim != 1 or shard_of_row.shape != (n_rows,) or lrs.shape != (n_rows,) or len(rngs) != n_rows
+                or source.shape != (n_rows,)):
+            raise ConfigError(f"steps, shard_of_row, lr, rngs and start_of_row must have one entry per row; got "
+                              f"lengths {len(steps)}, {len(shard_of_row)}, {lrs.size}, {len(rngs)}, {source.size}")
         if n_rows and steps.min() < 0:
             raise ConfigError(f"steps must be >= 0; row {int(steps.argmin())} has {int(steps.min())}")
         bad = np.flatnonzero((shard_of_row < 0) | (shard_of_row >= len(self.sizes)))
@@ -197,10 +204,19 @@ class FastTrainer:
             raise ConfigError(f"row {int(bad[0])}: learning rate must be a positive number, got {lrs[bad[0]]!r}")
         if set(start) != set(self.shapes):
             raise ConfigError(f"start has parameters {sorted(start)}, the model has {sorted(self.shapes)}")
+        if n_rows and source.min() < 0:
+            raise ConfigError(f"start_of_row must be >= 0; row {int(source.argmin())} has {int(source.min())}")
         for n, shape in self.shapes.items():
             got = tuple(start[n].shape)
-            if got != shape and got != (n_rows, *shape):
-                raise ConfigError(f"start[{n!r}] has shape {got}; expected {shape} or {(n_rows, *shape)}")
+            if not given_sources:
+                if got not in (shape, (n_rows, *shape)):
+                    raise ConfigError(f"start[{n!r}] has shape {got}; expected {shape} or {(n_rows, *shape)}")
+            elif len(got) != len(shape) + 1 or got[1:] != shape:
+                raise ConfigError(f"start[{n!r}] has shape {got}; with start_of_row expected (models, "
+                                  f"{', '.join(map(str, shape))})")
+            elif n_rows and got[0] <= source.max():
+                raise ConfigError(f"start[{n!r}] holds {got[0]} models but row {int(source.argmax())} starts "
+                                  f"from model {int(source.max())}")
 
     def _dense_buffers(self, rows: int) -> dict[str, list[torch.Tensor]]:
         """Inputs, pre-activations and input gradients of every layer for `rows` rows."""

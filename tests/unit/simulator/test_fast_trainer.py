@@ -68,8 +68,10 @@ def test_global_start_ragged_steps_equal_train_local(name, dim, classes, chunk_r
 
 
 @pytest.mark.parametrize("name, dim, classes", MODELS)
-def test_per_row_start_weights_and_learning_rates(name, dim, classes):
-    # Three runs (as three schemes would) share two shards, each from its own global model and lr.
+@pytest.mark.parametrize("by_run", [False, True])
+def test_per_row_start_weights_and_learning_rates(name, dim, classes, by_run):
+    # Three runs (as three schemes would) share two shards, each from its own global model and
+    # lr; the start models are given per row, or once per run with start_of_row.
     shards = _shards([17, 26], dim, classes, seed=1)
     starts = []
     for run in range(3):
@@ -80,11 +82,16 @@ def test_per_row_start_weights_and_learning_rates(name, dim, classes):
     E = E_OF[name]
     steps = np.array([E, E - 1, 0, E, 2, 1])
     run_lr = np.array([0.1, 0.02, 0.05])
-    stacked = {n: torch.stack([starts[r][n] for r in run_of_row]) for n in starts[0]}
+    if by_run:
+        start = {n: torch.stack([s[n] for s in starts]) for n in starts[0]}
+        extra = {"start_of_row": run_of_row}
+    else:
+        start = {n: torch.stack([starts[r][n] for r in run_of_row]) for n in starts[0]}
+        extra = {}
     keys = [(11, 2, int(k)) for k in shard_of_row]
     trainer = FastTrainer(build_model(name, in_features=dim, num_classes=classes), shards, batch_size=BATCH)
-    deltas, losses = trainer.train(stacked, shard_of_row=shard_of_row, steps=steps, lr=run_lr[run_of_row],
-                                   rngs=[device_rng(*k) for k in keys])
+    deltas, losses = trainer.train(start, shard_of_row=shard_of_row, steps=steps, lr=run_lr[run_of_row],
+                                   rngs=[device_rng(*k) for k in keys], **extra)
     _assert_rows_equal(name, dim, classes, shards, deltas, losses, starts=[starts[r] for r in run_of_row],
                        shard_of_row=shard_of_row, steps=steps, lrs=run_lr[run_of_row], rng_keys=keys)
 
@@ -115,6 +122,11 @@ def test_bad_input_names_the_row_or_parameter():
                       lr=0.1, rngs=rngs)
     with pytest.raises(ConfigError, match="one entry per row"):
         trainer.train(start, shard_of_row=[0, 1], steps=[1, 1], lr=0.1, rngs=rngs[:1])
+    two_models = {n: torch.stack([p, p]) for n, p in start.items()}
+    with pytest.raises(ConfigError, match=r"start\['linear.weight'\] holds 2 models but row 1 starts from model 2"):
+        trainer.train(two_models, shard_of_row=[0, 1], steps=[1, 1], lr=0.1, rngs=rngs, start_of_row=[0, 2])
+    with pytest.raises(ConfigError, match=r"with start_of_row expected \(models, 10, 60\)"):
+        trainer.train(start, shard_of_row=[0, 1], steps=[1, 1], lr=0.1, rngs=rngs, start_of_row=[0, 0])
     with pytest.raises(ConfigError, match="no kernel for Linear"):
         FastTrainer(torch.nn.Linear(3, 2), _shards([5], 3, 2), batch_size=BATCH)
 
