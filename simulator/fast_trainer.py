@@ -27,9 +27,12 @@ How it is fast (MLP and logistic regression, chains of Linear + ReLU):
   preallocated buffers. This kernel mirrors workloads.models; the equality test pins it.
 The CNN is trained row by row through the model's own forward and autograd: a CNN step is
 ~0.75 GFLOP of convolutions, so batching saves little, and grouped convolutions (one group
-per row) measured 2.3x slower than the row loop; it runs at the plain trainer's speed.
+per row) ran at less than half the row loop's speed in a one-off measurement; it runs at
+the plain trainer's speed.
 
-Threads are the caller's choice (torch.set_num_threads); see benchmarks/sim_speed.py.
+Threads are the caller's: one per worker process (torch.set_num_threads(1)); torch's
+default two threads collapse on a shared machine (python -m benchmarks.threads).
+Speed: python -m benchmarks.sim_speed.
 """
 
 from __future__ import annotations
@@ -272,11 +275,7 @@ class FastTrainer:
                 g = grad_in if layer else g
 
     def _cnn_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: np.ndarray, losses: torch.Tensor) -> None:
-        """All steps of one chunk of CNN rows, row by row through the model's own forward and autograd.
-
-        A CNN step is ~0.75 GFLOP of convolutions: batching rows saves little dispatch and
-        grouped convolutions (one group per row) measured 2.3x slower than this loop.
-        """
+        """All steps of one chunk of CNN rows, row by row through the model's own forward and autograd."""
         b = self.batch_size
         for i in range(len(steps)):
             for t in range(int(steps[i])):
