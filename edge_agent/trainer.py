@@ -59,11 +59,19 @@ def step_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -
 
 
 def step_plan(n_samples: int, *, batch_size: int, steps: int, rng: np.random.Generator) -> np.ndarray:
-    """The first `steps` batches of step_batches as an int64 array [steps, batch_size]."""
-    stream = step_batches(n_samples, batch_size=batch_size, rng=rng)
+    """The first `steps` batches of step_batches as an int64 array [steps, batch_size].
+
+    Draws the same permutations as the stream (it draws one whenever fewer than a batch's
+    worth of indices are left: ceil(steps * batch_size / n_samples) in all), leaving `rng`
+    in the same state, without a Python loop per step.
+    """
     if steps == 0:
         return np.empty((0, batch_size), dtype=np.int64)
-    return np.stack([next(stream) for _ in range(steps)])
+    if n_samples < 1 or batch_size < 1:
+        raise ConfigError(f"need n_samples >= 1 and batch_size >= 1, got {n_samples}, {batch_size}")
+    needed = steps * batch_size
+    perms = [rng.permutation(n_samples) for _ in range(-(-needed // n_samples))]
+    return np.concatenate(perms)[:needed].reshape(steps, batch_size)
 
 
 def epoch_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.trainer import epoch_batches, step_plan, train_local
+from edge_agent.trainer import epoch_batches, step_batches, step_plan, train_local
 from flexfl.errors import ConfigError
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
@@ -22,6 +22,17 @@ def _data(n=64, seed=0):
 def _model(seed=0):
     torch.manual_seed(seed)
     return build_model("logreg", in_features=60, num_classes=10)
+
+
+@pytest.mark.parametrize("n, batch, steps", [(23, 10, 9), (7, 10, 5), (40, 10, 4), (1, 3, 2), (50, 20, 1), (9, 9, 3)])
+def test_step_plan_equals_the_stream_and_leaves_the_generator_where_it_does(n, batch, steps):
+    # The plan is computed in one go; it must be the stream's first batches, and consume the
+    # same draws (a later draw from the generator must match too).
+    rng_plan, rng_stream = np.random.default_rng(n * 100 + steps), np.random.default_rng(n * 100 + steps)
+    plan = step_plan(n, batch_size=batch, steps=steps, rng=rng_plan)
+    stream = step_batches(n, batch_size=batch, rng=rng_stream)
+    np.testing.assert_array_equal(plan, np.stack([next(stream) for _ in range(steps)]))
+    assert rng_plan.random() == rng_stream.random()
 
 
 def test_step_plan_is_a_prefix_of_longer_plans():

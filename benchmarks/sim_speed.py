@@ -1,0 +1,249 @@
+"""Local-training speed of the simulator against a plain sequential PyTorch loop, interleaved.
+
+    python -m benchmarks.sim_speed [--reps 7] [--threads 1] [--workloads mnist,synthetic]
+
+Each workload is one round of local training of every device from one global model:
+(a) MNIST, MLP 784-200-200-10, 100 devices (Pareto shards of the real MNIST, non-IID),
+batch 10, E = 20; (b) SYNTHETIC(1,1), logistic regression, 50 devices, batch 20, E = 20.
+With `--participation full` every device does s = E steps; `traces` draws s from the
+paper's trace set (8 traces) as `flexfl sim` does and trains the devices with s > 0.
+
+Variants, timed in the same process, in rotating order within every repetition
+(A B C D, B C D A, ...), all on the same batch plans (edge_agent.trainer.step_plan), each
+ending with the round's aggregate sum_k c_k delta_k (c_k = n_k / n over the trained devices):
+- fast:       simulator.fast_trainer.FastTrainer (all devices together), its deltas written
+              into a buffer kept across rounds, then a tensordot with c
+- sequential: one nn.Module, global weights copied in, torch.optim.SGD, each delta
+              accumulated into the aggregate (the loop a researcher writes by hand)
+- batched:    simulator.batched.BatchedTrainer (today's vmap trainer), then a tensordot
+- plain:      edge_agent.trainer.train_local per device (today's reference path), stacked
+It prints device-steps/s per variant (min/median/max over repetitions), the per-repetition
+ratios fast/other (min/median/max), each variant's largest difference from the sequential
+aggregate (they train the same thing; at SYNTHETIC's eta = 1 float32 rounding grows over 20
+steps: per device, both train_local and the fast trainer sit ~5e-3 from a float64 run),
+and, measured in the same repetitions:
+- memory bandwidth: `a.add_(b)` on two 256 MiB float32 tensors (3 x 256 MiB moved);
+- the MLP step's memory roofline: bandwidth / bytes per device-step, where one SGD step that
+  streams its weights moves 4 bytes x (3 x 199,210 parameters: read in the forward pass,
+  read and written by the update; + 42,000 for the backward pass reading fc2/fc3 to get
+  input gradients) + the batch (10 x 784 x 4 bytes) = 2,589,880 bytes. (Gradients are never
+  materialised: the update is fused into the gradient matmul.) The fast trainer keeps a
+  chunk of devices' weights in cache through all their steps, so it may pass this line;
+- the compute roofline: a single 1024^3 sgemm's FLOP rate / FLOPs per MLP device-step
+  (2 x 10 x 199,210 forward, the same for the weight gradients, 2 x 10 x 42,000 for the
+  input gradients of fc2 and fc3: 8,808,400).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from coordinator.aggregation import stack_deltas
+from edge_agent.trainer import device_rng, step_plan, train_local
+from simulator.batched import BatchedTrainer
+from simulator.fast_trainer import FastTrainer
+from workloads.federated import DEFAULTS, FederatedData, build_federated
+from workloads.models import build_model
+
+MLP_PARAMS = 199_210
+MLP_BACKWARD_READ = 200 * 200 + 10 * 200  # fc2 and fc3 weights, read for input gradients
+MLP_STEP_BYTES = 4 * (3 * MLP_PARAMS + MLP_BACKWARD_READ) + 4 * 10 * 784
+MLP_STEP_FLOPS = 2 * 10 * MLP_PARAMS * 2 + 2 * 10 * MLP_BACKWARD_READ
+BANDWIDTH_FLOATS = 64 * 2**20  # 256 MiB per tensor
+VARIANTS = ("fast", "sequential", "batched", "plain")
+
+
+@dataclass
+class Workload:
+    name: str
+    data: FederatedData
+    model: nn.Module
+    start: dict[str, torch.Tensor]
+    batch_size: int
+    E: int
+    lr: float
+    rows: np.ndarray  # devices trained this round
+    steps: np.ndarray  # s per row
+    coef: np.ndarray  # aggregation weight per row: n_k / sum of n over the rows
+
+
+def build_workload(name: str, *, participation: str, seed: int) -> Workload:
+    n_devices = {"mnist": 100, "synthetic": 50}[name]
+    d = DEFAULTS[name]
+    data = build_federated(name, n_devices=n_devices, iid=False, seed=seed,
+                           alpha=1.0 if name == "synthetic" else 0.0, beta=1.0 if name == "synthetic" else 0.0)
+    torch.manual_seed(seed)
+    model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
+    E = 20
+    if participation == "full":
+        s = np.full(n_devices, E, dtype=np.int64)
+    else:
+        from simulator.engine import DEFAULT_TRACE_SET
+        from simulator.participation import TraceParticipation
+        from trace_recorder.format import read_trace_set
+
+        traces = read_trace_set(DEFAULT_TRACE_SET).first(8)
+        s = TraceParticipation(traces, n_devices=n_devices, E=E, seed=seed).draw(1)
+    rows = np.flatnonzero(s > 0)
+    n = data.sample_counts[rows]
+    return Workload(name=name, data=data, model=model, start={n: p.detach().clone() for n, p in model.named_parameters()},
+                    batch_size=d.batch_size, E=E, lr=d.eta0, rows=rows, steps=s[rows], coef=n / n.sum())
+
+
+def sequential_loop(w: Workload, rngs: list[np.random.Generator]) -> dict[str, torch.Tensor]:
+    """The hand-written baseline: one module, copy the global weights in, torch.optim.SGD, accumulate."""
+    model = w.model
+    params = dict(model.named_parameters())
+    aggregate = {n: torch.zeros_like(p) for n, p in params.items()}
+    loss_fn = nn.CrossEntropyLoss()
+    for k, s, c, rng in zip(w.rows, w.steps, w.coef.tolist(), rngs):
+        shard = w.data.train[k]
+        x, y = torch.from_numpy(shard.x), torch.from_numpy(shard.y)
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(w.start[n])
+        opt = torch.optim.SGD(model.parameters(), lr=w.lr)
+        for idx in torch.from_numpy(step_plan(len(shard), batch_size=w.batch_size, steps=int(s), rng=rng)):
+            opt.zero_grad()
+            loss_fn(model(x[idx]), y[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            for n, p in params.items():
+                aggregate[n].add_(p - w.start[n], alpha=c)
+    return aggregate
+
+
+def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
+    """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
+    fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
+    batched = BatchedTrainer(w.model, w.data.train, batch_size=w.batch_size)
+    coef = torch.from_numpy(w.coef.astype(np.float32))
+    # The fast trainer writes into a delta buffer kept from round to round, as an engine would.
+    out = {n: torch.empty((len(w.rows), *p.shape)) for n, p in w.start.items()}
+
+    def aggregate(deltas):
+        return {n: torch.tensordot(coef, d, dims=1) for n, d in deltas.items()}
+
+    def plain(rngs):
+        deltas = []
+        for k, s, rng in zip(w.rows, w.steps, rngs):
+            with torch.no_grad():
+                for n, p in w.model.named_parameters():
+                    p.copy_(w.start[n])
+            deltas.append(train_local(w.model, w.data.train[k], updates=int(s), lr=w.lr, batch_size=w.batch_size, rng=rng).delta)
+        return aggregate(stack_deltas(deltas))
+
+    def fast_with(trainer):
+        return lambda rngs: aggregate(trainer.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs, out=out)[0])
+
+    # fast@N: the fast trainer with N rows per chunk (to choose DEFAULT_CHUNK_ROWS).
+    chunked = {v: fast_with(FastTrainer(w.model, w.data.train, batch_size=w.batch_size, chunk_rows=int(v[5:])))
+               for v in variants if v.startswith("fast@")}
+    return chunked | {
+        "fast": fast_with(fast),
+        "sequential": lambda rngs: sequential_loop(w, rngs),
+        "batched": lambda rngs: aggregate(batched.train(w.start, devices=w.rows, steps=w.steps, lr=w.lr, rngs=rngs)[0]),
+        "plain": plain,
+    }
+
+
+def add_bandwidth_gbs(a: torch.Tensor, b: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    a.add_(b)
+    return 3 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9
+
+
+def sgemm_gflops(m: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    torch.mm(m, m)
+    return 2 * m.shape[0] ** 3 / (time.perf_counter() - t0) / 1e9
+
+
+def spread(values: list[float], fmt: str = "{:.0f}") -> str:
+    return "min " + fmt.format(min(values)) + "  median " + fmt.format(float(np.median(values))) + "  max " + fmt.format(max(values))
+
+
+def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> None:
+    fns = variant_fns(workload, variants)
+    device_steps = int(workload.steps.sum())
+    roofline = workload.name == "mnist"  # the MLP step's rooflines, measured between the variants
+    wall: dict[str, list[float]] = {v: [] for v in variants}  # device-steps per second of wall time
+    cpu: dict[str, list[float]] = {v: [] for v in variants}  # ... per second of this thread's CPU time
+    bandwidth, gflops = [], []
+    if roofline:
+        a, b = torch.ones(BANDWIDTH_FLOATS), torch.ones(BANDWIDTH_FLOATS)
+        m = torch.randn(1024, 1024)
+    print(f"\n== {workload.name}: {len(workload.rows)} devices training, batch {workload.batch_size}, E {workload.E}, "
+          f"{device_steps} device-steps per round (mean s {workload.steps.mean():.1f})")
+    for rep in range(-1, reps):  # rep -1 warms up (allocations, MKL, batch plans) and checks equality
+        order = variants[rep % len(variants):] + variants[: rep % len(variants)]
+        out = {}
+        for v in order:
+            rngs = [device_rng(seed, rep + 2, int(k)) for k in workload.rows]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out[v] = fns[v](rngs)
+            if rep >= 0:
+                wall[v].append(device_steps / (time.perf_counter() - t0))
+                cpu[v].append(device_steps / (time.thread_time() - c0))
+        if roofline and rep >= 0:
+            bandwidth.append(add_bandwidth_gbs(a, b))
+            gflops.append(sgemm_gflops(m))
+        if rep == -1 and "sequential" in out:  # all variants train the same thing (up to float32 rounding)
+            ref = out["sequential"]
+            diffs = ", ".join(f"{v} {max(float((out[v][n] - ref[n]).abs().max()) for n in ref):.1e}" for v in variants
+                              if v != "sequential")
+            print(f"aggregate update: max |variant - sequential|: {diffs} (max |sequential| "
+                  f"{max(float(t.abs().max()) for t in ref.values()):.1e})")
+    for v in variants:
+        print(f"{v:>10}: device-steps/s  {spread(wall[v])}   (per CPU-second: {spread(cpu[v])})")
+    if "fast" in variants:
+        for v in variants:
+            if v != "fast":
+                print(f"  fast/{v}: {spread([f / o for f, o in zip(wall['fast'], wall[v])], '{:.2f}x')}   "
+                      f"(CPU time: {spread([f / o for f, o in zip(cpu['fast'], cpu[v])], '{:.2f}x')})")
+    if roofline:
+        roof = [bw * 1e9 / MLP_STEP_BYTES for bw in bandwidth]
+        comp = [g * 1e9 / MLP_STEP_FLOPS for g in gflops]
+        print(f"memory bandwidth (add_, 2 x 256 MiB, {torch.get_num_threads()} thread(s)): {spread(bandwidth, '{:.1f} GB/s')}")
+        print(f"memory roofline at {MLP_STEP_BYTES:,} bytes per MLP device-step: device-steps/s {spread(roof)}")
+        print(f"sgemm 1024^3: {spread(gflops, '{:.1f} GFLOP/s')}")
+        print(f"compute roofline at {MLP_STEP_FLOPS:,} FLOPs per MLP device-step: device-steps/s {spread(comp)}")
+        if "fast" in variants:
+            print(f"  fast / memory roofline: {spread([f / r for f, r in zip(wall['fast'], roof)], '{:.2f}')}")
+            print(f"  fast / compute roofline: {spread([f / r for f, r in zip(wall['fast'], comp)], '{:.2f}')}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sim_speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (default 7)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: one per worker process)")
+    p.add_argument("--workloads", default="mnist,synthetic", help="comma-separated: mnist, synthetic")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N (the fast trainer with N rows per chunk)")
+    p.add_argument("--participation", choices=["full", "traces"], default="full")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(v for v in set(variants) - set(VARIANTS) if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
+    if unknown:
+        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}, participation {args.participation}, {args.reps} reps")
+    for name in [n for n in args.workloads.split(",") if n]:
+        if name not in ("mnist", "synthetic"):
+            p.error(f"unknown workload {name!r}; choose mnist or synthetic")
+        w = build_workload(name, participation=args.participation, seed=args.seed)
+        run(w, variants=variants, reps=args.reps, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()
