@@ -9,14 +9,13 @@ With `--participation full` every device does s = E steps; `traces` draws s from
 paper's trace set (8 traces) as `flexfl sim` does and trains the devices with s > 0.
 
 Variants, timed in the same process, in rotating order within every repetition
-(A B C D, B C D A, ...), all on the same batch plans (edge_agent.trainer.step_plan), each
+(A B C, B C A, ...), all on the same batch plans (edge_agent.trainer.step_plan), each
 ending with the round's aggregate sum_k c_k delta_k (c_k = n_k / n over the trained devices):
 - fast:       simulator.fast_trainer.FastTrainer (all devices together), its deltas written
               into a buffer kept across rounds, then a tensordot with c
 - sequential: one nn.Module, global weights copied in, torch.optim.SGD, each delta
               accumulated into the aggregate (the loop a researcher writes by hand)
-- batched:    simulator.batched.BatchedTrainer (today's vmap trainer), then a tensordot
-- plain:      edge_agent.trainer.train_local per device (today's reference path), stacked
+- plain:      edge_agent.trainer.train_local per device (the engine's reference trainer), stacked
 It prints device-steps/s per variant (min/median/max over repetitions), the per-repetition
 ratios fast/other (min/median/max), each variant's largest difference from the sequential
 aggregate (they train the same thing; at SYNTHETIC's eta = 1 float32 rounding grows over 20
@@ -48,7 +47,6 @@ from torch import nn
 
 from coordinator.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, step_plan, train_local
-from simulator.batched import BatchedTrainer
 from simulator.fast_trainer import FastTrainer
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model
@@ -58,7 +56,7 @@ MLP_BACKWARD_READ = 200 * 200 + 10 * 200  # fc2 and fc3 weights, read for input 
 MLP_STEP_BYTES = 4 * (3 * MLP_PARAMS + MLP_BACKWARD_READ) + 4 * 10 * 784
 MLP_STEP_FLOPS = 2 * 10 * MLP_PARAMS * 2 + 2 * 10 * MLP_BACKWARD_READ
 BANDWIDTH_FLOATS = 64 * 2**20  # 256 MiB per tensor
-VARIANTS = ("fast", "sequential", "batched", "plain")
+VARIANTS = ("fast", "sequential", "plain")
 
 
 @dataclass
@@ -124,7 +122,6 @@ def sequential_loop(w: Workload, rngs: list[np.random.Generator]) -> dict[str, t
 def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
     """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
     fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
-    batched = BatchedTrainer(w.model, w.data.train, batch_size=w.batch_size)
     coef = torch.from_numpy(w.coef.astype(np.float32))
     # The fast trainer writes into a delta buffer kept from round to round, as an engine would.
     out = {n: torch.empty((len(w.rows), *p.shape)) for n, p in w.start.items()}
@@ -150,7 +147,6 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np
     return chunked | {
         "fast": fast_with(fast),
         "sequential": lambda rngs: sequential_loop(w, rngs),
-        "batched": lambda rngs: aggregate(batched.train(w.start, devices=w.rows, steps=w.steps, lr=w.lr, rngs=rngs)[0]),
         "plain": plain,
     }
 

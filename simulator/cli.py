@@ -54,8 +54,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
                    help="|T|: devices draw from the first |T| traces (default 8)")
-    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "batched", "plain"],
-                   help="batched (vmap), plain (per device), or auto (default: batched for logreg, plain otherwise)")
+    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "fast", "plain"],
+                   help="fast (all devices together), plain (edge_agent.trainer per device, the reference), "
+                        "or auto (default: fast unless --unit epoch)")
     p.add_argument("--arrive", action="append", default=[], metavar="K@R",
                    help="device K is absent until it arrives during round R (trains from R+1); repeatable")
     p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
@@ -119,6 +120,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
 
+    import torch
+
+    # One compute thread: torch's default two collapse when another job holds a core
+    # (python -m benchmarks.threads); sweeps run one such process per core instead.
+    torch.set_num_threads(1)
     cfg = config_from_args(args)
     schemes = [s.strip().upper() for s in args.schemes.split(",") if s.strip()]
     started = time.perf_counter()

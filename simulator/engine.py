@@ -4,7 +4,7 @@ The round itself (participants, learning rate, coefficients, update, arrivals an
 departures) is coordinator.round.Federation, the same object the live coordinator runs.
 This module adds what only a simulation has: s drawn from traces (trace_recorder.sampler,
 the function live agents use), a schedule of arrivals and departures, local training of
-many devices in one process (edge_agent.trainer per device, or simulator.batched), and
+many devices in one process (simulator.fast_trainer, or edge_agent.trainer per device), and
 evaluation on the objective's test set (workloads.federated.FederatedData.test_for).
 
 A run is a pure function of its config: data, initial model, trace assignment, s draws
@@ -32,7 +32,7 @@ from coordinator.round import Arrival, Departure, Federation, RulesConfig
 from edge_agent.trainer import Unit, device_rng, train_local
 from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError
-from simulator.batched import BatchedTrainer
+from simulator.fast_trainer import FastTrainer
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
@@ -46,10 +46,11 @@ DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
 
 
 class TrainerKind(StrEnum):
-    """batched: all devices step together (vmap); plain: edge_agent.trainer per device; auto: by model."""
+    """fast: all devices of a round together (simulator.fast_trainer); plain: edge_agent.trainer per
+    device (the reference the fast one must equal); auto: fast unless updates are epochs."""
 
     AUTO = "auto"
-    BATCHED = "batched"
+    FAST = "fast"
     PLAIN = "plain"
 
 
@@ -126,9 +127,6 @@ class SimConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     rounds: int = 200
     seed: int = 0  # initial model, trace assignment, s draws, minibatches (the partition has its own)
-    # "batched" (vmap over devices) for logistic regression (~5x faster than one by one),
-    # "plain" (edge_agent.trainer per device) for the MLP/CNN, whose per-device weights make
-    # the batched step memory-bound (see results/README.md).
     trainer: TrainerKind = TrainerKind.AUTO
 
     def __post_init__(self) -> None:
@@ -138,15 +136,14 @@ class SimConfig:
         if self.traces.num_traces < 1:
             raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
         self.schedule.check(self.partition.n_devices, self.rounds)
-        if self.rules.unit is Unit.EPOCH and self.trainer is TrainerKind.BATCHED:
-            raise ConfigError("the batched trainer counts updates as SGD steps; use trainer = plain with unit = epoch")
+        if self.rules.unit is Unit.EPOCH and self.trainer is TrainerKind.FAST:
+            raise ConfigError("the fast trainer counts updates as SGD steps; use trainer = plain with unit = epoch")
 
     @property
     def trainer_kind(self) -> TrainerKind:
         if self.trainer is not TrainerKind.AUTO:
             return self.trainer
-        batched = DEFAULTS[self.partition.dataset].model == "logreg" and self.rules.unit is Unit.STEP
-        return TrainerKind.BATCHED if batched else TrainerKind.PLAIN
+        return TrainerKind.FAST if self.rules.unit is Unit.STEP else TrainerKind.PLAIN
 
 
 def device_id(shard: int) -> str:
@@ -288,23 +285,27 @@ def run_simulation(
 
 
 class _Trainer:
-    """Local training of the round's contributors: batched (vmap) or edge_agent.trainer per device."""
+    """Local training of the round's contributors: all together (fast) or edge_agent.trainer per device."""
 
     def __init__(self, cfg: SimConfig, model: torch.nn.Module, data: FederatedData) -> None:
         self.cfg = cfg
         self.model = model
         self.data = data
         self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
-        self.batched = (BatchedTrainer(model, data.train, batch_size=self.batch_size)
-                        if cfg.trainer_kind is TrainerKind.BATCHED else None)
+        self.fast = (FastTrainer(model, data.train, batch_size=self.batch_size)
+                     if cfg.trainer_kind is TrainerKind.FAST else None)
+        self._out: dict[str, torch.Tensor] | None = None  # delta buffers kept from round to round
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,
               round_index: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         if not shards:
             return {}, np.array([])
         rngs = [device_rng(self.cfg.seed, round_index, k) for k in shards]
-        if self.batched is not None:
-            return self.batched.train(dict(params), devices=np.array(shards), steps=np.array(steps), lr=lr, rngs=rngs)
+        if self.fast is not None:
+            if self._out is None:
+                n = len(self.data.train)
+                self._out = {name: torch.empty((n, *p.shape)) for name, p in params.items()}
+            return self.fast.train(dict(params), shard_of_row=shards, steps=steps, lr=lr, rngs=rngs, out=self._out)
         deltas, losses = [], []
         for k, s, rng in zip(shards, steps, rngs):
             with torch.no_grad():
