@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from flexfl import __version__
@@ -39,7 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _die_with_parent() -> None:
+    """Started by flexfl.harness: get SIGTERM when the harness dies (a killed `flexfl live` leaves nothing)."""
+    parent = os.environ.pop("FLEXFL_DIE_WITH_PARENT", "")
+    if not parent.isdigit():
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        sys.exit(1)  # the harness died before the signal was armed
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

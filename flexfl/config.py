@@ -216,36 +216,42 @@ def _show(value: Any) -> str:
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
-    """Plain TOML/JSON values of a config dataclass: enums as values, tuples as lists, None omitted."""
+def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
+    """Plain TOML/JSON values of a config dataclass: enums as values, tuples as lists, None omitted.
+
+    With `absolute_paths`, relative path fields (relative to the working directory, as code
+    holds them) are made absolute, so that a file written here means the same when read.
+    """
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         if not f.metadata.get("in_file", True):
             continue
-        value = _plain(getattr(obj, f.name))
+        value = _plain(getattr(obj, f.name), absolute_paths)
+        if absolute_paths and f.metadata.get("path") and isinstance(value, str) and value:
+            value = str(Path(value).absolute())
         if value is not None:
             out[f.name] = value
     return out
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, absolute_paths: bool = False) -> Any:
     if dataclasses.is_dataclass(value):
-        return to_dict(value)
+        return to_dict(value, absolute_paths=absolute_paths)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, absolute_paths) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, absolute_paths) for k, v in value.items()}
     return value
 
 
 def dump_toml(obj: Any, *, header: str = "") -> str:
-    """The TOML text of a config dataclass, with `header` as leading comment lines."""
+    """The TOML text of a config dataclass, with `header` as leading comment lines (paths absolute)."""
     import tomli_w
 
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    return comment + tomli_w.dumps(to_dict(obj))
+    return comment + tomli_w.dumps(to_dict(obj, absolute_paths=True))
 
 
 def write_config(path: Path, obj: Any, *, header: str = "", perms: int = 0o644) -> Path:

@@ -4,13 +4,12 @@ The one way `flexfl live`, the coordinator benchmark and the trace recorder run 
 processes: as local processes on this machine, or (agents) inside emulated devices of
 loadgen.fleet. Readiness comes from the coordinator's own API (the Status RPC): it is
 listening when Status answers, a device has joined when Status lists it. Never from log
-lines. Every process gets SIGTERM if this one dies (PR_SET_PDEATHSIG) and is stopped by
-close(), agents first.
+lines. Every process gets SIGTERM if this one dies (PR_SET_PDEATHSIG, armed by the child
+itself: flexfl.cli, loadgen.device_exec) and is stopped by close(), agents first.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from flexfl.errors import FlexFLError
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
+DIE_WITH_PARENT_ENV = "FLEXFL_DIE_WITH_PARENT"  # read by flexfl.cli.main
 HARNESS_ID = "flexfl-harness"  # the device id Status calls present (Status needs no joined device)
 
 
@@ -109,15 +108,13 @@ class Harness:
         if device is not None and self.fleet is not None:
             proc = self.fleet.spawn(device, argv, role=name, log_path=log_path, env=self.env)
         else:
-            libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: no dlopen in the child
-
-            def die_with_parent() -> None:
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
+            # No preexec_fn: forking a process whose gRPC threads run and then running Python in
+            # the child can abort it; the child arms its parent-death signal itself (flexfl.cli).
+            env = {**self.env, DIE_WITH_PARENT_ENV: str(os.getpid())}
             with open(log_path, "ab") as out:
                 try:
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            env=self.env, preexec_fn=die_with_parent)
+                                            env=env)
                 except OSError as exc:
                     raise HarnessError(f"cannot start {name}: {exc}") from exc
         self.procs[name] = Managed(name=name, proc=proc, log_path=log_path, device=device)
@@ -167,10 +164,13 @@ class Harness:
     def _wait(self, done, *, what: str, timeout_s: float, coordinator: str):
         limit = time.monotonic() + timeout_s
         while True:
-            self.check(coordinator)
             st = self.status()
             if done(st):
                 return st
+            m = self.procs.get(coordinator)
+            if m is not None and m.proc.poll() is not None:
+                raise HarnessError(f"{coordinator} exited with code {m.proc.returncode} while waiting for {what}; "
+                                   f"see {m.log_path}")
             if time.monotonic() > limit:
                 raise HarnessError(f"timed out after {timeout_s:g} s waiting for {what}; logs in {self.out}")
             time.sleep(0.05)

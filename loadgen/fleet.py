@@ -24,7 +24,6 @@ twice is fine. Everything here needs root.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -56,8 +55,6 @@ DEFAULT_CFS_PERIOD_US = 10_000  # short periods: a round's few hundred ms of wor
 FIRST_HOST = 10  # device i gets S.(FIRST_HOST + i)
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]{1,7}")
 _SUBNET_RE = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
-_CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
 
 
 class FleetError(LoadgenError):
@@ -278,33 +275,13 @@ class EmulatedFleet:
         """
         d = self.devices[index]
         log_path = Path(log_path or self.state_dir / f"dev{index}.{role}.log")
-        procs_file = os.fsencode(Path(d.cgroup) / "cgroup.procs")
-        ns_file = os.fsencode(Path("/run/netns") / d.netns)
-        libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: no dlopen in the child
-        parent_pid = os.getpid()
-
-        def enter_device() -> None:
-            # Runs in the child between fork and exec: only os-level calls.
-            fd = os.open(procs_file, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-            fd = os.open(ns_file, os.O_RDONLY)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns failed")
-            finally:
-                os.close(fd)
-            if not detach:
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-                if os.getppid() != parent_pid:
-                    os._exit(1)
-
+        # A launcher enters the device and execs argv (no preexec_fn: see loadgen/device_exec.py).
+        launcher = [sys.executable, "-m", "loadgen.device_exec", "--cgroup", str(d.cgroup), "--netns", d.netns,
+                    *([] if detach else ["--die-with", str(os.getpid())]), "--", *argv]
         log_file = open(log_path, "ab")
         try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, preexec_fn=enter_device)
+            proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
             raise FleetError(f"cannot start {argv[0]} in device {index} ({d.netns}): {exc}") from exc
         finally:

@@ -143,3 +143,12 @@ def test_a_partial_table_changes_only_its_keys_of_the_fields_default(tmp_path: P
     assert load_config(SimConfig, path).partition == PartitionSpec(n_devices=50, seed=3)
     live = load_config(LiveConfig, None, overrides={"partition": {"n_devices": 4}})
     assert (live.partition.n_devices, live.partition.sizes) == (4, "equal")
+
+
+def test_relative_paths_are_written_absolute_so_the_file_means_the_same(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = CoordinatorConfig(server=ServerConfig(fleet_token_file="run/fleet_token"), output=OutputConfig(dir="run/c"))
+    path = write_config(tmp_path / "run" / "coordinator.toml", cfg)
+    loaded = load_config(CoordinatorConfig, path)
+    assert loaded.server.fleet_token_file == str(tmp_path / "run" / "fleet_token")
+    assert loaded.output.dir == str(tmp_path / "run" / "c")

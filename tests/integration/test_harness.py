@@ -1,0 +1,86 @@
+"""The process harness: ready through Status, joined devices, exits reported, children die with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from coordinator.config import OutputConfig, RunConfig
+from edge_agent.config import AgentConfig
+from flexfl.config import write_config
+from flexfl.harness import Harness, HarnessError, free_port
+
+from .conftest import make_config
+
+TOKEN = "harness-token"
+
+
+def _configs(tmp_path: Path, *, rounds: int = 2) -> tuple[Path, str]:
+    (tmp_path / "token").write_text(TOKEN)
+    address = f"127.0.0.1:{free_port()}"
+    cfg = make_config(tmp_path, n_devices=2, min_devices=2, rounds=rounds, deadline_s=5.0)
+    cfg = cfg.__class__(server=cfg.server.__class__(listen=address, fleet_token_file=str(tmp_path / "token"),
+                                                    pull_wait_s=0.5),
+                        partition=cfg.partition, rules=cfg.rules, run=RunConfig(rounds=rounds, deadline_s=5.0, min_devices=2),
+                        output=OutputConfig(dir=str(tmp_path / "out")))
+    write_config(tmp_path / "c.toml", cfg)
+    for i in range(2):
+        write_config(tmp_path / f"a{i}.toml", AgentConfig(coordinator=address, device_id=f"dev-{i}", shard_index=i,
+                                                         fleet_token_file=str(tmp_path / "token"), pull_wait_s=0.5))
+    return tmp_path / "c.toml", address
+
+
+def test_harness_waits_through_status_and_reports_exits(tmp_path: Path) -> None:
+    config, address = _configs(tmp_path)
+    with Harness(tmp_path / "logs") as h:
+        h.start_coordinator(config, address=address, token=TOKEN)
+        st = h.wait_ready(timeout_s=120)
+        assert st.completed_round == 0 and not st.started and st.rounds == 2
+        for i in range(2):
+            h.start_agent(f"agent-{i}", tmp_path / f"a{i}.toml")
+        st = h.wait_joined(["dev-0", "dev-1"], timeout_s=120)
+        assert {d.device_id: d.shard_index for d in st.devices} == {"dev-0": 0, "dev-1": 1}
+        h.procs["coordinator"].proc.wait(timeout=60)
+        with pytest.raises(HarnessError, match="coordinator exited with code 0 while waiting for round 3"):
+            h.wait_round(3, timeout_s=60)
+        time.sleep(1)
+        exits = h.exits()
+        assert exits.get("coordinator") == 0
+        assert h.exits() == {} or set(h.exits()) <= {"agent-0", "agent-1"}  # each exit is reported once
+    with pytest.raises(HarnessError, match="agent-x exited with code"):
+        with Harness(tmp_path / "logs2") as h2:
+            h2.start_agent("agent-x", tmp_path / "no-such.toml")
+            h2.procs["agent-x"].proc.wait(timeout=60)
+            h2.check("agent-x")
+
+
+def test_children_die_when_the_harness_is_killed(tmp_path: Path) -> None:
+    config, address = _configs(tmp_path, rounds=100)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from flexfl.harness import Harness
+        h = Harness(Path({str(tmp_path / 'logs')!r}))
+        m = h.start_coordinator(Path({str(config)!r}), address={address!r}, token={TOKEN!r})
+        h.wait_ready(timeout_s=120)
+        print(m.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert psutil.pid_exists(child)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        psutil.Process(child).wait(timeout=30)  # raises TimeoutExpired if it outlives the harness
+    finally:
+        if parent.poll() is None:
+            parent.kill()
