@@ -18,7 +18,8 @@ from torch import nn
 
 from flexfl.errors import ConfigError, DataError
 from workloads.datasets import ArrayDataset, RawImages, default_emnist_root, load_emnist_raw, load_mnist_raw
-from workloads.partition import pareto_sizes, partition_by_label, partition_iid
+from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
+                                 proportional_sizes, truncated_pareto_draws)
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 from workloads.models import build_model
 from workloads.synthetic import make_synthetic
@@ -44,7 +45,6 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
     "synthetic": WorkloadDefaults(model="logreg", eta0=1.0, batch_size=20, num_classes=10, in_features=60),
 }
 
-SYNTHETIC_TRAIN_FRACTION = 0.9  # FedProx's per-device train/test split
 
 
 def initial_model(dataset: Dataset | str, *, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -114,14 +114,21 @@ def build_federated(spec: PartitionSpec, *, cache_dir: Path | None = None,
     """
     defaults = DEFAULTS[spec.dataset]
     if spec.dataset is Dataset.SYNTHETIC:
-        train, holdout = _synthetic_devices(spec, min_samples)
+        devices = _synthetic_devices(spec, min_samples)
+        test = None
+    else:
+        raw = _load_raw(spec, cache_dir)
+        devices = [raw.train_subset(p) for p in _image_parts(spec, raw.y_train, min_samples)]
+        test = raw.test()
+    if spec.holdout > 0:
+        splits = _holdout_split([len(d) for d in devices], fraction=spec.holdout, seed=_seeds(spec)[1])
+        train = tuple(d.subset(tr) for d, (tr, _) in zip(devices, splits))
+        holdout = tuple(d.subset(ho) for d, (_, ho) in zip(devices, splits))
         test = ArrayDataset(x=np.concatenate([d.x for d in holdout]), y=np.concatenate([d.y for d in holdout]))
-        return FederatedData(name=spec.dataset, train=train, test=test, device_test=holdout,
-                             num_classes=defaults.num_classes, in_features=defaults.in_features)
-    raw = _load_raw(spec, cache_dir)
-    parts = _image_parts(spec, raw.y_train, min_samples)
-    return FederatedData(name=spec.dataset, train=tuple(raw.train_subset(p) for p in parts), test=raw.test(),
-                         device_test=None, num_classes=defaults.num_classes, in_features=defaults.in_features)
+    else:
+        train, holdout = tuple(devices), None
+    return FederatedData(name=spec.dataset, train=train, test=test, device_test=holdout,
+                         num_classes=defaults.num_classes, in_features=defaults.in_features)
 
 
 def load_shard(spec: PartitionSpec, index: int, *, cache_dir: Path | None = None) -> ArrayDataset:
@@ -134,9 +141,17 @@ def load_shard(spec: PartitionSpec, index: int, *, cache_dir: Path | None = None
     if not 0 <= index < spec.n_devices:
         raise ConfigError(f"shard_index {index} is outside the partition's 0..{spec.n_devices - 1}")
     if spec.dataset is Dataset.SYNTHETIC:
-        return _synthetic_devices(spec, None)[0][index]
-    raw = _load_raw(spec, cache_dir)
-    return raw.train_subset(_image_parts(spec, raw.y_train, None)[index])
+        devices = _synthetic_devices(spec, None)  # a few MB: generated whole
+        lengths, mine = [len(d) for d in devices], devices[index]
+    else:
+        raw = _load_raw(spec, cache_dir)
+        parts = _image_parts(spec, raw.y_train, None)  # index arrays only: no other device's images
+        lengths, mine = [len(p) for p in parts], None
+    keep = (_holdout_split(lengths, fraction=spec.holdout, seed=_seeds(spec)[1])[index][0]
+            if spec.holdout > 0 else None)
+    if mine is not None:
+        return mine if keep is None else mine.subset(keep)
+    return raw.train_subset(parts[index] if keep is None else parts[index][keep])
 
 
 def _seeds(spec: PartitionSpec) -> tuple[int, int, int]:
@@ -144,21 +159,32 @@ def _seeds(spec: PartitionSpec) -> tuple[int, int, int]:
     return sizes_seed, split_seed, data_seed
 
 
+def _size_weights(spec: PartitionSpec) -> np.ndarray:
+    """Relative sizes of the Pareto-like readings (see workloads.partition_spec.Sizes)."""
+    n, seed = spec.n_devices, _seeds(spec)[0]
+    if spec.sizes is Sizes.PARETO_TRUNCATED:
+        return truncated_pareto_draws(n, upper=float(max(n, 2)), seed=seed)
+    if spec.sizes is Sizes.LOGNORMAL:
+        return lognormal_draws(n, seed=seed)
+    return np.random.default_rng(seed).pareto(0.5, n) + 1.0  # Type I: support [1, inf)
+
+
 def _device_sizes(spec: PartitionSpec, total: int, min_size: int) -> np.ndarray:
     if spec.sizes is Sizes.EQUAL:
         return np.full(spec.n_devices, total // spec.n_devices, dtype=np.int64)
-    return pareto_sizes(spec.n_devices, total=total, min_size=min_size, seed=_seeds(spec)[0])
+    cap = None
+    if spec.sizes is Sizes.PARETO_CAPPED:
+        cap = max(min_size, -(-total // DEFAULTS[spec.dataset].num_classes))  # one class's share, rounded up
+    return proportional_sizes(_size_weights(spec), total=total, min_size=min_size, max_size=cap)
 
 
-def _synthetic_devices(spec: PartitionSpec, min_samples: int | None):
+def _synthetic_devices(spec: PartitionSpec, min_samples: int | None) -> list[ArrayDataset]:
     defaults = DEFAULTS[spec.dataset]
     counts = _device_sizes(spec, spec.total_samples or 20000, min_samples or 50)
-    if counts.min() < 2:
+    if spec.holdout > 0 and counts.min() < 2:
         raise ConfigError("SYNTHETIC needs at least 2 samples per device (train + holdout); raise total_samples")
-    _, split_seed, data_seed = _seeds(spec)
-    devices = make_synthetic(alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, sizes=counts, seed=data_seed, iid=spec.iid,
-                             dim=defaults.in_features, num_classes=defaults.num_classes)
-    return _split_devices(devices, seed=split_seed)
+    return make_synthetic(alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, sizes=counts, seed=_seeds(spec)[2],
+                          iid=spec.iid, dim=defaults.in_features, num_classes=defaults.num_classes)
 
 
 def _load_raw(spec: PartitionSpec, cache_dir: Path | None) -> RawImages:
@@ -171,22 +197,26 @@ def _image_parts(spec: PartitionSpec, labels: np.ndarray, min_samples: int | Non
     total = spec.total_samples or len(labels)
     if total > len(labels):
         raise DataError(f"total_samples {total} exceeds the {len(labels)} training samples of {spec.dataset}")
-    counts = _device_sizes(spec, total, min_samples or 20)
     split_seed = _seeds(spec)[1]
+    if spec.sizes is Sizes.PARETO_PER_LABEL:
+        return partition_by_label_shares(labels, _size_weights(spec), total=total, seed=split_seed,
+                                         min_size=min_samples or 20)[0]
+    counts = _device_sizes(spec, total, min_samples or 20)
     if spec.iid:
         return partition_iid(len(labels), counts, seed=split_seed)
     return partition_by_label(labels, counts, seed=split_seed)[0]
 
 
-def _split_devices(
-    devices: list[ArrayDataset], *, seed: int
-) -> tuple[tuple[ArrayDataset, ...], tuple[ArrayDataset, ...]]:
-    # FedProx keeps int(0.9 n) for training; the holdout gets the rest (at least 1 for n >= 2).
+def _holdout_split(lengths: Sequence[int], *, fraction: float, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per device, (training, holdout) positions; the holdout gets n - int((1 - fraction) n).
+
+    FedProx keeps int(0.9 n) for training (at least 1 holdout sample for n >= 2). Depends
+    on the devices' sizes only, so one device's split is computed without the others' data.
+    """
     rng = np.random.default_rng(seed)
-    train, holdout = [], []
-    for d in devices:
-        perm = rng.permutation(len(d))
-        n_train = int(SYNTHETIC_TRAIN_FRACTION * len(d))
-        train.append(d.subset(perm[:n_train]))
-        holdout.append(d.subset(perm[n_train:]))
-    return tuple(train), tuple(holdout)
+    out = []
+    for n in lengths:
+        perm = rng.permutation(int(n))
+        n_train = int((1.0 - fraction) * n)
+        out.append((perm[:n_train], perm[n_train:]))
+    return out

@@ -37,6 +37,29 @@ def pareto_sizes(
         raise DataError(f"the Pareto index must be > 0, got {index}")
     if min_size < 1:
         raise DataError(f"min_size must be >= 1 (every device needs data), got {min_size}")
+
+    rng = np.random.default_rng(seed)
+    draws = rng.pareto(index, n_devices) + 1.0  # Type I: support [1, inf)
+    return proportional_sizes(draws, total=total, min_size=min_size, max_size=max_size)
+
+
+def truncated_pareto_draws(n_devices: int, *, index: float = 0.5, upper: float, seed: int) -> np.ndarray:
+    """Type-I Pareto(index) draws (x_m = 1) truncated to [1, upper], by inverse CDF; float64 [n]."""
+    if upper <= 1:
+        raise DataError(f"the truncation point must be > 1, got {upper}")
+    u = np.random.default_rng(seed).random(n_devices)
+    # F(x) = (1 - x^-a) / (1 - U^-a) on [1, U]  =>  x = (1 - u (1 - U^-a))^(-1/a)
+    return (1.0 - u * (1.0 - upper ** -index)) ** (-1.0 / index)
+
+
+def lognormal_draws(n_devices: int, *, seed: int) -> np.ndarray:
+    """FedProx's SYNTHETIC sample counts: floor(LogNormal(4, 2)) + 50 per device; float64 [n]."""
+    return np.floor(np.random.default_rng(seed).lognormal(4.0, 2.0, n_devices)) + 50.0
+
+
+def proportional_sizes(weights: np.ndarray, *, total: int, min_size: int, max_size: int | None = None) -> np.ndarray:
+    """Counts summing to `total`: `min_size` each, the rest in proportion to `weights`, none above `max_size`."""
+    n_devices = len(weights)
     if n_devices * min_size > total:
         raise DataError(f"{n_devices} devices x min_size {min_size} = {n_devices * min_size} exceeds total {total}")
     cap = np.inf
@@ -46,11 +69,9 @@ def pareto_sizes(
         if n_devices * max_size < total:
             raise DataError(f"{n_devices} devices x max_size {max_size} = {n_devices * max_size} is below total {total}")
         cap = float(max_size - min_size)
-
-    rng = np.random.default_rng(seed)
-    draws = rng.pareto(index, n_devices) + 1.0  # Type I: support [1, inf)
+    weights = np.asarray(weights, dtype=np.float64)
     rest = total - n_devices * min_size
-    extra = _water_fill(draws / draws.sum(), amount=float(rest), cap=cap)
+    extra = _water_fill(weights / weights.sum(), amount=float(rest), cap=cap)
     return np.full(n_devices, min_size, dtype=np.int64) + _round_to_sum(extra, total=rest, cap=cap)
 
 
@@ -93,6 +114,34 @@ def partition_iid(n_samples: int, sizes: Sequence[int], *, seed: int) -> list[np
         raise DataError(f"sizes ask for {int(sizes_arr.sum())} samples but only {n_samples} exist")
     perm = np.random.default_rng(seed).permutation(n_samples)
     return np.split(perm[: sizes_arr.sum()], np.cumsum(sizes_arr)[:-1])
+
+
+def partition_by_label_shares(labels: np.ndarray, weights: np.ndarray, *, total: int, seed: int,
+                              min_size: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """One label per device, and the devices of a label share its samples in proportion to `weights`.
+
+    Each device's label is drawn uniformly (as partition_by_label). Of each label, the same
+    fraction total / len(labels) is used, so the split holds `total` samples (up to
+    rounding) and no device is ever shrunk: sizes follow the weights within each label.
+    """
+    labels = np.asarray(labels)
+    weights = np.asarray(weights, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    assigned = rng.choice(classes, size=len(weights)).astype(np.int64)
+    parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(weights)
+    for label in classes:
+        devices = np.flatnonzero(assigned == label)
+        pool = rng.permutation(np.flatnonzero(labels == label))
+        if len(devices) == 0:
+            continue
+        use = max(len(devices) * min_size, int(round(len(pool) * total / len(labels))))
+        if use > len(pool):
+            raise DataError(f"label {label} has {len(pool)} samples for {len(devices)} devices of at least {min_size}")
+        counts = proportional_sizes(weights[devices], total=use, min_size=min_size)
+        for device, chunk in zip(devices, np.split(pool[:use], np.cumsum(counts)[:-1])):
+            parts[device] = chunk
+    return parts, assigned
 
 
 def partition_by_label(

@@ -23,9 +23,26 @@ class Dataset(StrEnum):
 
 
 class Sizes(StrEnum):
-    """Samples per device: Type-I Pareto(0.5) (the paper's default) or equal counts."""
+    """How many samples each device holds. The paper says only "Type-I Pareto with index 0.5";
+    these are the readings FlexFL offers (results/README.md compares them):
+
+    - pareto: Pareto(0.5) draws (x_m = 1) in proportion, scaled to the total, `min` each;
+      heavy-tailed: with 100 devices one device often holds most of the data. For
+      non-IID images a label's devices are shrunk when they ask for more than it has.
+    - pareto-capped: the same draws, no device above one class's share of the total
+      (total / classes); the excess goes to the others in proportion.
+    - pareto-truncated: Pareto(0.5) truncated to [1, N] (N devices), then scaled.
+    - pareto-per-label: non-IID images only: the devices of a label share that label's
+      samples in Pareto(0.5) proportions: one label per device, never shrunk.
+    - lognormal: FedProx's floor(LogNormal(4, 2)) + 50, in proportion, scaled.
+    - equal: the same count for every device (the paper's arrival/departure experiments).
+    """
 
     PARETO = "pareto"
+    PARETO_CAPPED = "pareto-capped"
+    PARETO_TRUNCATED = "pareto-truncated"
+    PARETO_PER_LABEL = "pareto-per-label"
+    LOGNORMAL = "lognormal"
     EQUAL = "equal"
 
 
@@ -41,6 +58,10 @@ class PartitionSpec:
     SYNTHETIC(1,1)) and 0.0 for IID, and giving them for another dataset, or for IID, is
     an error. Two specs are equal when they describe the same split (`identity`).
     total_samples left out is the dataset's default (all of MNIST/EMNIST, 20000 SYNTHETIC).
+    holdout_fraction splits each device's samples into training and a holdout; the test set
+    is then the holdouts of the objective's devices (an arrival's holdout joins it, an
+    excluded device's leaves it). Left out: SYNTHETIC keeps FedProx's 10 %, MNIST/EMNIST
+    use the dataset's own test set.
     emnist_root is where this machine keeps EMNIST (torchvision layout); each machine sets
     its own, so it is not sent to agents nor compared.
     """
@@ -53,6 +74,7 @@ class PartitionSpec:
     total_samples: int | None = None
     sizes: Sizes = Sizes.PARETO
     seed: int = 0
+    holdout_fraction: float | None = None  # per-device holdout; None: SYNTHETIC 0.1 (FedProx), images 0
     emnist_root: str = field(default="", compare=False, metadata=_LOCAL)
 
     def __post_init__(self) -> None:
@@ -61,6 +83,11 @@ class PartitionSpec:
             raise ConfigError(f"partition.n_devices must be >= 1, got {self.n_devices}")
         if self.total_samples is not None and self.total_samples < self.n_devices:
             raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least n_devices ({self.n_devices})")
+        if self.holdout_fraction is not None and not 0 <= self.holdout_fraction < 1:
+            raise ConfigError(f"partition.holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.sizes is Sizes.PARETO_PER_LABEL and (self.iid or self.dataset is Dataset.SYNTHETIC):
+            raise ConfigError("partition.sizes = pareto-per-label shares each label among its devices: "
+                              "it needs non-IID MNIST or EMNIST")
         if self.dataset is not Dataset.SYNTHETIC:
             if self.alpha is not None or self.beta is not None:
                 raise ConfigError(f"partition.alpha/beta shape SYNTHETIC only; leave them out for {self.dataset}")
@@ -72,6 +99,13 @@ class PartitionSpec:
         if self.iid and (self.alpha or self.beta):
             raise ConfigError(f"partition.alpha/beta ({self.alpha}, {self.beta}) shape non-IID SYNTHETIC only; "
                               "set iid = false or leave them out")
+
+    @property
+    def holdout(self) -> float:
+        """The per-device holdout fraction in use (defaults filled in)."""
+        if self.holdout_fraction is not None:
+            return self.holdout_fraction
+        return 0.1 if self.dataset is Dataset.SYNTHETIC else 0.0
 
     @property
     def synthetic_alpha(self) -> float:
@@ -88,6 +122,7 @@ class PartitionSpec:
         out = {k: v for k, v in to_dict(self).items() if k not in local}
         if self.dataset is Dataset.SYNTHETIC:
             out.update(alpha=self.synthetic_alpha, beta=self.synthetic_beta)
+        out["holdout_fraction"] = self.holdout
         return out
 
     def __eq__(self, other: object) -> bool:

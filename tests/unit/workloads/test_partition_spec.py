@@ -29,7 +29,8 @@ def test_json_round_trip_and_differences():
     spec = PartitionSpec(dataset="mnist", n_devices=20, sizes="equal", seed=3)
     assert PartitionSpec.from_json(spec.to_json(), where="test") == spec
     other = PartitionSpec(dataset="synthetic", n_devices=20, sizes="equal", seed=3)
-    assert spec.differences(other) == ["alpha: None vs 1.0", "beta: None vs 1.0", "dataset: mnist vs synthetic"]
+    assert spec.differences(other) == ["alpha: None vs 1.0", "beta: None vs 1.0", "dataset: mnist vs synthetic",
+                                       "holdout_fraction: 0.0 vs 0.1"]
     with pytest.raises(ConfigError, match="test: partition is not valid JSON"):
         PartitionSpec.from_json("{", where="test")
     with pytest.raises(ConfigError, match=r"\[partition\].n_devicez: unknown key; did you mean 'n_devices'"):
@@ -48,13 +49,58 @@ def test_bad_specs_are_refused(kwargs, message):
         PartitionSpec(**kwargs)
 
 
-@pytest.mark.parametrize("dataset", ["synthetic", "mnist"])
-@pytest.mark.parametrize("iid", [True, False])
-def test_load_shard_equals_the_shard_of_the_whole_split(dataset, iid, mnist_cache_dir: Path):
-    spec = PartitionSpec(dataset=dataset, n_devices=12, iid=iid, total_samples=6000, seed=1)
+@pytest.mark.parametrize("dataset, iid, sizes, holdout", [
+    ("synthetic", True, "pareto", None), ("synthetic", False, "lognormal", None),
+    ("mnist", True, "pareto-capped", None), ("mnist", False, "pareto", None),
+    ("mnist", False, "pareto-per-label", 0.1), ("mnist", True, "equal", 0.2)])
+def test_load_shard_equals_the_shard_of_the_whole_split(dataset, iid, sizes, holdout, mnist_cache_dir: Path):
+    spec = PartitionSpec(dataset=dataset, n_devices=12, iid=iid, total_samples=6000, seed=1, sizes=sizes,
+                         holdout_fraction=holdout)
     whole = build_federated(spec, cache_dir=mnist_cache_dir)
     for k in (0, 7, 11):
         shard = load_shard(spec, k, cache_dir=mnist_cache_dir)
         assert np.array_equal(shard.x, whole.train[k].x) and np.array_equal(shard.y, whole.train[k].y)
     with pytest.raises(ConfigError, match="shard_index 12 is outside the partition's 0..11"):
         load_shard(spec, 12, cache_dir=mnist_cache_dir)
+
+
+def _shares(spec, cache):
+    counts = build_federated(spec, cache_dir=cache).sample_counts
+    return counts, counts.max() / counts.sum()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_size_readings_on_mnist(seed, mnist_cache_dir: Path):
+    base = dict(dataset="mnist", n_devices=100, seed=seed, holdout_fraction=0.0)
+    pareto, top_pareto = _shares(PartitionSpec(iid=True, sizes="pareto", **base), mnist_cache_dir)
+    capped, top_capped = _shares(PartitionSpec(iid=True, sizes="pareto-capped", **base), mnist_cache_dir)
+    truncated, top_truncated = _shares(PartitionSpec(iid=True, sizes="pareto-truncated", **base), mnist_cache_dir)
+    equal, _ = _shares(PartitionSpec(iid=True, sizes="equal", **base), mnist_cache_dir)
+    for counts in (pareto, capped, truncated):
+        assert counts.sum() == 60000 and counts.min() >= 20
+    assert top_capped <= 0.1 + 1e-3 < top_pareto  # at most one class's share (6000 of 60000)
+    assert top_truncated < top_pareto
+    assert set(equal.tolist()) == {600}
+    # One label per device with Pareto shares inside each label: nobody is shrunk, and a
+    # device never holds more than its label has.
+    data = build_federated(PartitionSpec(iid=False, sizes="pareto-per-label", **base), cache_dir=mnist_cache_dir)
+    labels = [set(np.unique(d.y).tolist()) for d in data.train]
+    assert all(len(l) == 1 for l in labels)
+    assert data.sample_counts.sum() >= 59_900 and data.sample_counts.max() <= 6742  # the largest label (1s)
+
+
+def test_lognormal_is_fedprox_style_and_holdouts_make_a_per_device_test_set(mnist_cache_dir: Path):
+    data = build_federated(PartitionSpec(dataset="synthetic", n_devices=30, sizes="lognormal"))
+    assert data.sample_counts.sum() + sum(len(d) for d in data.device_test) == 20000
+    assert data.sample_counts.min() >= 0.9 * 50 - 1  # FedProx's floor of 50 samples per device
+    mnist = build_federated(PartitionSpec(dataset="mnist", n_devices=10, iid=True, sizes="equal", holdout_fraction=0.1),
+                            cache_dir=mnist_cache_dir)
+    assert [len(d) for d in mnist.train] == [5400] * 10 and [len(d) for d in mnist.device_test] == [600] * 10
+    assert len(mnist.test) == 6000 and len(mnist.test_for([0, 3])) == 1200
+
+
+def test_pareto_per_label_needs_non_iid_images():
+    with pytest.raises(ConfigError, match="pareto-per-label"):
+        PartitionSpec(dataset="synthetic", sizes="pareto-per-label")
+    with pytest.raises(ConfigError, match="pareto-per-label"):
+        PartitionSpec(dataset="mnist", iid=True, sizes="pareto-per-label")
