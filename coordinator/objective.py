@@ -18,10 +18,35 @@ from flexfl.errors import ConfigError
 
 
 class DeparturePolicy(StrEnum):
-    """include: keep a departed device's p^k (it contributes nothing); exclude: drop and renormalise."""
+    """include: keep a departed device's p^k (it contributes nothing); exclude: drop and renormalise;
+    auto: decide per departure by Corollary 4.3 (AutoDeparture)."""
 
     INCLUDE = "include"
     EXCLUDE = "exclude"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class AutoDeparture:
+    """Corollary 4.3: exclude a device departing at tau_0 when T - tau_0 >= c * sqrt(Gamma_l * tau_0).
+
+    T is the run's last round; Gamma_l = F_l(w*) - F_l* measures how non-IID the departing
+    device is, estimated by `Objective.gamma` (see there). The corollary fixes the rule up
+    to the constant c, which FlexFL chose on part of the Table 5 grid
+    (results/departure_auto.md): without a Gamma estimate (the device never trained) it includes.
+    """
+
+    c: float
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.c) and self.c > 0):
+            raise ConfigError(f"the auto departure constant c must be > 0, got {self.c!r}")
+
+    def decide(self, *, tau0: int, horizon: int, gamma: float | None) -> DeparturePolicy:
+        if gamma is None:
+            return DeparturePolicy.INCLUDE
+        return (DeparturePolicy.EXCLUDE if horizon - tau0 >= self.c * np.sqrt(max(gamma, 0.0) * tau0)
+                else DeparturePolicy.INCLUDE)
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,29 @@ class Objective:
     departed_included: set[str] = field(default_factory=set)
     arrivals: dict[str, int] = field(default_factory=dict)  # device -> round of its arrival shift
     shift_round: int = 0
+    loss_gaps: dict[str, list[float]] = field(default_factory=dict)  # device -> recent Gamma samples
+
+    GAMMA_ROUNDS = 5  # Gamma_l is averaged over the device's last rounds with local updates
+
+    def note_losses(self, device_id: str, *, first: float, last: float) -> None:
+        """Record device's loss on its first minibatch (global model) and its last (after its updates)."""
+        if device_id in self.sample_counts and np.isfinite(first) and np.isfinite(last):
+            gaps = self.loss_gaps.setdefault(device_id, [])
+            gaps.append(max(0.0, float(first) - float(last)))
+            del gaps[:-self.GAMMA_ROUNDS]
+
+    def gamma(self, device_id: str) -> float | None:
+        """Estimate of Gamma_l = F_l(w*) - F_l* for a device (None before it trained).
+
+        What a coordinator can know: each update reports the device's loss on its first
+        minibatch, taken at the global model (an estimate of F_l(w), w near w* late in
+        training), and on its last, after its local updates (an upper estimate of F_l*, which
+        its local optimum lies below). Their gap, averaged over its last GAMMA_ROUNDS rounds,
+        grows with how far the device's own optimum lies from the global model: a lower-bound
+        estimate of Gamma_l in the loss's units.
+        """
+        gaps = self.loss_gaps.get(device_id)
+        return float(np.mean(gaps)) if gaps else None
 
     def add_initial(self, device_id: str, n_samples: int) -> None:
         """A device present from the start: no shift."""
@@ -97,8 +145,11 @@ class Objective:
         if device_id not in self.sample_counts:
             raise ConfigError(f"device {device_id!r} is not in the objective")
         policy = DeparturePolicy(policy)
+        if policy is DeparturePolicy.AUTO:
+            raise ConfigError("resolve the auto departure policy (AutoDeparture.decide) before applying it")
         if policy is DeparturePolicy.EXCLUDE:
             del self.sample_counts[device_id]
+            self.loss_gaps.pop(device_id, None)
             self.departed_included.discard(device_id)
             self.arrivals.pop(device_id, None)
             self.shift_round = max(self.shift_round, round_index)
@@ -144,6 +195,7 @@ class Objective:
             "departed_included": sorted(self.departed_included),
             "arrivals": dict(self.arrivals),
             "shift_round": self.shift_round,
+            "loss_gaps": {d: list(v) for d, v in self.loss_gaps.items()},
         }
 
     @classmethod
@@ -154,6 +206,7 @@ class Objective:
                 departed_included=set(map(str, d["departed_included"])),
                 arrivals={str(k): int(v) for k, v in d["arrivals"].items()},
                 shift_round=int(d["shift_round"]),
+                loss_gaps={str(k): [float(x) for x in v] for k, v in d.get("loss_gaps", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"objective state is malformed: {exc!r}") from exc

@@ -72,3 +72,33 @@ def test_objective_round_trips_and_rejects_bad_input():
         obj.depart("nope", round_index=5, policy="exclude")
     with pytest.raises(ConfigError, match="malformed"):
         Objective.from_dict({"sample_counts": {}})
+
+
+def test_auto_departure_rule_follows_corollary_4_3():
+    from coordinator.objective import AutoDeparture
+
+    rule = AutoDeparture(c=2.0)
+    # T - tau_0 = 40 >= 2 sqrt(0.25 * 30) = 5.48: exclude; with Gamma = 200: 2 sqrt(6000) = 155 > 40: include.
+    assert rule.decide(tau0=30, horizon=70, gamma=0.25) == "exclude"
+    assert rule.decide(tau0=30, horizon=70, gamma=200.0) == "include"
+    # Later departures need more remaining time; an IID device (Gamma ~ 0) is excluded even at the end.
+    assert rule.decide(tau0=60, horizon=70, gamma=2.0) == "include" and rule.decide(tau0=20, horizon=70, gamma=2.0) == "exclude"
+    assert rule.decide(tau0=69, horizon=70, gamma=0.0) == "exclude"
+    assert rule.decide(tau0=10, horizon=70, gamma=None) == "include"  # never trained: nothing known
+    with pytest.raises(ConfigError, match="c must be > 0"):
+        AutoDeparture(c=0.0)
+
+
+def test_gamma_estimate_averages_recent_loss_gaps_and_survives_a_checkpoint():
+    obj = Objective()
+    obj.add_initial("a", 10)
+    assert obj.gamma("a") is None
+    for first, last in [(2.0, 1.0), (1.5, 1.0), (1.0, 1.2), (9.0, 1.0), (1.2, 1.0), (1.1, 1.0)]:
+        obj.note_losses("a", first=first, last=last)
+    # The last five gaps: 0.5, 0 (a rise counts as 0), 8.0, 0.2, 0.1.
+    assert obj.gamma("a") == pytest.approx((0.5 + 0 + 8.0 + 0.2 + 0.1) / 5)
+    assert Objective.from_dict(obj.to_dict()).gamma("a") == pytest.approx(obj.gamma("a"))
+    obj.note_losses("stranger", first=1.0, last=0.0)
+    assert obj.gamma("stranger") is None
+    with pytest.raises(ConfigError, match="resolve the auto departure policy"):
+        obj.depart("a", round_index=3, policy="auto")
