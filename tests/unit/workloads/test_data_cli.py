@@ -21,7 +21,7 @@ def test_prepare_prints_one_line_summary(mnist_cache_dir: Path, capsys: pytest.C
     assert run(["data", "prepare", "--cache-dir", str(mnist_cache_dir)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
-    assert "60000 train, 10000 test" in out[0] and str(mnist_cache_dir / "mnist.npz") in out[0]
+    assert "60000 train, 10000 test" in out[0] and str(mnist_cache_dir / "mnist") in out[0]
 
 
 def test_show_synthetic_non_iid(capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,7 +124,7 @@ def test_mnist_real_data(mnist: tuple[ArrayDataset, ArrayDataset]) -> None:
 
 
 def test_mnist_second_load_reads_the_cache(mnist_cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert (mnist_cache_dir / "mnist.npz").is_file()
+    assert (mnist_cache_dir / "mnist" / "x_train.npy").is_file()
 
     def no_parse(folder: Path) -> None:
         raise AssertionError("parsed the CSVs although a valid cache exists")
@@ -138,22 +138,20 @@ def test_mnist_second_load_reads_the_cache(mnist_cache_dir: Path, monkeypatch: p
 def test_mnist_corrupt_cache_is_rebuilt(
     corruption: str, mnist_cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = tmp_path / "mnist.npz"
+    cache = tmp_path / "mnist"
+    cache.mkdir()
+    for key, shape in (("x_train", (5, 784)), ("y_train", (5,)), ("x_test", (5, 784)), ("y_test", (5,))):
+        np.save(cache / f"{key}.npy", np.zeros(shape, np.uint8))
     if corruption == "garbage":
-        cache.write_bytes(b"PK\x03\x04 truncated")
-    else:
-        np.savez(cache, x_train=np.zeros((5, 784), np.uint8), y_train=np.zeros(5, np.uint8),
-                 x_test=np.zeros((5, 784), np.uint8), y_test=np.zeros(5, np.uint8))
-    with np.load(mnist_cache_dir / "mnist.npz") as good:
-        good_arrays = {k: good[k] for k in good.files}
+        (cache / "x_train.npy").write_bytes(b"\x93NUMPY truncated")
+    good_arrays = {k: np.load(mnist_cache_dir / "mnist" / f"{k}.npy") for k in ("x_train", "y_train", "x_test", "y_test")}
     parsed = []
     monkeypatch.setattr(datasets, "_parse_mnist_csvs", lambda folder: parsed.append(folder) or good_arrays)
     train, test = load_mnist(tmp_path)
     assert len(parsed) == 1
     assert (len(train), len(test)) == (60000, 10000)
-    with np.load(cache) as rebuilt:
-        assert rebuilt["x_train"].shape == (60000, 784)
-    assert not list(tmp_path.glob("*.tmp"))
+    assert np.load(cache / "x_train.npy", mmap_mode="r").shape == (60000, 784)
+    assert not list(cache.glob(".*.tmp"))
 
 
 def test_mnist_without_package_says_which_pip_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,6 +162,6 @@ def test_mnist_without_package_says_which_pip_command(tmp_path: Path, monkeypatc
 
 def test_mnist_cache_dir_defaults_to_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEXFL_CACHE", str(tmp_path))
-    assert datasets.mnist_cache_path() == tmp_path / "mnist.npz"
+    assert datasets.mnist_cache_path() == tmp_path / "mnist"
     monkeypatch.delenv("FLEXFL_CACHE")
-    assert datasets.mnist_cache_path() == Path.home() / ".cache" / "flexfl" / "mnist.npz"
+    assert datasets.mnist_cache_path() == Path.home() / ".cache" / "flexfl" / "mnist"
