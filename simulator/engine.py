@@ -286,7 +286,15 @@ def run_paired(
     for cfg in configs:
         if cfg.traces.set not in sets:
             sets[cfg.traces.set] = read_trace_set(Path(cfg.traces.set))
-    runs = [_Run(cfg, data, TraceParticipation(sets[cfg.traces.set], cfg)) for cfg in configs]
+    # Runs with the same draws (the schemes of a seed) share one sampler and draw each s once.
+    draws: dict[tuple, _SharedDraws] = {}
+    runs = []
+    for cfg in configs:
+        r = cfg.rules
+        key = (cfg.traces.set, cfg.traces.num_traces, cfg.seed, r.required_updates, r.trace_sampling, r.s_rule)
+        if key not in draws:
+            draws[key] = _SharedDraws(TraceParticipation(sets[cfg.traces.set], cfg))
+        runs.append(_Run(cfg, data, draws[key]))
     fast = FastTrainer(runs[0].model, data.train, batch_size=first.rules.batch_size_for(first.partition.dataset))
     n = len(data.train)
     out = {name: torch.empty((n * len(runs), *p.shape)) for name, p in runs[0].fed.params.items()}
@@ -298,12 +306,15 @@ def run_paired(
         bounds = np.cumsum([0] + [len(w.shards) for w in works])
         deltas, losses = {}, np.array([])
         if bounds[-1]:
+            # One Generator per (seed, device): the runs of a seed share a device's minibatches.
+            keys = [(configs[i].seed, k) for i, w in zip(going, works) for k in w.shards]
+            generators = {key: device_rng(key[0], tau, key[1]) for key in set(keys)}
             start = {name: torch.stack([runs[i].fed.params[name] for i in going]) for name in out}
             deltas, losses = fast.train(
                 start, shard_of_row=np.concatenate([w.shards for w in works]).astype(np.int64),
                 steps=np.concatenate([w.steps for w in works]).astype(np.int64),
                 lr=np.concatenate([np.full(len(w.shards), w.opening.lr) for w in works]),
-                rngs=[device_rng(configs[i].seed, tau, k) for i, w in zip(going, works) for k in w.shards],
+                rngs=[generators[key] for key in keys],
                 start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out)
         # The shared training is split evenly; each run's close and evaluation is its own.
         share = (time.perf_counter() - t0) / len(going)
@@ -315,6 +326,22 @@ def run_paired(
         run.result.final_params = run.fed.params
         run.result.wall_s = sum(r.seconds for r in run.result.records)
     return [run.result for run in runs]
+
+
+class _SharedDraws:
+    """A TraceParticipation that paired runs in lock-step share: each (device, round) is drawn once."""
+
+    def __init__(self, participation: TraceParticipation) -> None:
+        self.participation = participation
+        self.trace_names = participation.trace_names
+        self._round, self._s = 0, {}
+
+    def draw(self, shard: int, round_index: int) -> int:
+        if round_index != self._round:
+            self._round, self._s = round_index, {}
+        if shard not in self._s:
+            self._s[shard] = self.participation.draw(shard, round_index)
+        return self._s[shard]
 
 
 @dataclass(frozen=True)
@@ -333,7 +360,7 @@ class _Run:
     """One run's state between rounds: its Federation, s draws and records; the caller trains."""
 
     def __init__(self, cfg: SimConfig, data: FederatedData,
-                 participation: FixedParticipation | TraceParticipation) -> None:
+                 participation: FixedParticipation | TraceParticipation | _SharedDraws) -> None:
         n = cfg.partition.n_devices
         if len(data.train) != n:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")

@@ -85,3 +85,26 @@ def test_configs_that_cannot_be_paired_are_refused():
         run_paired([BASE, with_rules(BASE, batch_size=7)])
     with pytest.raises(ConfigError, match="at least one config"):
         run_paired([])
+
+
+def test_rows_sharing_a_generator_train_on_its_batches_each_for_its_own_steps():
+    """FastTrainer: rows given one Generator object equal rows given equal fresh Generators."""
+    import numpy as np
+
+    from edge_agent.trainer import device_rng
+    from simulator.fast_trainer import FastTrainer
+    from workloads.federated import initial_model
+
+    data = load_data(BASE)
+    model, params = initial_model("synthetic", seed=0)
+    trainer = FastTrainer(model, data.train, batch_size=5)
+    shards, steps = [2, 2, 2, 3], [4, 1, 6, 3]  # three rows of device 2 (ragged steps), one of device 3
+    shared = device_rng(0, 1, 2)
+    got, got_loss = trainer.train(params, shard_of_row=shards, steps=steps, lr=0.5,
+                                  rngs=[shared, shared, shared, device_rng(0, 1, 3)])
+    want, want_loss = trainer.train(params, shard_of_row=shards, steps=steps, lr=0.5,
+                                    rngs=[device_rng(0, 1, k) for k in shards])
+    np.testing.assert_array_equal(got_loss, want_loss)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)
+    assert not torch.equal(got["linear.weight"][0], got["linear.weight"][1])  # 4 steps vs 1
