@@ -30,10 +30,10 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 SUMMARY_KEYS = frozenset({"name", "config", "final_acc", "final_loss", "rounds", "wall_s", "device_updates",
-                          "discarded_rounds", "final_params_sha256", "paired_with", "identical_to"})
+                          "discarded_rounds", "final_params_sha256", "paired_with", "group_wall_s", "identical_to",
+                          "cached"})
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,14 @@ class RunOutput:
     error: str | None = None
 
 
+class Executor(Protocol):
+    """Computes GroupTasks somewhere (simulator.executors) and yields each group's outputs as it finishes."""
+
+    def describe(self) -> str: ...
+
+    def run(self, tasks: Sequence[GroupTask]) -> Iterator[list[RunOutput]]: ...
+
+
 # ---- on disk ----------------------------------------------------------------------------------
 
 
@@ -177,14 +186,14 @@ def compute_group(task: GroupTask) -> list[RunOutput]:
     # (python -m benchmarks.threads); executors run one worker per core instead.
     torch.set_num_threads(1)
     computed = [r for r in task.runs if r.same_as is None]
-    partition = computed[0].config.partition
-    if partition not in _DATA:
-        _DATA.clear()
-        _DATA[partition] = load_data(computed[0].config)
-    data = _DATA[partition]
     configs = [r.config for r in computed]
     started = time.perf_counter()
     try:
+        partition = configs[0].partition
+        if partition not in _DATA:
+            _DATA.clear()
+            _DATA[partition] = load_data(configs[0])  # e.g. DatasetNotFoundError on a node without MNIST
+        data = _DATA[partition]
         pairable = len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1 and all(
             c.trainer_kind is TrainerKind.FAST for c in configs)
         if pairable:
@@ -228,7 +237,7 @@ def run_sweep(
     groups: Sequence[Group],
     *,
     work_dir: Path,
-    executor: Any = None,
+    executor: Executor | None = None,
     report: Callable[[str], None] = print,
 ) -> list[dict]:
     """Compute every run not yet finished in `work_dir`; returns each run's summary, in sweep order.
@@ -277,11 +286,11 @@ def run_sweep(
     computed = 0
     failed: dict[str, str] = {}
     for outputs in executor.run(tasks) if tasks else ():
-        for out in outputs:
-            computed += 1
-            elapsed = time.perf_counter() - started
-            eta = elapsed / computed * (to_compute - computed)
-            done = f"[{cached + computed}/{total}] {out.name}"
+        first = computed  # a group's runs finish together: the ETA counts them all at once
+        computed += len(outputs)
+        eta = (time.perf_counter() - started) / computed * (to_compute - computed)
+        for i, out in enumerate(outputs, start=1):
+            done = f"[{cached + first + i}/{total}] {out.name}"
             if out.error is not None:
                 failed[out.name] = out.error
                 report(f"{done}: FAILED: {out.error} | ETA {_minutes(eta)}")
