@@ -19,7 +19,7 @@ import numpy as np
 from simulator.engine import SimConfig
 from simulator.paper import SETTINGS
 from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
-from simulator.sweep import Group, Run, finished, mean_run_seconds, run_sweep
+from simulator.sweep import Executor, Group, Run, finished, run_sweep
 from trace_recorder.format import read_trace_set
 
 
@@ -60,7 +60,7 @@ def comparison_groups(
 
 def run_comparison(
     base: SimConfig, *, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequence[int],
-    schemes: Sequence[str] = ("A", "B", "C"), work_dir: Path, executor=None,
+    schemes: Sequence[str] = ("A", "B", "C"), work_dir: Path, executor: Executor | None = None,
 ) -> list[dict]:
     """Run every (setting, |T|, seed, scheme) not yet in `work_dir`; returns one summary dict per run."""
     groups = comparison_groups(base, settings=settings, num_traces=num_traces, seeds=seeds, schemes=schemes)

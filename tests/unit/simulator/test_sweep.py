@@ -15,7 +15,7 @@ from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
 from simulator.engine import SimConfig, TracesConfig, TrainerKind, load_data, run_simulation
 from simulator.executors import LocalExecutor, RayExecutor, executor_for
-from simulator.sweep import Group, Run, run_sweep, saved_summary
+from simulator.sweep import Group, Run, read_metrics, run_sweep, saved_summary
 from workloads.partition_spec import PartitionSpec
 
 BASE = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=6, total_samples=900),
@@ -45,7 +45,7 @@ def files_of(work: Path, name: str) -> dict:
     for k in ("wall_s", "group_wall_s"):
         summary.pop(k)
     rounds = [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(work / f"{name}.csv"))]
-    return {"summary": summary, "rounds": rounds, "metrics": (work / f"{name}.metrics.jsonl").read_text()}
+    return {"summary": summary, "rounds": rounds, "metrics": (work / f"{name}.metrics.jsonl.gz").read_bytes()}
 
 
 def test_each_run_gets_its_files_and_equals_its_run_alone(tmp_path):
@@ -61,8 +61,9 @@ def test_each_run_gets_its_files_and_equals_its_run_alone(tmp_path):
         assert saved["final_loss"] == pytest.approx(alone.records[-1].test_loss, rel=1e-5)
         rows = list(csv.DictReader(open(tmp_path / f"{run.name}.csv")))
         assert [float(r["test_loss"]) for r in rows] == pytest.approx([r.test_loss for r in alone.records], rel=1e-5)
-        metrics = [json.loads(line) for line in open(tmp_path / f"{run.name}.metrics.jsonl")]
+        metrics = read_metrics(tmp_path, run.name)
         assert [m["s"] for m in metrics] == [r["s"] for r in alone.rows]
+        assert [m["coefficients"] for m in metrics] == [r["coefficients"] for r in alone.rows]
     # Seed 0 (fast trainer) was paired; seed 1 (plain trainer) ran one by one.
     assert summaries[0]["paired_with"] == ["s0_B", "s0_C"] and summaries[3]["paired_with"] == []
     assert lines[0].startswith("sweep: 6 runs, 0 already in") and lines[-1].startswith("sweep: 6 runs in")
