@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_sweep_flags(p: argparse.ArgumentParser) -> None:
     """--jobs and --ray-address: where a sweep's groups run (simulator.executors.executor_for)."""
     p.add_argument("--jobs", type=int, default=None,
-                   help="local worker processes, one torch thread each (default: one per CPU; 1 = in this process)")
+                   help="local worker processes, one torch thread each (default: one per CPU; 1 = in this process); "
+                        "with --ray-address local, the CPUs of the fresh Ray instance")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run the groups as Ray tasks: a cluster (host:6379, ray://host:10001, auto) or 'local' for a "
                         "fresh local Ray instance (default: $RAY_ADDRESS if set, else local processes; "
