@@ -55,3 +55,7 @@ class WrongRoundState(UpdateRejected):
 
 class ReportError(FlexFLError):
     """A folder given to `flexfl report` is not a run, sweep or trace set, or its files are malformed."""
+
+
+class SweepError(FlexFLError):
+    """Some runs of a sweep failed; the others' results are saved and a rerun resumes."""

@@ -32,13 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--settings", default="iid,niid", help="comma-separated: iid, niid (default both)")
     cmp_.add_argument("--num-traces-list", default="1-8", help="|T| values, e.g. 1-8 or 1,3,5,8 (default 1-8)")
     cmp_.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    cmp_.add_argument("--jobs", type=int, default=2, help="parallel worker processes (default 2)")
+    add_sweep_flags(cmp_)
     cmp_.add_argument("--work-dir", type=Path, default=None, help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
     cmp_.add_argument("--out", type=Path, default=Path("results"), help="where the table, CSVs and plots go (default results)")
     cmp_.add_argument("--report-only", action="store_true",
                       help="write the table from the runs already in the work folder; compute nothing")
     cmp_.add_argument("--note", default="", help="a paragraph for the table file (e.g. why a setting differs from the paper)")
     cmp_.set_defaults(func=cmd_schemes)
+
+
+def add_sweep_flags(p: argparse.ArgumentParser) -> None:
+    """--jobs and --ray-address: where a sweep's groups run (simulator.executors.executor_for)."""
+    p.add_argument("--jobs", type=int, default=None,
+                   help="local worker processes, one torch thread each (default: one per CPU; 1 = in this process); "
+                        "with --ray-address local, the CPUs of the fresh Ray instance")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run the groups as Ray tasks: a cluster (host:6379, ray://host:10001, auto) or 'local' for a "
+                        "fresh local Ray instance (default: $RAY_ADDRESS if set, else local processes; "
+                        "needs pip install 'flexfl[cluster]')")
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -179,7 +190,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_schemes(args: argparse.Namespace) -> int:
-    from simulator.schemes import finished_runs, run_comparison, speed_figures, write_outputs
+    from simulator.executors import executor_for
+    from simulator.schemes import finished_runs, run_comparison, write_outputs
+    from simulator.sweep import mean_run_seconds
 
     dataset = getattr(args, flag_dest("partition", "dataset")) or "synthetic"
     cfg = config_from_args(args, partition={"dataset": dataset, "n_devices": PAPER_DEVICES[dataset]})
@@ -198,10 +211,10 @@ def cmd_schemes(args: argparse.Namespace) -> int:
         if not summaries:
             raise ConfigError(f"--report-only: no finished runs with this configuration in {work_dir}")
     else:
-        summaries = run_comparison(cfg, settings=settings, num_traces=num_traces, seeds=seeds,
-                                   work_dir=work_dir, jobs=max(1, args.jobs))
+        summaries = run_comparison(cfg, settings=settings, num_traces=num_traces, seeds=seeds, work_dir=work_dir,
+                                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
     paths = write_outputs(dataset, summaries, work_dir=work_dir, out_dir=args.out, settings=settings)
-    run_s, per_s = speed_figures(summaries)
+    run_s, per_s = mean_run_seconds(summaries)
     md = args.out / f"schemes_{dataset}.md"
     md.write_text(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
                             work_dir=work_dir))
@@ -235,8 +248,9 @@ s drawn `{r.trace_sampling}` from the device's trace, fraction -> s rule `{r.s_r
 sample counts {cfg.partition.sizes}, settings {setting_text}.
 
 {paths['table']}
-Speed on this machine: one {cfg.rounds}-round run took {run_s:.1f} s on average
-({per_s:.0f} simulated device-updates per second, SGD steps actually computed).
+Speed on this machine: one {cfg.rounds}-round run took {run_s:.1f} s on average (its share of its cell:
+the three schemes of a cell train together; {per_s:.0f} simulated device-updates per second, SGD steps
+actually computed).
 
 Per-run final accuracies: `{Path(paths['final_csv']).name}`; per-round metrics of every run: `runs/{Path(work_dir).name}/`.
 

@@ -9,7 +9,8 @@ evaluation on the objective's test set (workloads.federated.FederatedData.test_f
 
 A run is a pure function of its config: data, initial model, trace assignment, s draws
 and minibatches are seeded per (seed, device, round), so runs that differ only in a policy
-(scheme, fast-reboot, departure policy) are paired.
+(scheme, fast-reboot, departure policy) are paired. `run_paired` runs such configs in
+lock-step and trains the rows of all of them in one FastTrainer call per round.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 from coordinator.aggregation import stack_deltas
 from coordinator.metrics import round_row
 from coordinator.objective import DeparturePolicy
-from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
 from edge_agent.trainer import Unit, device_rng, train_local
 from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError
@@ -231,57 +232,189 @@ def run_simulation(
     `participation` overrides the trace-driven s draws (e.g. FixedParticipation).
     """
     started = time.perf_counter()
-    n = cfg.partition.n_devices
     data = data if data is not None else load_data(cfg)
-    if len(data.train) != n:
-        raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
     if participation is None:
         participation = TraceParticipation(traces if traces is not None else read_trace_set(Path(cfg.traces.set)), cfg)
-    model, params = initial_model(cfg.partition.dataset, seed=cfg.seed)
-    fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params)
-    late = {a.device for a in cfg.schedule.arrivals}
-    fed.apply_events(arrivals=[Arrival(device_id(k), int(data.sample_counts[k])) for k in range(n) if k not in late])
-    shard = {device_id(k): k for k in range(n)}
-    trainer = _Trainer(cfg, model, data)
-    result = SimResult(config=cfg, trace_assignment=list(getattr(participation, "trace_names", [])))
-
+    run = _Run(cfg, data, participation)
+    trainer = _Trainer(cfg, run.model, data)
     for tau in range(1, cfg.rounds + 1):
         t0 = time.perf_counter()
-        opening = fed.open(tau)
-        s = {d: participation.draw(shard[d], tau) for d in opening.participants}
-        weighing = fed.weigh(tau, s)
+        work = run.begin(tau)
+        deltas, losses = trainer.train(run.fed.params, work.shards, work.steps, lr=work.opening.lr, round_index=tau)
+        record = run.end(work, deltas, losses, train_s=time.perf_counter() - t0)
+        if on_round is not None:
+            on_round(record)
+    run.result.final_params = run.fed.params
+    run.result.wall_s = time.perf_counter() - started
+    return run.result
+
+
+def run_paired(
+    configs: Sequence[SimConfig],
+    *,
+    data: FederatedData | None = None,
+    traces: Mapping[str, TraceSet] | None = None,
+) -> list[SimResult]:
+    """Run configs that share their data in lock-step, training each round's rows of all runs together.
+
+    Each config keeps its own Federation, model, s draws and minibatches, so result i
+    equals run_simulation(configs[i]) to float tolerance (tests/unit/simulator/test_paired.py);
+    only the local training of a round is one FastTrainer call over every run's
+    contributors (each row starts from its run's model, at its run's learning rate).
+    The configs must share the partition and the fast trainer's batch size; they may differ
+    in anything else (scheme, fast-reboot, departure policy, schedule, seed, |T|, rounds).
+    `traces` maps a config's traces.set to its trace set (read from disk when missing).
+    A record's seconds are its run's share of the round: the shared training split evenly
+    over the runs still going, plus its own close and evaluation; so the results' wall_s
+    add up to the group's time.
+    """
+    if not configs:
+        raise ConfigError("run_paired needs at least one config")
+    first = configs[0]
+    for i, cfg in enumerate(configs):
+        if cfg.partition != first.partition:
+            raise ConfigError(f"run_paired: config {i} has partition {cfg.partition.describe()}, config 0 has "
+                              f"{first.partition.describe()}; paired runs share their data")
+        if cfg.trainer_kind is not TrainerKind.FAST:
+            raise ConfigError(f"run_paired: config {i} uses the {cfg.trainer_kind} trainer; paired runs train "
+                              "together in the fast trainer (run it alone with run_simulation)")
+        if cfg.rules.batch_size_for(cfg.partition.dataset) != first.rules.batch_size_for(first.partition.dataset):
+            raise ConfigError(f"run_paired: config {i} has batch size {cfg.rules.batch_size_for(cfg.partition.dataset)}, "
+                              f"config 0 {first.rules.batch_size_for(first.partition.dataset)}; one trainer call needs one")
+    data = data if data is not None else load_data(first)
+    sets = dict(traces or {})
+    for cfg in configs:
+        if cfg.traces.set not in sets:
+            sets[cfg.traces.set] = read_trace_set(Path(cfg.traces.set))
+    # Runs with the same draws (the schemes of a seed) share one sampler and draw each s once.
+    draws: dict[tuple, _SharedDraws] = {}
+    runs = []
+    for cfg in configs:
+        r = cfg.rules
+        key = (cfg.traces.set, cfg.traces.num_traces, cfg.seed, r.required_updates, r.trace_sampling, r.s_rule)
+        if key not in draws:
+            draws[key] = _SharedDraws(TraceParticipation(sets[cfg.traces.set], cfg))
+        runs.append(_Run(cfg, data, draws[key]))
+    fast = FastTrainer(runs[0].model, data.train, batch_size=first.rules.batch_size_for(first.partition.dataset))
+    n = len(data.train)
+    out = {name: torch.empty((n * len(runs), *p.shape)) for name, p in runs[0].fed.params.items()}
+    for tau in range(1, max(c.rounds for c in configs) + 1):
+        t0 = time.perf_counter()
+        going = [i for i, c in enumerate(configs) if tau <= c.rounds]
+        works = [runs[i].begin(tau) for i in going]
+        # Rows of all runs, run after run; row j starts from model start_of_row[j] (its run's).
+        bounds = np.cumsum([0] + [len(w.shards) for w in works])
+        deltas, losses = {}, np.array([])
+        if bounds[-1]:
+            # One Generator per (seed, device): the runs of a seed share a device's minibatches.
+            keys = [(configs[i].seed, k) for i, w in zip(going, works) for k in w.shards]
+            generators = {key: device_rng(key[0], tau, key[1]) for key in set(keys)}
+            start = {name: torch.stack([runs[i].fed.params[name] for i in going]) for name in out}
+            deltas, losses = fast.train(
+                start, shard_of_row=np.concatenate([w.shards for w in works]).astype(np.int64),
+                steps=np.concatenate([w.steps for w in works]).astype(np.int64),
+                lr=np.concatenate([np.full(len(w.shards), w.opening.lr) for w in works]),
+                rngs=[generators[key] for key in keys],
+                start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out)
+        # The shared training is split evenly; each run's close and evaluation is its own.
+        share = (time.perf_counter() - t0) / len(going)
+        for j, (i, w) in enumerate(zip(going, works)):
+            lo, hi = bounds[j], bounds[j + 1]
+            runs[i].end(w, {name: d[lo:hi] for name, d in deltas.items()} if hi > lo else {}, losses[lo:hi],
+                        train_s=share)
+    for run in runs:
+        run.result.final_params = run.fed.params
+        run.result.wall_s = sum(r.seconds for r in run.result.records)
+    return [run.result for run in runs]
+
+
+class _SharedDraws:
+    """A TraceParticipation that paired runs in lock-step share: each (device, round) is drawn once."""
+
+    def __init__(self, participation: TraceParticipation) -> None:
+        self.participation = participation
+        self.trace_names = participation.trace_names
+        self._round, self._s = 0, {}
+
+    def draw(self, shard: int, round_index: int) -> int:
+        if round_index != self._round:
+            self._round, self._s = round_index, {}
+        if shard not in self._s:
+            self._s[shard] = self.participation.draw(shard, round_index)
+        return self._s[shard]
+
+
+@dataclass(frozen=True)
+class _RoundWork:
+    """What one run needs trained in a round: its contributors' shards and s, at the round's rate."""
+
+    opening: RoundOpening
+    s: dict[str, int]
+    weighing: Weighing
+    rows: list[str]  # contributors, in the order of shards/steps
+    shards: list[int]
+    steps: list[int]
+
+
+class _Run:
+    """One run's state between rounds: its Federation, s draws and records; the caller trains."""
+
+    def __init__(self, cfg: SimConfig, data: FederatedData,
+                 participation: FixedParticipation | TraceParticipation | _SharedDraws) -> None:
+        n = cfg.partition.n_devices
+        if len(data.train) != n:
+            raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
+        self.cfg, self.data, self.participation = cfg, data, participation
+        self.model, params = initial_model(cfg.partition.dataset, seed=cfg.seed)
+        self.fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params)
+        late = {a.device for a in cfg.schedule.arrivals}
+        self.fed.apply_events(arrivals=[Arrival(device_id(k), int(data.sample_counts[k]))
+                                        for k in range(n) if k not in late])
+        self.shard = {device_id(k): k for k in range(n)}
+        self.result = SimResult(config=cfg, trace_assignment=list(getattr(participation, "trace_names", [])))
+
+    def begin(self, tau: int) -> _RoundWork:
+        opening = self.fed.open(tau)
+        s = {d: self.participation.draw(self.shard[d], tau) for d in opening.participants}
+        weighing = self.fed.weigh(tau, s)
         rows = weighing.contributors  # only these change the model: train just them
-        deltas, losses = trainer.train(fed.params, [shard[d] for d in rows], [s[d] for d in rows],
-                                       lr=opening.lr, round_index=tau)
+        return _RoundWork(opening=opening, s=s, weighing=weighing, rows=rows, shards=[self.shard[d] for d in rows],
+                          steps=[s[d] for d in rows])
+
+    def end(self, work: _RoundWork, deltas: Mapping[str, torch.Tensor], losses: np.ndarray, *,
+            train_s: float) -> RoundRecord:
+        """Close the round with the contributors' deltas (row i: work.rows[i]), evaluate, record.
+
+        The record's seconds are `train_s` (the round's time so far) plus this close and evaluation.
+        """
+        t0 = time.perf_counter()
+        cfg, fed, s, weighing, rows = self.cfg, self.fed, work.s, work.weighing, work.rows
+        tau = work.opening.round_index
         outcome = fed.close(
             weighing, deltas=deltas, rows=rows,
-            arrivals=[Arrival(device_id(a.device), int(data.sample_counts[a.device]))
+            arrivals=[Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
                       for a in cfg.schedule.arrivals if a.round == tau],
             departures=[Departure(device_id(d.device), d.policy) for d in cfg.schedule.departures if d.round == tau],
         )
-        test = data.test_for([shard[d] for d in fed.objective.members()])
-        acc, loss = evaluate(model, fed.params, test)
+        test = self.data.test_for([self.shard[d] for d in fed.objective.members()])
+        acc, loss = evaluate(self.model, fed.params, test)
         if not math.isfinite(loss):
-            raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {opening.lr:g} "
+            raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {work.opening.lr:g} "
                               "is too high for this setup")
-        result.device_updates += sum(s[d] for d in rows)
+        self.result.device_updates += sum(s[d] for d in rows)
         coef = {d: c for d, c in zip(weighing.devices, weighing.coefficients.values)}
         w = np.array([coef[d] for d in rows])
         record = RoundRecord(
-            round=tau, lr=opening.lr, active=sum(v > 0 for v in s.values()),
+            round=tau, lr=work.opening.lr, active=sum(v > 0 for v in s.values()),
             complete=sum(v == fed.E for v in s.values()), mean_s=float(np.mean(list(s.values()))) if s else 0.0,
             coef_sum=float(weighing.coefficients.values.sum()), discarded=weighing.coefficients.discarded,
             train_loss=float(np.dot(w, losses) / w.sum()) if len(rows) and w.sum() > 0 else float("nan"),
-            test_acc=acc, test_loss=loss, seconds=time.perf_counter() - t0, members=len(fed.objective.members()),
+            test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0, members=len(fed.objective.members()),
             events=" ".join([f"+{d}" for d in outcome.arrivals] + [f"-{d}({p})" for d, p in outcome.departures]),
         )
-        result.records.append(record)
-        result.rows.append(round_row(opening, outcome, test_acc=acc, test_loss=loss))
-        if on_round is not None:
-            on_round(record)
-    result.final_params = fed.params
-    result.wall_s = time.perf_counter() - started
-    return result
+        self.result.records.append(record)
+        self.result.rows.append(round_row(work.opening, outcome, test_acc=acc, test_loss=loss))
+        return record
 
 
 class _Trainer:

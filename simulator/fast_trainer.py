@@ -5,7 +5,8 @@ runs, for each row i, `steps[i]` plain SGD steps on shard `shard_of_row[i]` from
 weights `start` (one global dict {name: tensor}, broadcast to all rows; or a stacked dict
 {name: [G, *shape]} with `start_of_row[i]` choosing row i's model, G = R and row i's own
 model by default) at learning rate `lr` (a float or one per row), with
-minibatches from `edge_agent.trainer.step_plan(n, batch_size=B, steps=steps[i], rng=rngs[i])`.
+minibatches from `edge_agent.trainer.step_plan(n, batch_size=B, steps=steps[i], rng=rngs[i])`
+(rows that share one Generator object share its batches, each taking its first steps[i]).
 It returns the deltas {name: [R, *shape]} (trained - start, row order as given) and each
 row's mean minibatch loss over its steps (float64 [R], nan for 0 steps). Row i's result
 equals `edge_agent.trainer.train_local(unit="step")` on that shard with rngs[i] to float
@@ -173,10 +174,22 @@ class FastTrainer:
 
     def _batch_plan(self, rows: np.ndarray, steps: np.ndarray, shard_of_row: np.ndarray,
                     rngs: Sequence[np.random.Generator]) -> np.ndarray:
-        """plan[t, i] = global sample indices of rows[i]'s t-th batch, int64 [max steps, len(rows), B]."""
+        """plan[t, i] = global sample indices of rows[i]'s t-th batch, int64 [max steps, len(rows), B].
+
+        Rows given the same Generator object (and shard) share its batches: paired runs of one
+        seed train a device on the same minibatches, and step_plan's batches for fewer steps
+        are a prefix of those for more. `rows` come sorted by steps, descending, so the first
+        row of such a set draws for all of them.
+        """
         plan = np.zeros((int(steps.max(initial=0)), len(rows), self.batch_size), dtype=np.int64)
+        drawn: dict[int, int] = {}  # id(rng) -> column of the row that drew from it
         for i, (row, s) in enumerate(zip(rows, steps)):
             shard = shard_of_row[row]
+            first = drawn.get(id(rngs[row]))
+            if first is not None and shard_of_row[rows[first]] == shard:
+                plan[:s, i] = plan[:s, first]
+                continue
+            drawn[id(rngs[row])] = i
             plan[:s, i] = step_plan(int(self.sizes[shard]), batch_size=self.batch_size, steps=int(s),
                                     rng=rngs[row]) + self.offsets[shard]
         return plan

@@ -118,18 +118,19 @@ def test_cli_schemes_writes_table_and_resumes(tmp_path, capsys):
     # |T| = 1 is trace T0 only: everyone completes, all schemes are FedAvg, 0 % improvement.
     assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 |" in md
     first = capsys.readouterr().out
-    assert first.count("same run as A: all complete") == 4  # |T| = 1, schemes B and C, two seeds
+    assert first.count("(same run as niid_T1_seed") == 4  # |T| = 1, schemes B and C, two seeds
+    assert first.count("paired with 2") == 6  # |T| = 8: the three schemes of a seed train together
     shared = json.loads((tmp_path / "runs" / "schemes_synthetic" / "niid_T1_seed0_C.json").read_text())
-    assert shared["identical_to"] == "A"
+    assert shared["identical_to"] == "niid_T1_seed0_A"
     rows = list(csv.DictReader(open(tmp_path / "runs" / "schemes_synthetic" / "niid_T1_seed0_C.csv")))
     assert {r["scheme"] for r in rows} == {"C"}
     assert main(args) == 0
-    assert capsys.readouterr().out.count("cached") == 12
+    assert "sweep: 12 runs, 12 already in" in capsys.readouterr().out
     # --report-only tabulates what exists and computes nothing (|T| = 2 was never run).
     report = [a if a != "1,8" else "1,2" for a in args] + ["--report-only"]
     assert main(report) == 0
     out = capsys.readouterr().out
-    assert "cached" not in out and "6 runs" in out
+    assert "sweep:" not in out and "6 runs" in out
     assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 | not run |" in (tmp_path / "schemes_synthetic.md").read_text()
 
 

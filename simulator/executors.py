@@ -1,0 +1,103 @@
+"""Where a sweep's groups are computed: a local process pool, or Ray (a local instance or a cluster).
+
+Every executor takes simulator.sweep.GroupTask objects, runs simulator.sweep.compute_group
+on each (one torch thread per worker, one worker per CPU), and yields each group's results
+as it finishes, in any order; the driver writes them (simulator.sweep.run_sweep). Only
+configs, trace sets and per-round results travel; workers build their data themselves.
+
+Ray is an optional extra (`pip install 'flexfl[cluster]'`) and is imported only here, only
+when a Ray executor runs. `executor_for(jobs=, ray_address=)` picks one: a Ray address
+(the flag, or Ray's own RAY_ADDRESS variable) means Ray, otherwise the process pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+from collections.abc import Iterator, Sequence
+
+from flexfl.errors import ConfigError
+from simulator.sweep import GroupTask, RunOutput, compute_group
+
+log = logging.getLogger(__name__)
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity), at least 1."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+class LocalExecutor:
+    """`jobs` worker processes on this machine (spawned: a fresh interpreter, nothing inherited); 1 = in this process."""
+
+    def __init__(self, *, jobs: int) -> None:
+        if jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        self.jobs = jobs
+
+    def describe(self) -> str:
+        return "this process" if self.jobs == 1 else f"{self.jobs} local worker processes"
+
+    def run(self, tasks: Sequence[GroupTask]) -> Iterator[list[RunOutput]]:
+        if self.jobs == 1 or len(tasks) <= 1:
+            for task in tasks:
+                yield compute_group(task)
+            return
+        pool = mp.get_context("spawn").Pool(min(self.jobs, len(tasks)))
+        try:
+            yield from pool.imap_unordered(compute_group, tasks, chunksize=1)
+        finally:
+            pool.terminate()  # all results are in (or the sweep stopped): end the workers
+            pool.join()
+
+
+class RayExecutor:
+    """Ray tasks, one CPU each: on a cluster at `address`, or a fresh local instance (address "local").
+
+    A Ray that this process already started or joined (ray.is_initialized()) is used as it
+    is and left running; otherwise ray.init(address) here and ray.shutdown() when done.
+    `num_cpus` sizes a fresh local instance (default: every CPU).
+    """
+
+    def __init__(self, address: str | None, *, num_cpus: int | None = None) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ConfigError("a Ray address was given but Ray is not installed: pip install 'flexfl[cluster]'") from None
+        self.address = address
+        self.num_cpus = num_cpus
+
+    def describe(self) -> str:
+        if self.address in (None, "local"):
+            return "a local Ray instance"
+        return f"the Ray cluster at {self.address}"
+
+    def run(self, tasks: Sequence[GroupTask]) -> Iterator[list[RunOutput]]:
+        import ray
+
+        started_here = not ray.is_initialized()
+        if started_here:
+            kwargs = {"num_cpus": self.num_cpus} if self.num_cpus and self.address in (None, "local") else {}
+            ray.init(address=self.address, **kwargs)
+        log.info("Ray: %s CPUs in the cluster", ray.cluster_resources().get("CPU", 0))
+        remote = ray.remote(num_cpus=1)(compute_group)
+        pending = [remote.remote(task) for task in tasks]
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    yield ray.get(ref)
+        finally:
+            for ref in pending:  # interrupted: do not leave the cluster busy with a sweep nobody collects
+                ray.cancel(ref)
+            if started_here:
+                ray.shutdown()
+
+
+def executor_for(*, jobs: int | None, ray_address: str | None) -> LocalExecutor | RayExecutor:
+    """Ray at `ray_address` (or $RAY_ADDRESS), else `jobs` local processes (default: one per CPU)."""
+    address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        return RayExecutor(address, num_cpus=jobs if address == "local" else None)
+    return LocalExecutor(jobs=jobs if jobs is not None else available_cpus())

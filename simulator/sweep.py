@@ -1,0 +1,351 @@
+"""Sweeps: many simulation runs, grouped by shared data, computed anywhere, resumable on disk.
+
+A sweep is a list of `Group`s. A group is a set of `Run`s (a stable name + a SimConfig)
+that share their data (one PartitionSpec) and differ only in what they compare (scheme,
+fast-reboot, departure policy, seed of the model, |T|, ...). A group is the unit of work:
+one worker builds its data once and runs its configs paired (simulator.engine.run_paired:
+one FastTrainer call per round for all of them), or one by one where they cannot be paired
+(the plain trainer).
+
+Where results live: the driver (the process that calls run_sweep) owns the work folder.
+Workers (a local process pool, or Ray tasks on this machine or a cluster;
+simulator.executors) receive the group's configs and trace sets, and send each run's
+results back; the driver writes them, atomically, as each group finishes:
+
+    <name>.csv            per-round records (simulator.engine.records_as_rows)
+    <name>.metrics.jsonl.gz  per-round rows of the round engine (coordinator.metrics.round_row:
+                          s, p and coefficients of every device), gzip-compressed: ~1 MB a
+                          200-round SYNTHETIC run as text, 20x less compressed (read_metrics)
+    <name>.json           summary: the full config (flexfl.config.to_dict), final accuracy and
+                          loss, a SHA-256 of the final parameters, time, the runs paired with it
+
+So workers need no shared file system, the files are the same whichever executor ran them,
+and the JSON (written last) marks a run finished: a rerun skips every run whose saved config
+equals its config, and recomputes a run whose config changed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from flexfl.config import to_dict
+from flexfl.errors import ConfigError, FlexFLError, SweepError
+from flexfl.files import atomic_file
+from simulator.engine import SimConfig, SimResult, TrainerKind, records_as_rows
+from trace_recorder.format import TraceSet, read_trace_set
+
+log = logging.getLogger(__name__)
+
+METRICS_SUFFIX = ".metrics.jsonl.gz"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+SUMMARY_KEYS = frozenset({"name", "config", "final_acc", "final_loss", "rounds", "wall_s", "device_updates",
+                          "discarded_rounds", "final_params_sha256", "paired_with", "group_wall_s", "identical_to",
+                          "cached"})
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a sweep: its file name stem, its config, and labels copied into its summary.
+
+    `same_as` names an earlier run of the same group known to give the identical result
+    (e.g. Schemes A/B/C when every device always completes): it is not computed; its files
+    are the other run's, under its own config.
+    """
+
+    name: str
+    config: SimConfig
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    same_as: str | None = None
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise ConfigError(f"sweep run name {self.name!r}: use letters, digits and _ . = + - (it names files)")
+        clash = SUMMARY_KEYS & set(self.labels)
+        if clash:
+            raise ConfigError(f"sweep run {self.name}: labels {sorted(clash)} clash with summary fields")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs that share their data (one partition): the unit a worker computes."""
+
+    runs: tuple[Run, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("a sweep group needs at least one run")
+        first = self.runs[0]
+        seen: dict[str, Run] = {}
+        for run in self.runs:
+            if run.config.partition != first.config.partition:
+                raise ConfigError(f"sweep group of {first.name}: run {run.name} has partition "
+                                  f"{run.config.partition.describe()}, {first.name} has "
+                                  f"{first.config.partition.describe()}; a group shares its data")
+            if run.same_as is not None:
+                source = seen.get(run.same_as)
+                if source is None or source.same_as is not None:
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier computed run "
+                                      "of its group")
+                if source.config.rounds != run.config.rounds:
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs {source.config.rounds} rounds, "
+                                      f"it runs {run.config.rounds}")
+            seen[run.name] = run
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """What a worker gets: the runs to compute (with the sources of aliases) and the trace sets by path."""
+
+    runs: tuple[Run, ...]
+    wanted: frozenset[str]  # names whose results go back (a cached alias source is recomputed, not resent)
+    trace_sets: Mapping[str, TraceSet]
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """One run's results on their way from a worker to the driver (or why the run failed)."""
+
+    name: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    rounds_csv: list[dict] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)
+    error: str | None = None
+
+
+class Executor(Protocol):
+    """Computes GroupTasks somewhere (simulator.executors) and yields each group's outputs as it finishes."""
+
+    def describe(self) -> str: ...
+
+    def run(self, tasks: Sequence[GroupTask]) -> Iterator[list[RunOutput]]: ...
+
+
+# ---- on disk ----------------------------------------------------------------------------------
+
+
+def _plain_config(cfg: SimConfig) -> dict:
+    """The config as it reads back from a summary JSON."""
+    return json.loads(json.dumps(to_dict(cfg)))
+
+
+def saved_summary(work_dir: Path, run: Run) -> dict | None:
+    """The run's summary in `work_dir` if it finished there with exactly this config, else None."""
+    path = Path(work_dir) / f"{run.name}.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(saved, dict) or saved.get("config") != _plain_config(run.config):
+        return None
+    if not all((Path(work_dir) / f"{run.name}{ext}").is_file() for ext in (".csv", METRICS_SUFFIX)):
+        return None
+    return saved
+
+
+def write_run(work_dir: Path, out: RunOutput) -> None:
+    """The run's per-round CSV and metrics, then its summary JSON (the finished mark), each atomically."""
+    from coordinator.metrics import clean_json
+    from simulator.report import write_csv_atomic
+
+    write_csv_atomic(work_dir / f"{out.name}.csv", out.rounds_csv)
+    with atomic_file(work_dir / f"{out.name}{METRICS_SUFFIX}", "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:  # mtime 0: same bytes for the same rows
+            for row in out.metrics:
+                f.write((json.dumps(clean_json(row)) + "\n").encode())
+    with atomic_file(work_dir / f"{out.name}.json") as f:
+        json.dump(out.summary, f, indent=1)
+
+
+def read_metrics(work_dir: Path, name: str) -> list[dict]:
+    """A finished run's per-round round-engine rows (coordinator.metrics.round_row), in round order."""
+    with gzip.open(Path(work_dir) / f"{name}{METRICS_SUFFIX}", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def params_sha256(params: Mapping[str, Any]) -> str:
+    """SHA-256 over the parameters' names and float32 bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].detach().contiguous().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---- the worker's side --------------------------------------------------------------------------
+
+_DATA: dict = {}  # per worker process: the last group's data, reused by the next group with that partition
+
+
+def compute_group(task: GroupTask) -> list[RunOutput]:
+    """Run one group's configs (paired where they can be) and return the wanted runs' results."""
+    import torch
+
+    from simulator.engine import load_data, run_paired, run_simulation
+
+    # One thread per worker: torch's default collapses when another job holds a core
+    # (python -m benchmarks.threads); executors run one worker per core instead.
+    torch.set_num_threads(1)
+    computed = [r for r in task.runs if r.same_as is None]
+    configs = [r.config for r in computed]
+    started = time.perf_counter()
+    try:
+        partition = configs[0].partition
+        if partition not in _DATA:
+            _DATA.clear()
+            _DATA[partition] = load_data(configs[0])  # e.g. DatasetNotFoundError on a node without MNIST
+        data = _DATA[partition]
+        pairable = len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1 and all(
+            c.trainer_kind is TrainerKind.FAST for c in configs)
+        if pairable:
+            results = run_paired(configs, data=data, traces=task.trace_sets)
+        else:
+            results = [run_simulation(c, data=data, traces=task.trace_sets[c.traces.set]) for c in configs]
+    except FlexFLError as exc:
+        return [RunOutput(name=r.name, error=str(exc)) for r in task.runs if r.name in task.wanted]
+    group_s = time.perf_counter() - started
+    by_name = {r.name: res for r, res in zip(computed, results)}
+    paired = [r.name for r in computed] if pairable and len(computed) > 1 else []
+    out = []
+    for run in task.runs:
+        if run.name not in task.wanted:
+            continue
+        source = by_name[run.same_as or run.name]
+        result = replace(source, config=run.config) if run.same_as else source
+        summary = _summary(run, result, paired_with=[n for n in paired if n != run.name], group_s=group_s)
+        out.append(RunOutput(name=run.name, summary=summary, rounds_csv=records_as_rows(result), metrics=result.rows))
+    return out
+
+
+def _summary(run: Run, result: SimResult, *, paired_with: list[str], group_s: float) -> dict:
+    records = result.records
+    alias = run.same_as is not None
+    return {
+        "name": run.name, "config": _plain_config(run.config), **run.labels,
+        "final_acc": records[-1].test_acc, "final_loss": records[-1].test_loss, "rounds": len(records),
+        "wall_s": 0.0 if alias else result.wall_s, "device_updates": 0 if alias else result.device_updates,
+        "discarded_rounds": sum(r.discarded for r in records),
+        "final_params_sha256": params_sha256(result.final_params),
+        "paired_with": paired_with, "group_wall_s": group_s,
+        **({"identical_to": run.same_as} if alias else {}),
+    }
+
+
+# ---- the driver's side --------------------------------------------------------------------------
+
+
+def run_sweep(
+    groups: Sequence[Group],
+    *,
+    work_dir: Path,
+    executor: Executor | None = None,
+    report: Callable[[str], None] = print,
+) -> list[dict]:
+    """Compute every run not yet finished in `work_dir`; returns each run's summary, in sweep order.
+
+    `executor` is a simulator.executors executor (default: LocalExecutor(jobs=1)). Each
+    summary dict is the run's JSON plus "cached" (True when it was already on disk).
+    Runs that fail (e.g. a learning rate that makes the loss diverge) are reported; the
+    others finish and are saved, then SweepError names the failed ones.
+    """
+    from simulator.executors import LocalExecutor
+
+    runs = [r for g in groups for r in g.runs]
+    names = [r.name for r in runs]
+    dupes = sorted(n for n, count in Counter(names).items() if count > 1)
+    if dupes:
+        raise ConfigError(f"sweep run names must be unique; repeated: {dupes}")
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict] = {}
+    tasks = []
+    trace_sets: dict[str, TraceSet] = {}
+    for group in groups:
+        todo = []
+        for run in group.runs:
+            saved = saved_summary(work_dir, run)
+            if saved is not None:
+                summaries[run.name] = {**saved, "cached": True}
+            else:
+                todo.append(run)
+        if not todo:
+            continue
+        wanted = {r.name for r in todo}
+        sources = {r.same_as for r in todo if r.same_as}
+        task_runs = tuple(r for r in group.runs if r.name in wanted or r.name in sources)
+        for r in task_runs:
+            if r.config.traces.set not in trace_sets:  # read here: workers may not see this file system
+                trace_sets[r.config.traces.set] = read_trace_set(Path(r.config.traces.set))
+        tasks.append(GroupTask(runs=task_runs, wanted=frozenset(wanted),
+                               trace_sets={r.config.traces.set: trace_sets[r.config.traces.set] for r in task_runs}))
+    executor = executor if executor is not None else LocalExecutor(jobs=1)
+    total, cached = len(runs), len(summaries)
+    to_compute = total - cached
+    report(f"sweep: {total} runs, {cached} already in {work_dir} (cached), {to_compute} to compute in "
+           f"{len(tasks)} groups on {executor.describe()}")
+    started = time.perf_counter()
+    computed = 0
+    failed: dict[str, str] = {}
+    for outputs in executor.run(tasks) if tasks else ():
+        first = computed  # a group's runs finish together: the ETA counts them all at once
+        computed += len(outputs)
+        eta = (time.perf_counter() - started) / computed * (to_compute - computed)
+        for i, out in enumerate(outputs, start=1):
+            done = f"[{cached + first + i}/{total}] {out.name}"
+            if out.error is not None:
+                failed[out.name] = out.error
+                report(f"{done}: FAILED: {out.error} | ETA {_minutes(eta)}")
+                continue
+            write_run(work_dir, out)
+            s = out.summary
+            summaries[out.name] = {**s, "cached": False}
+            how = (f"same run as {s['identical_to']}" if "identical_to" in s
+                   else f"{s['wall_s']:.1f} s" + (f", paired with {len(s['paired_with'])}" if s["paired_with"] else ""))
+            report(f"{done}: acc {100 * s['final_acc']:.2f}%, loss {s['final_loss']:.4g} ({how}) | "
+                   f"{cached} cached | ETA {_minutes(eta)}")
+    elapsed = time.perf_counter() - started
+    report(f"sweep: {total} runs in {_minutes(elapsed)}: {computed - len(failed)} computed, {cached} cached, "
+           f"{len(failed)} failed; results in {work_dir}")
+    if failed:
+        raise SweepError(f"{len(failed)} of {total} runs failed (the others are saved in {work_dir}): "
+                         + "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:5]))
+    return [summaries[n] for n in names]
+
+
+def finished(groups: Iterable[Group], *, work_dir: Path) -> list[dict]:
+    """Summaries of the sweep's runs already in `work_dir` with their exact config (nothing is computed)."""
+    out = []
+    for group in groups:
+        for run in group.runs:
+            saved = saved_summary(work_dir, run)
+            if saved is not None:
+                out.append({**saved, "cached": True})
+    return out
+
+
+def mean_run_seconds(summaries: Sequence[dict]) -> tuple[float, float]:
+    """Mean wall seconds of one computed run (its share of its group) and device-updates (SGD steps) per second."""
+    computed = [s for s in summaries if "identical_to" not in s]  # shared runs cost nothing
+    fresh = [s for s in computed if not s["cached"]] or computed  # this machine, now, where there are any
+    if not fresh:
+        return float("nan"), float("nan")
+    wall = np.array([s["wall_s"] for s in fresh])
+    updates = np.array([s["device_updates"] for s in fresh])
+    return float(wall.mean()), float(updates.sum() / wall.sum()) if wall.sum() > 0 else float("nan")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
