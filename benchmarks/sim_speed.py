@@ -85,11 +85,13 @@ def build_workload(name: str, *, participation: str, seed: int) -> Workload:
         s = np.full(n_devices, E, dtype=np.int64)
     else:
         from simulator.engine import DEFAULT_TRACE_SET
-        from simulator.participation import TraceParticipation
         from trace_recorder.format import read_trace_set
+        from trace_recorder.sampler import TraceSampler, assign_traces
 
         traces = read_trace_set(DEFAULT_TRACE_SET).first(8)
-        s = TraceParticipation(traces, n_devices=n_devices, E=E, seed=seed).draw(1)
+        assignment = assign_traces(n_devices, n_traces=len(traces), seed=seed)
+        s = np.array([TraceSampler(traces[j], E=E, seed=seed, device_index=k).draw(1)
+                      for k, j in enumerate(assignment)], dtype=np.int64)
     rows = np.flatnonzero(s > 0)
     n = data.sample_counts[rows]
     return Workload(name=name, data=data, model=model, start={n: p.detach().clone() for n, p in model.named_parameters()},

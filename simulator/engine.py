@@ -37,7 +37,7 @@ from simulator.fast_trainer import FastTrainer
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
-from workloads.federated import DEFAULTS, FederatedData, build_federated, initial_model
+from workloads.federated import FederatedData, build_federated, initial_model
 from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)

@@ -346,7 +346,7 @@ def read_sweep(path: Path) -> Sweep:
             if not m:
                 continue
             d = _load_json(p)
-            dataset = str((d.get("config") or {}).get("dataset", "unknown"))
+            dataset = str(((d.get("config") or {}).get("partition") or {}).get("dataset", "unknown"))
             by_dataset.setdefault(dataset, []).append({
                 "setting": m["setting"], "num_traces": int(m["num_traces"]), "seed": int(m["seed"]),
                 "scheme": m["scheme"], "final_acc": _opt(d.get("final_acc"), float, p, "final_acc"),

@@ -106,7 +106,7 @@ def sweep_dir(tmp_path: Path) -> Path:
                 w.writeheader()
                 w.writerows({"scheme": scheme, "round": n, "test_acc": acc * n / 3, "test_loss": 1} for n in (1, 2, 3))
             (runs / f"niid_T3_seed{seed}_{scheme}.json").write_text(json.dumps(
-                {"config": {"dataset": "synthetic"}, "final_acc": acc + 0.01 * seed, "final_loss": 1.0}))
+                {"config": {"partition": {"dataset": "synthetic"}}, "final_acc": acc + 0.01 * seed, "final_loss": 1.0}))
     with open(root / "schemes_synthetic_final.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
