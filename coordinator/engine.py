@@ -54,6 +54,8 @@ class Update:
     bytes_in: int
     previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
     arrived_after_s: float = 0.0  # from the model's delivery to this update's arrival
+    first_loss: float = 0.0  # its first and last minibatch loss (the auto departure rule's Gamma estimate)
+    last_loss: float = 0.0
 
 
 @dataclass
@@ -84,7 +86,8 @@ class RoundEngine:
         self.model_description = pb.ModelDescription(architecture=d.model, num_classes=d.num_classes,
                                                       in_features=d.in_features)
         self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in params.items()}
-        self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params)
+        self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params,
+                                     horizon=cfg.run.rounds)
         self.partition_json = cfg.partition.to_json()
         self.registry = Registry()
         self.run_id = uuid.uuid4().hex[:12]
@@ -213,7 +216,7 @@ class RoundEngine:
                 log.info("device %s announced departure (%s); policy %s", device_id, reason or "no reason",
                          self.cfg.rules.departure_policy)
             self._cond.notify_all()
-            return str(self.cfg.rules.departure_policy)
+            return str(self.cfg.rules.departure_policy)  # "auto" is decided when the round closes (metrics)
 
     def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
         """Wait up to `wait_s` for an open round this device should train in."""
@@ -265,7 +268,7 @@ class RoundEngine:
         E = self.cfg.rules.required_updates
         if not 0 <= header.updates_completed <= E:
             raise UpdateRejected(f"updates_completed = {header.updates_completed} is outside 0..E (E = {E})")
-        for name in ("train_s", "previous_upload_s", "local_loss"):
+        for name in ("train_s", "previous_upload_s", "local_loss", "first_loss", "last_loss"):
             value = getattr(header, name)
             if not np.isfinite(value):
                 raise UpdateRejected(f"header field {name} is not finite ({value})")
@@ -281,7 +284,8 @@ class RoundEngine:
                                           train_s=float(header.train_s), local_loss=float(header.local_loss),
                                           bytes_in=len(data) if message_bytes is None else message_bytes,
                                           previous_upload_s=float(header.previous_upload_s),
-                                          arrived_after_s=time.monotonic() - r.delivered[device_id])
+                                          arrived_after_s=time.monotonic() - r.delivered[device_id],
+                                          first_loss=float(header.first_loss), last_loss=float(header.last_loss))
             self._cond.notify_all()
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
 
@@ -423,7 +427,9 @@ class RoundEngine:
             outcome = self.federation.close(
                 weighing, deltas=deltas, rows=rows,
                 arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
-                departures=[Departure(d) for d in self._pending_departures])
+                departures=[Departure(d) for d in self._pending_departures],
+                losses={d: (r.updates[d].first_loss, r.updates[d].last_loss) for d in rows
+                        if r.updates[d].first_loss or r.updates[d].last_loss})
             self._pending_arrivals.clear()
             self._pending_departures.clear()
             shards = [self.registry.get(d).shard_index for d in self.objective.members()]

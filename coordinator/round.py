@@ -28,7 +28,11 @@ import numpy as np
 import torch
 
 from coordinator.aggregation import Coefficients, Scheme, apply_update, coefficients
-from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
+from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective
+
+# The constant of the auto departure rule, chosen on part of the Table 5 grid and evaluated
+# on the rest (results/departure_auto.md; flexfl sim table5).
+AUTO_C = 1.0
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -55,6 +59,7 @@ class RulesConfig:
     fast_reboot_boost: float = 3.0
     fast_reboot_decay_power: float = 2.0
     departure_policy: DeparturePolicy = DeparturePolicy.EXCLUDE
+    auto_c: float = AUTO_C  # departure_policy = auto: exclude when T - tau_0 >= auto_c sqrt(Gamma_l tau_0)
     trace_sampling: Sampling = Sampling.IID
     s_rule: SRule = SRule.ROUND
 
@@ -67,6 +72,7 @@ class RulesConfig:
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"rules.batch_size must be >= 1 (or left out for the paper's value), got {self.batch_size}")
         FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)  # validates
+        AutoDeparture(c=self.auto_c)
 
     def eta0_for(self, dataset: Dataset) -> float:
         return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
@@ -138,6 +144,7 @@ class Federation:
     params: dict[str, torch.Tensor]
     objective: Objective = field(default_factory=Objective)
     completed_round: int = 0
+    horizon: int | None = None  # T, the run's last round (the auto departure rule needs it)
 
     @property
     def E(self) -> int:
@@ -166,12 +173,14 @@ class Federation:
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
     def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
-              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
+              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = (),
+              losses: Mapping[str, tuple[float, float]] | None = None) -> RoundOutcome:
         """Aggregate, then apply the membership events; returns what happened.
 
         `deltas[name]` is stacked [K, *shape] with row i the update of device rows[i]; it
         must hold (at least) every contributor of `weighing` (with none, pass rows=() and
-        deltas={}: the model stays).
+        deltas={}: the model stays). `losses` maps a device that trained to its first and
+        last minibatch loss (Objective.gamma's estimate of how non-IID it is).
         """
         tau = weighing.round_index
         lr = self.learning_rate(tau)
@@ -187,6 +196,8 @@ class Federation:
             self.params = apply_update(global_state=self.params, deltas=deltas, coefficients=weighing.coefficients,
                                        rows=device_rows)
         self.completed_round = tau
+        for device, (first, last) in (losses or {}).items():
+            self.objective.note_losses(device, first=first, last=last)
         shifted_before = self.objective.shift_round
         for a in arrivals:
             if a.device in self.objective.departed_included:
@@ -197,11 +208,21 @@ class Federation:
         for d in departures:
             if d.device not in self.objective.sample_counts:
                 continue  # already gone (e.g. excluded earlier)
-            policy = d.policy or self.rules.departure_policy
+            policy = self.departure_policy(d, tau0=tau)
             self.objective.depart(d.device, round_index=tau, policy=policy)
             applied.append((d.device, policy))
         return RoundOutcome(weighing=weighing, lr=lr, params=self.params, arrivals=tuple(a.device for a in arrivals),
                             departures=tuple(applied), shifted=self.objective.shift_round != shifted_before)
+
+    def departure_policy(self, departure: Departure, *, tau0: int) -> DeparturePolicy:
+        """The policy a departure at the close of round tau0 gets: its own, else the rules'; auto resolved."""
+        policy = DeparturePolicy(departure.policy or self.rules.departure_policy)
+        if policy is not DeparturePolicy.AUTO:
+            return policy
+        if self.horizon is None:
+            raise ConfigError("the auto departure policy needs the run's last round (Federation.horizon)")
+        return AutoDeparture(c=self.rules.auto_c).decide(tau0=tau0, horizon=self.horizon,
+                                                         gamma=self.objective.gamma(departure.device))
 
     def apply_events(self, *, arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> None:
         """Membership changes before training starts (round 0): initial members, early departures."""
@@ -211,4 +232,4 @@ class Federation:
             self.objective.add_initial(a.device, a.n_samples)
         for d in departures:
             if d.device in self.objective.sample_counts:
-                self.objective.depart(d.device, round_index=0, policy=d.policy or self.rules.departure_policy)
+                self.objective.depart(d.device, round_index=0, policy=self.departure_policy(d, tau0=0))

@@ -66,3 +66,21 @@ def test_bad_rounds_are_refused():
     with pytest.raises(ConfigError, match=r"no update given for contributors \['b'\]"):
         fed.close(w, deltas={"w": torch.zeros(1, 2)}, rows=["a"])
     assert fed.completed_round == 0  # nothing changed
+
+
+def test_auto_departures_follow_the_gamma_estimate_and_the_horizon():
+    fed = _federation(departure_policy="auto", auto_c=1.0)
+    fed.horizon = 50
+    # dev a's loss drops by 4.0 over its updates every round (far from the global optimum), b's by 0.01.
+    for tau in (1, 2, 3):
+        w = fed.weigh(tau, {"a": 4, "b": 4})
+        fed.close(w, deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"], losses={"a": (5.0, 1.0), "b": (1.01, 1.0)})
+    assert fed.objective.gamma("a") == pytest.approx(4.0) and fed.objective.gamma("b") == pytest.approx(0.01)
+    # At tau_0 = 4: a needs 50 - 4 >= sqrt(4.0 * 4) = 4: exclude; so does b (sqrt(0.04) = 0.2).
+    assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"
+    fed.rules = RulesConfig(required_updates=4, eta0=1.0, departure_policy="auto", auto_c=30.0)
+    # With c = 30: a needs 46 >= 30 * 4 = 120: include; b needs 46 >= 30 * 0.2 = 6: exclude.
+    out = fed.close(fed.weigh(4, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
+                    departures=[Departure("a"), Departure("b")])
+    assert out.departures == (("a", "include"), ("b", "exclude"))
+    assert fed.objective.members() == ["a"] and fed.objective.departed_included == {"a"}

@@ -206,3 +206,29 @@ def test_paired_runs_share_data_model_and_s_draws():
         assert [r["s"] for r in other.rows] == [r["s"] for r in a.rows]
     assert a.rows[0]["test_acc"] == b.rows[0]["test_acc"]  # same start, same first round (no arrival yet)
     assert a.rows[2]["p"]["dev-5"] > b.rows[2]["p"]["dev-5"]  # fast-reboot boosts only in a
+
+
+def test_extra_test_sets_follow_the_start_and_the_active_devices():
+    cfg = small(rounds=6, rules={"departure_policy": "include"}, extra_tests=("start", "active"),
+                schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=7, round=2),),
+                                        departures=(DepartureEvent(device=0, round=4),)))
+    data = load_data(cfg)
+    res = run_simulation(cfg, data=data)
+    rows = {r["round"]: r for r in res.rows}
+    # Before the arrival the objective's test set is the start devices' holdouts.
+    assert rows[1]["extra_tests"]["start"]["loss"] == pytest.approx(rows[1]["test_loss"])
+    # After it, "start" leaves the newcomer's holdout out; after an include departure, "active"
+    # leaves the departed device's out while the objective (and its test set) keeps it.
+    assert rows[3]["extra_tests"]["start"]["loss"] != pytest.approx(rows[3]["test_loss"])
+    assert rows[3]["extra_tests"]["active"]["loss"] == pytest.approx(rows[3]["test_loss"])
+    assert rows[5]["extra_tests"]["active"]["loss"] != pytest.approx(rows[5]["test_loss"])
+    _, loss = evaluate_params(res.final_params, data.test_for([1, 2, 3, 4, 5, 6, 7]))
+    assert rows[6]["extra_tests"]["active"]["loss"] == pytest.approx(loss)
+
+
+def evaluate_params(params, test):
+    from workloads.evaluation import evaluate
+    from workloads.federated import initial_model
+
+    model, _ = initial_model("synthetic", seed=0)
+    return evaluate(model, params, test)
