@@ -41,6 +41,7 @@ def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, 
         "discarded": w.coefficients.discarded, "test_acc": test_acc, "test_loss": test_loss,
         "arrivals": list(outcome.arrivals), "departures": [d for d, _ in outcome.departures],
         "departure_policies": {d: str(policy) for d, policy in outcome.departures},
+        "departure_gammas": dict(outcome.departure_gammas),
     }
 
 

@@ -133,6 +133,7 @@ class RoundOutcome:
     arrivals: tuple[str, ...] = ()
     departures: tuple[tuple[str, DeparturePolicy], ...] = ()
     shifted: bool = False  # the objective changed (arrival, or a departure under exclude)
+    departure_gammas: dict[str, float | None] = field(default_factory=dict)  # Gamma estimates at departure
 
 
 @dataclass
@@ -204,15 +205,17 @@ class Federation:
                 self.objective.rejoin(a.device)
             else:
                 self.objective.arrive(a.device, a.n_samples, round_index=tau)
-        applied = []
+        applied, gammas = [], {}
         for d in departures:
             if d.device not in self.objective.sample_counts:
                 continue  # already gone (e.g. excluded earlier)
+            gammas[d.device] = self.objective.gamma(d.device)
             policy = self.departure_policy(d, tau0=tau)
             self.objective.depart(d.device, round_index=tau, policy=policy)
             applied.append((d.device, policy))
         return RoundOutcome(weighing=weighing, lr=lr, params=self.params, arrivals=tuple(a.device for a in arrivals),
-                            departures=tuple(applied), shifted=self.objective.shift_round != shifted_before)
+                            departures=tuple(applied), shifted=self.objective.shift_round != shifted_before,
+                            departure_gammas=gammas)
 
     def departure_policy(self, departure: Departure, *, tau0: int) -> DeparturePolicy:
         """The policy a departure at the close of round tau0 gets: its own, else the rules'; auto resolved."""

@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--note", default="", help="a paragraph for the table file (e.g. why a setting differs from the paper)")
     cmp_.set_defaults(func=cmd_schemes)
 
+    t3 = sim_sub.add_parser("table3", help="Table 3 under several readings of the paper's setup (sensitivity study)")
+    t3.add_argument("--dataset", choices=["synthetic", "mnist"], default="synthetic")
+    t3.add_argument("--readings", default="all", help="comma-separated readings, or all (see results/table3.md)")
+    t3.add_argument("--num-traces-list", default="1-8", help="|T| values (default 1-8)")
+    _add_sweep_flags(t3, seeds="0-4")
+    t3.set_defaults(func=cmd_table3)
+
 
 def add_sweep_flags(p: argparse.ArgumentParser) -> None:
     """--jobs and --ray-address: where a sweep's groups run (simulator.executors.executor_for)."""
@@ -50,6 +57,17 @@ def add_sweep_flags(p: argparse.ArgumentParser) -> None:
                    help="run the groups as Ray tasks: a cluster (host:6379, ray://host:10001, auto) or 'local' for a "
                         "fresh local Ray instance (default: $RAY_ADDRESS if set, else local processes; "
                         "needs pip install 'flexfl[cluster]')")
+
+
+def _add_sweep_flags(p: argparse.ArgumentParser, *, seeds: str) -> None:
+    p.add_argument("--seeds", default=seeds, help=f"seeds, e.g. 0-4 or 0,2 (default {seeds})")
+    p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: one per CPU)")
+    p.add_argument("--ray-address", default=None,
+                   help="run on a Ray cluster (or 'local'); default: RAY_ADDRESS if set, else local processes")
+    p.add_argument("--out", type=Path, default=Path("results"), help="where the page and plots go (default results)")
+    p.add_argument("--work-dir", type=Path, default=None, help="per-run files, reused when rerun "
+                   "(default <out>/runs/<table>_<dataset>)")
+    p.add_argument("--report-only", action="store_true", help="write the page from finished runs; compute nothing")
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -256,3 +274,60 @@ Per-run final accuracies: `{Path(paths['final_csv']).name}`; per-round metrics o
 
 {plots}
 """
+
+
+def cmd_table3(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.executors import executor_for
+    from simulator.table3 import READINGS, elapsed, run_table3, write_page
+
+    readings = list(READINGS) if args.readings == "all" else [r.strip() for r in args.readings.split(",") if r.strip()]
+    unknown = [r for r in readings if r not in READINGS]
+    if unknown:
+        raise ConfigError(f"--readings: unknown {unknown}; choose from {', '.join(READINGS)}")
+    seeds = _parse_ints(args.seeds, "--seeds")
+    num_traces = _parse_ints(args.num_traces_list, "--num-traces-list")
+    work_dirs = {ds: (args.work_dir if args.work_dir and ds == args.dataset else args.out / "runs" / f"table3_{ds}")
+                 for ds in ("synthetic", "mnist")}
+    timing_path = args.out / "table3_timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    started = time.perf_counter()
+    if not args.report_only:
+        run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces, work_dir=work_dirs[args.dataset],
+                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+        timing[args.dataset] = (f"{elapsed(started)} for `flexfl sim table3 --dataset {args.dataset} "
+                                f"--readings {args.readings} --seeds {args.seeds}` (this run)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        timing_path.write_text(json.dumps(timing, indent=1))
+    page = write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
+                      timing=timing, plots=lambda ds, info: _table3_plots(args.out, ds, info))
+    print(f"Table 3 page: {page}")
+    return 0
+
+
+def _table3_plots(out: Path, dataset: str, info: dict) -> dict:
+    """Accuracy per round of the headline reading, mean over seeds, one panel per |T|, per setting."""
+    import csv
+
+    import numpy as np
+
+    from simulator.report import plot_accuracy_curves
+
+    paths = {}
+    for setting in ("iid", "niid"):
+        curves: dict[str, dict[str, list]] = {}
+        for s in info["summaries"]:
+            if s["setting"] != setting:
+                continue
+            with open(info["work_dir"] / f"{s['name']}.csv", newline="") as f:
+                acc = [float(r["test_acc"]) for r in csv.DictReader(f)]
+            curves.setdefault(f"|T| = {s['num_traces']}", {}).setdefault(s["scheme"], []).append(acc)
+        if curves:
+            path = out / f"table3_{dataset}_{setting}.png"
+            plot_accuracy_curves(path, {k: {sc: np.mean(v, axis=0) for sc, v in by.items()}
+                                        for k, by in sorted(curves.items(), key=lambda kv: int(kv[0].split()[-1]))},
+                                 title=f"{dataset.upper()} {setting.upper()} (headline reading): test accuracy, "
+                                       "mean over seeds")
+            paths[f"{dataset}_{setting}"] = path
+    return paths

@@ -10,7 +10,7 @@ groups run on a local process pool or on Ray (simulator.executors).
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,10 +37,18 @@ def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, sc
 
 def comparison_groups(
     base: SimConfig, *, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequence[int],
-    schemes: Sequence[str] = ("A", "B", "C"),
+    schemes: Sequence[str] = ("A", "B", "C"), prefix: str = "",
+    adjust: Callable[[SimConfig], SimConfig] | None = None,
 ) -> list[Group]:
-    """One group per (seed, setting, |T|), seeds outermost: an interrupted comparison has every cell of the first seeds."""
+    """One group per (seed, setting, |T|), seeds outermost: an interrupted comparison has every cell of the first seeds.
+
+    `prefix` goes before every run name (and, without its trailing "_", into the runs'
+    "reading" label); `adjust` changes each cell's config after the setting is applied
+    (e.g. a sample-size rule that depends on IID or not: simulator.table3).
+    """
     traces = read_trace_set(Path(base.traces.set))
+    adjust = adjust or (lambda cfg: cfg)
+    extra = {"reading": prefix.rstrip("_")} if prefix else {}
     groups = []
     for seed in seeds:
         for setting in settings:
@@ -48,11 +56,11 @@ def comparison_groups(
                 # With only always-complete traces (|T| = 1 is T0) every s equals E, so A, B and C
                 # give identical coefficients and identical runs: compute the first, reuse it.
                 all_complete = all(bool(np.all(t.fraction == 1.0)) for t in traces.first(j))
-                first = _run_name(setting, j, seed, schemes[0])
+                first = prefix + _run_name(setting, j, seed, schemes[0])
                 groups.append(Group(tuple(
-                    Run(name=_run_name(setting, j, seed, scheme),
-                        config=cell_config(base, setting=setting, seed=seed, num_traces=j, scheme=scheme),
-                        labels={"setting": setting, "num_traces": j, "seed": seed, "scheme": scheme},
+                    Run(name=prefix + _run_name(setting, j, seed, scheme),
+                        config=adjust(cell_config(base, setting=setting, seed=seed, num_traces=j, scheme=scheme)),
+                        labels={"setting": setting, "num_traces": j, "seed": seed, "scheme": scheme, **extra},
                         same_as=first if all_complete and i else None)
                     for i, scheme in enumerate(schemes))))
     return groups

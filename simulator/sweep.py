@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flexfl.config import to_dict
+from flexfl.config import from_dict, to_dict
 from flexfl.errors import ConfigError, FlexFLError, SweepError
 from flexfl.files import atomic_file
 from simulator.engine import SimConfig, SimResult, TrainerKind, records_as_rows
@@ -140,6 +140,16 @@ def _plain_config(cfg: SimConfig) -> dict:
     return json.loads(json.dumps(to_dict(cfg)))
 
 
+def _same_config(saved: object, cfg: SimConfig) -> bool:
+    """A saved config means `cfg` if it reads back equal: fields added since, at their defaults, do not count."""
+    if saved == _plain_config(cfg):
+        return True
+    try:
+        return from_dict(SimConfig, saved, where="saved run") == cfg
+    except (ConfigError, TypeError):
+        return False
+
+
 def saved_summary(work_dir: Path, run: Run) -> dict | None:
     """The run's summary in `work_dir` if it finished there with exactly this config, else None."""
     path = Path(work_dir) / f"{run.name}.json"
@@ -149,7 +159,7 @@ def saved_summary(work_dir: Path, run: Run) -> dict | None:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    if not isinstance(saved, dict) or saved.get("config") != _plain_config(run.config):
+    if not isinstance(saved, dict) or not _same_config(saved.get("config"), run.config):
         return None
     if not all((Path(work_dir) / f"{run.name}{ext}").is_file() for ext in (".csv", METRICS_SUFFIX)):
         return None

@@ -189,3 +189,21 @@ print("ray" in sys.modules)
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(tmp_path):
+    import json
+
+    from simulator.sweep import Group, Run, run_sweep, saved_summary
+
+    cfg = SimConfig(partition=PartitionSpec(n_devices=4, total_samples=400), rounds=2)
+    run = Run(name="r", config=cfg)
+    run_sweep([Group((run,))], work_dir=tmp_path, report=lambda line: None)
+    path = tmp_path / "r.json"
+    saved = json.loads(path.read_text())
+    del saved["config"]["rules"]["auto_c"]  # as written before the field existed
+    path.write_text(json.dumps(saved))
+    assert saved_summary(tmp_path, run) is not None
+    saved["config"]["rounds"] = 3  # a changed value still means another run
+    path.write_text(json.dumps(saved))
+    assert saved_summary(tmp_path, run) is None
