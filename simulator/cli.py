@@ -47,6 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_sweep_flags(t3, seeds="0-4")
     t3.set_defaults(func=cmd_table3)
 
+    t4 = sim_sub.add_parser("table4", help="Table 4: rounds to recover after an arrival, fast-reboot vs vanilla")
+    t4.add_argument("--datasets", default="synthetic,mnist", help="comma-separated: synthetic, mnist")
+    _add_sweep_flags(t4, seeds="0-4")
+    t4.set_defaults(func=cmd_table4)
+
+    t5 = sim_sub.add_parser("table5", help="Table 5: include/exclude crossing after a departure, and the auto rule")
+    _add_sweep_flags(t5, seeds="0-4")
+    t5.set_defaults(func=cmd_table5)
+
+    fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
+    _add_sweep_flags(fig, seeds="0-4")
+    fig.set_defaults(func=cmd_arrivals_figure)
+
 
 def add_sweep_flags(p: argparse.ArgumentParser) -> None:
     """--jobs and --ray-address: where a sweep's groups run (simulator.executors.executor_for)."""
@@ -331,3 +344,73 @@ def _table3_plots(out: Path, dataset: str, info: dict) -> dict:
                                        "mean over seeds")
             paths[f"{dataset}_{setting}"] = path
     return paths
+
+
+def _timing(args: argparse.Namespace, name: str, started: float, command: str) -> dict:
+    """The wall time of this table's last computing command, kept beside its page."""
+    import json
+
+    from simulator.table3 import elapsed
+
+    path = args.out / f"{name}_timing.json"
+    timing = json.loads(path.read_text()) if path.exists() else {}
+    if not args.report_only:
+        timing[command] = f"{elapsed(started)} for `{command}`"
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(timing, indent=1))
+    return timing
+
+
+def cmd_table4(args: argparse.Namespace) -> int:
+    from simulator import table4
+    from simulator.executors import executor_for
+
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    bad = set(datasets) - {"synthetic", "mnist"}
+    if bad:
+        raise ConfigError(f"--datasets: unknown {sorted(bad)}; use synthetic and/or mnist")
+    seeds = _parse_ints(args.seeds, "--seeds")
+    work_dirs = {ds: args.work_dir or args.out / "runs" / f"table4_{ds}" for ds in ("synthetic", "mnist")}
+    started = time.perf_counter()
+    timing = {}
+    for ds in datasets:
+        t0 = time.perf_counter()
+        if not args.report_only:
+            table4.run_table4(ds, seeds=seeds, work_dir=work_dirs[ds],
+                              executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+        timing = _timing(args, "table4", t0, f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}")
+    page = table4.write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
+                             timing=timing)
+    print(f"Table 4 page: {page} ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def cmd_table5(args: argparse.Namespace) -> int:
+    from simulator import table5
+    from simulator.executors import executor_for
+
+    seeds = _parse_ints(args.seeds, "--seeds")
+    work_dir = args.work_dir or args.out / "runs" / "table5"
+    started = time.perf_counter()
+    if not args.report_only:
+        table5.run_table5(seeds=seeds, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+    timing = _timing(args, "table5", started, f"flexfl sim table5 --seeds {args.seeds}")
+    page, c, acc = table5.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+    print(f"Table 5 page: {page}; auto rule: c = {c:g}, right in {acc:.1%} of held-out cases")
+    return 0
+
+
+def cmd_arrivals_figure(args: argparse.Namespace) -> int:
+    from simulator import figure_arrivals
+    from simulator.executors import executor_for
+
+    seeds = _parse_ints(args.seeds, "--seeds")
+    work_dir = args.work_dir or args.out / "runs" / "figure_arrivals"
+    started = time.perf_counter()
+    if not args.report_only:
+        figure_arrivals.run_figure(seeds=seeds, work_dir=work_dir,
+                                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+    timing = _timing(args, "figure_arrivals", started, f"flexfl sim arrivals-figure --seeds {args.seeds}")
+    page = figure_arrivals.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+    print(f"multi-arrival figure: {page}")
+    return 0

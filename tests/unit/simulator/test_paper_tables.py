@@ -1,0 +1,36 @@
+"""Tables 4 and 5 from hand-made rounds: the recovery readings, the crossing, and choosing auto's constant."""
+
+import pytest
+
+from simulator.table4 import recoveries
+from simulator.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy, choose_c
+
+
+def test_table4_readings_of_the_baseline():
+    # The newcomer arrives during round 4 and trains from round 5 (tau_0 = 5). Round 4 is
+    # evaluated on the new test set (0.70) and on the old one (0.80, loss 0.5).
+    rows = [{"round": r, "test_acc": a, "test_loss": l, "extra_tests": {"start": {"acc": sa, "loss": sl}}}
+            for r, a, l, sa, sl in [(3, 0.80, 0.5, 0.80, 0.5), (4, 0.70, 0.9, 0.80, 0.5), (5, 0.60, 1.4, 0, 0),
+                                    (6, 0.72, 0.8, 0, 0), (7, 0.79, 0.55, 0, 0), (8, 0.81, 0.45, 0, 0)]]
+    rec = recoveries({"tau0": 5, "seed": 0, "reboot": "fast"}, rows)
+    assert rec.rounds == {"acc/old": 4, "acc/new": 2, "loss/old": 4}
+
+
+def _dep(gamma, *, tau0=20, crossing_after=10, seed=0):
+    """Exclude is worse for `crossing_after` rounds after tau0, then better."""
+    include = {r: 1.0 for r in range(1, ROUNDS + 1)}
+    exclude = {r: (1.5 if tau0 < r < tau0 + crossing_after else 0.9) for r in range(1, ROUNDS + 1)}
+    return Departure(ab=(1.0, 1.0), tau0=tau0, seed=seed, include=include, exclude=exclude, include_active=include,
+                     gamma=gamma, auto_choice="exclude")
+
+
+def test_auto_accuracy_and_the_chosen_constant():
+    deps = [_dep(1.0, crossing_after=10), _dep(1.0, crossing_after=10, seed=1)]
+    # Horizons 2 and 5 favour include, 10 and more exclude. With Gamma = 1 and tau_0 = 20,
+    # auto excludes when T - tau_0 >= c sqrt(20): c between 5/4.47 and 10/4.47 is always right.
+    assert baseline_accuracy(deps, "exclude") == pytest.approx(5 / 7)
+    assert auto_accuracy(deps, 1.5) == 1.0
+    assert auto_accuracy(deps, 0.01) == pytest.approx(5 / 7)  # always excludes
+    c, acc = choose_c(deps)
+    assert acc == 1.0 and 5 / 20 ** 0.5 < c <= 10 / 20 ** 0.5
+    assert auto_accuracy([_dep(None)], 1.0) == pytest.approx(2 / 7)  # no estimate: include
