@@ -26,7 +26,7 @@ import numpy as np
 
 from coordinator.aggregation import Scheme
 from coordinator.objective import AutoDeparture, DeparturePolicy
-from coordinator.round import RulesConfig
+from coordinator.round import AUTO_C, RulesConfig
 from simulator.curves import rounds_until_cross
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from simulator.sweep import Executor, Group, Run, finished, read_metrics, run_sweep
@@ -51,10 +51,14 @@ def _ab(ab: tuple[float, float]) -> str:
 
 
 def run_config(ab: tuple[float, float], *, seed: int, tau0: int, policy: str) -> SimConfig:
+    # auto_c matters to the auto runs only; include/exclude pin it, so that choosing c
+    # (which changes AUTO_C) leaves their saved runs valid.
+    auto_c = AUTO_C if policy == "auto" else 1.0
     return SimConfig(
         partition=PartitionSpec(dataset="synthetic", n_devices=30, alpha=ab[0], beta=ab[1], sizes=Sizes.EQUAL,
                                 seed=seed),
-        rules=RulesConfig(scheme=Scheme.C, departure_policy=DeparturePolicy(policy)), rounds=ROUNDS, seed=seed,
+        rules=RulesConfig(scheme=Scheme.C, departure_policy=DeparturePolicy(policy), auto_c=auto_c),
+        rounds=ROUNDS, seed=seed,
         traces=TracesConfig(num_traces=5), extra_tests=(ExtraTest.ACTIVE,),
         schedule=ScheduleConfig(departures=(DepartureEvent(device=0, round=tau0),)))
 
