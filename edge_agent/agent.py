@@ -177,7 +177,7 @@ class EdgeAgent:
         self.partition = mine if mine is not None else theirs
         if self.shard is None and not self.cfg.participation.no_train:
             started = time.monotonic()
-            self.shard = load_shard(self.partition, self.cfg.shard_index)
+            self.shard = load_shard(self.partition, self.cfg.shard_index, as_bytes=True)
             log.info("%s: shard %d of [%s]: %d samples (%.1f s)", self.cfg.device_id, self.cfg.shard_index,
                      self.partition.describe(), len(self.shard), time.monotonic() - started)
         self._wait_for_join_round()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from flexfl.errors import ConfigError
-from workloads.datasets import ArrayDataset
+from workloads.datasets import ArrayDataset, scaled
 
 
 class Unit(StrEnum):
@@ -121,7 +121,7 @@ def train_local(
         batches = [next(stream)] if stream is not None else epoch_batches(len(data), batch_size=batch_size, rng=rng)
         for idx in batches:
             index = torch.from_numpy(idx)
-            loss = loss_fn(model(x_all[index]), y_all[index])
+            loss = loss_fn(model(scaled(x_all[index])), y_all[index])
             model.zero_grad(set_to_none=True)
             loss.backward()
             with torch.no_grad():

@@ -47,7 +47,7 @@ from torch.func import functional_call
 
 from edge_agent.trainer import step_plan
 from flexfl.errors import ConfigError
-from workloads.datasets import ArrayDataset
+from workloads.datasets import ArrayDataset, scaled
 from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
 
 # Rows per chunk, measured with `python -m benchmarks.sim_speed --variants fast@4,fast@16,...`:
@@ -93,7 +93,7 @@ class FastTrainer:
         self.sizes = np.array([len(d) for d in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         # All shards in one flat tensor; a row's batch is an index_select by global index.
-        self.x = torch.from_numpy(np.concatenate([d.x.reshape(len(d), -1) for d in shards]))
+        self.x = torch.from_numpy(scaled(np.concatenate([d.x.reshape(len(d), -1) for d in shards])))
         self.y = torch.from_numpy(np.concatenate([d.y for d in shards]))
         num_classes = self.shapes["fc2.bias" if kind == "cnn" else self._layers[-1][1]][0]
         if len(self.y) and int(self.y.max()) >= num_classes:

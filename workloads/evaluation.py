@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from workloads.datasets import ArrayDataset
+from workloads.datasets import ArrayDataset, scaled
 
 
 @torch.no_grad()
@@ -19,7 +19,7 @@ def evaluate(
     x = torch.from_numpy(data.x)
     y = torch.from_numpy(data.y)
     for start in range(0, len(data), chunk):
-        logits = functional_call(model, params, (x[start : start + chunk],))
+        logits = functional_call(model, params, (scaled(x[start : start + chunk]),))
         target = y[start : start + chunk]
         loss_sum += float(nn.functional.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(dim=1) == target).sum())

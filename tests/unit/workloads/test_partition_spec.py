@@ -104,3 +104,40 @@ def test_pareto_per_label_needs_non_iid_images():
         PartitionSpec(dataset="synthetic", sizes="pareto-per-label")
     with pytest.raises(ConfigError, match="pareto-per-label"):
         PartitionSpec(dataset="mnist", iid=True, sizes="pareto-per-label")
+
+
+@pytest.mark.parametrize("iid", [True, False])
+def test_an_agents_shard_is_read_without_the_other_devices_images(iid, mnist_cache_dir: Path):
+    """The whole training set is 47 MB as bytes (188 MB as floats); one of 100 shards allocates ~1 MB."""
+    import tracemalloc
+
+    spec = PartitionSpec(dataset="mnist", n_devices=100, iid=iid, sizes="equal")
+    load_shard(spec, 5, cache_dir=mnist_cache_dir)  # the cache exists before we measure
+    tracemalloc.start()
+    try:
+        shard = load_shard(spec, 5, cache_dir=mnist_cache_dir, as_bytes=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert shard.x.dtype == np.uint8 and len(shard) <= 600
+    assert peak < 4 * 2**20, f"loading one shard allocated {peak / 2**20:.1f} MiB at its peak"
+    whole = build_federated(spec, cache_dir=mnist_cache_dir).train[5]
+    assert np.array_equal(shard.x.astype(np.float32) / 255, whole.x) and np.array_equal(shard.y, whole.y)
+
+
+def test_byte_shards_train_and_evaluate_exactly_like_float_shards(mnist_cache_dir: Path):
+    import torch
+
+    from edge_agent.trainer import device_rng, train_local
+    from workloads.evaluation import evaluate
+    from workloads.federated import initial_model
+
+    spec = PartitionSpec(dataset="mnist", n_devices=100, iid=True, sizes="equal")
+    as_bytes, as_float = (load_shard(spec, 7, cache_dir=mnist_cache_dir, as_bytes=b) for b in (True, False))
+    deltas = []
+    for shard in (as_bytes, as_float):
+        model, params = initial_model("mnist", seed=0)
+        deltas.append(train_local(model, shard, updates=5, lr=0.1, batch_size=10, rng=device_rng(0, 1, 7)).delta)
+        assert evaluate(model, params, shard) == evaluate(model, params, as_float)
+    for name in deltas[0]:
+        assert torch.equal(deltas[0][name], deltas[1][name])
