@@ -54,8 +54,6 @@ class Update:
     bytes_in: int
     previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
     arrived_after_s: float = 0.0  # from the model's delivery to this update's arrival
-    first_loss: float = 0.0  # its first and last minibatch loss (the auto departure rule's Gamma estimate)
-    last_loss: float = 0.0
 
 
 @dataclass
@@ -268,7 +266,7 @@ class RoundEngine:
         E = self.cfg.rules.required_updates
         if not 0 <= header.updates_completed <= E:
             raise UpdateRejected(f"updates_completed = {header.updates_completed} is outside 0..E (E = {E})")
-        for name in ("train_s", "previous_upload_s", "local_loss", "first_loss", "last_loss"):
+        for name in ("train_s", "previous_upload_s", "local_loss"):
             value = getattr(header, name)
             if not np.isfinite(value):
                 raise UpdateRejected(f"header field {name} is not finite ({value})")
@@ -284,8 +282,7 @@ class RoundEngine:
                                           train_s=float(header.train_s), local_loss=float(header.local_loss),
                                           bytes_in=len(data) if message_bytes is None else message_bytes,
                                           previous_upload_s=float(header.previous_upload_s),
-                                          arrived_after_s=time.monotonic() - r.delivered[device_id],
-                                          first_loss=float(header.first_loss), last_loss=float(header.last_loss))
+                                          arrived_after_s=time.monotonic() - r.delivered[device_id])
             self._cond.notify_all()
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
 
@@ -427,9 +424,7 @@ class RoundEngine:
             outcome = self.federation.close(
                 weighing, deltas=deltas, rows=rows,
                 arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
-                departures=[Departure(d) for d in self._pending_departures],
-                losses={d: (r.updates[d].first_loss, r.updates[d].last_loss) for d in rows
-                        if r.updates[d].first_loss or r.updates[d].last_loss})
+                departures=[Departure(d) for d in self._pending_departures])
             self._pending_arrivals.clear()
             self._pending_departures.clear()
             shards = [self.registry.get(d).shard_index for d in self.objective.members()]

@@ -104,29 +104,31 @@ class Objective:
     departed_included: set[str] = field(default_factory=set)
     arrivals: dict[str, int] = field(default_factory=dict)  # device -> round of its arrival shift
     shift_round: int = 0
-    loss_gaps: dict[str, list[float]] = field(default_factory=dict)  # device -> recent Gamma samples
+    grad_sq: dict[str, list[float]] = field(default_factory=dict)  # device -> recent ||g_l||^2 samples
 
     GAMMA_ROUNDS = 5  # Gamma_l is averaged over the device's last rounds with local updates
 
-    def note_losses(self, device_id: str, *, first: float, last: float) -> None:
-        """Record device's loss on its first minibatch (global model) and its last (after its updates)."""
-        if device_id in self.sample_counts and np.isfinite(first) and np.isfinite(last):
-            gaps = self.loss_gaps.setdefault(device_id, [])
-            gaps.append(max(0.0, float(first) - float(last)))
-            del gaps[:-self.GAMMA_ROUNDS]
+    def note_update(self, device_id: str, *, delta_sq: float, lr: float, steps: int) -> None:
+        """Record one update of a device: ||delta||^2 of its s local SGD steps at rate lr."""
+        if device_id in self.sample_counts and steps > 0 and lr > 0 and np.isfinite(delta_sq):
+            samples = self.grad_sq.setdefault(device_id, [])
+            samples.append(float(delta_sq) / (lr * steps) ** 2)
+            del samples[:-self.GAMMA_ROUNDS]
 
     def gamma(self, device_id: str) -> float | None:
         """Estimate of Gamma_l = F_l(w*) - F_l* for a device (None before it trained).
 
-        What a coordinator can know: each update reports the device's loss on its first
-        minibatch, taken at the global model (an estimate of F_l(w), w near w* late in
-        training), and on its last, after its local updates (an upper estimate of F_l*, which
-        its local optimum lies below). Their gap, averaged over its last GAMMA_ROUNDS rounds,
-        grows with how far the device's own optimum lies from the global model: a lower-bound
-        estimate of Gamma_l in the loss's units.
+        What a coordinator can know is the update itself: delta_l = -lr (g_1 + ... + g_s), so
+        ||delta_l|| / (lr s) is the norm of the device's mean local gradient, taken near the
+        global model. For the paper's mu-strongly convex, L-smooth F_l, Gamma_l lies between
+        ||grad F_l(w*)||^2 / (2L) and ||grad F_l(w*)||^2 / (2 mu), and grad F_l(w*) is zero
+        for a device whose data look like everyone's (IID) and large for a non-IID one. The
+        estimate is half that squared norm (units with L = 1; the rule's c absorbs L),
+        averaged over the device's last GAMMA_ROUNDS updates; minibatch noise adds a floor
+        that is the same for every device of the same batch size.
         """
-        gaps = self.loss_gaps.get(device_id)
-        return float(np.mean(gaps)) if gaps else None
+        samples = self.grad_sq.get(device_id)
+        return float(np.mean(samples)) / 2 if samples else None
 
     def add_initial(self, device_id: str, n_samples: int) -> None:
         """A device present from the start: no shift."""
@@ -149,7 +151,7 @@ class Objective:
             raise ConfigError("resolve the auto departure policy (AutoDeparture.decide) before applying it")
         if policy is DeparturePolicy.EXCLUDE:
             del self.sample_counts[device_id]
-            self.loss_gaps.pop(device_id, None)
+            self.grad_sq.pop(device_id, None)
             self.departed_included.discard(device_id)
             self.arrivals.pop(device_id, None)
             self.shift_round = max(self.shift_round, round_index)
@@ -195,7 +197,7 @@ class Objective:
             "departed_included": sorted(self.departed_included),
             "arrivals": dict(self.arrivals),
             "shift_round": self.shift_round,
-            "loss_gaps": {d: list(v) for d, v in self.loss_gaps.items()},
+            "grad_sq": {d: list(v) for d, v in self.grad_sq.items()},
         }
 
     @classmethod
@@ -206,7 +208,7 @@ class Objective:
                 departed_included=set(map(str, d["departed_included"])),
                 arrivals={str(k): int(v) for k, v in d["arrivals"].items()},
                 shift_round=int(d["shift_round"]),
-                loss_gaps={str(k): [float(x) for x in v] for k, v in d.get("loss_gaps", {}).items()},
+                grad_sq={str(k): [float(x) for x in v] for k, v in d.get("grad_sq", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"objective state is malformed: {exc!r}") from exc

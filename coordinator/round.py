@@ -174,14 +174,13 @@ class Federation:
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
     def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
-              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = (),
-              losses: Mapping[str, tuple[float, float]] | None = None) -> RoundOutcome:
+              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
         """Aggregate, then apply the membership events; returns what happened.
 
         `deltas[name]` is stacked [K, *shape] with row i the update of device rows[i]; it
         must hold (at least) every contributor of `weighing` (with none, pass rows=() and
-        deltas={}: the model stays). `losses` maps a device that trained to its first and
-        last minibatch loss (Objective.gamma's estimate of how non-IID it is).
+        deltas={}: the model stays). Each update's norm also feeds Objective.gamma (how
+        non-IID a device is: the auto departure rule).
         """
         tau = weighing.round_index
         lr = self.learning_rate(tau)
@@ -194,11 +193,13 @@ class Federation:
         except KeyError as exc:
             raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
         if device_rows:
+            delta_sq = sum(torch.linalg.vector_norm(d.reshape(len(rows), -1), dim=1, dtype=torch.float64) ** 2
+                           for d in deltas.values())
+            for device, k, sq in zip(rows, device_rows, delta_sq.tolist()):
+                self.objective.note_update(device, delta_sq=sq, lr=lr, steps=int(weighing.s[k]))
             self.params = apply_update(global_state=self.params, deltas=deltas, coefficients=weighing.coefficients,
                                        rows=device_rows)
         self.completed_round = tau
-        for device, (first, last) in (losses or {}).items():
-            self.objective.note_losses(device, first=first, last=last)
         shifted_before = self.objective.shift_round
         for a in arrivals:
             if a.device in self.objective.departed_included:

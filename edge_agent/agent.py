@@ -277,13 +277,11 @@ class EdgeAgent:
         if part.no_train:
             delta = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
             s, samples, loss = cap, 0, 0.0
-            first_loss = last_loss = float("nan")
         else:
             result = train_local(model, self.shard, updates=cap, lr=header.learning_rate, batch_size=header.batch_size,
                                  rng=device_rng(header.seed, header.round_id, header.device_index),
                                  unit=header.unit or "step", keep_going=keep_going)
             delta, s, samples, loss = result.delta, result.updates_completed, result.samples_used, result.mean_loss
-            first_loss, last_loss = result.first_loss, result.last_loss
             if part.min_update_s and s:
                 time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
             if s:
@@ -293,9 +291,7 @@ class EdgeAgent:
         payload, body = wire.encode(delta) if s else (pb.Payload(), b"")
         up = pb.UpdateHeader(device_id=self.cfg.device_id, round_id=header.round_id, updates_completed=s,
                              samples_used=samples, train_s=train_s, previous_upload_s=self._upload_s or 0.0,
-                             local_loss=loss if np.isfinite(loss) else 0.0, payload=payload,
-                             first_loss=first_loss if np.isfinite(first_loss) else 0.0,
-                             last_loss=last_loss if np.isfinite(last_loss) else 0.0)
+                             local_loss=loss if np.isfinite(loss) else 0.0, payload=payload)
         t0 = time.monotonic()
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
         if body:  # an empty (s = 0) push says nothing about how long a real upload takes

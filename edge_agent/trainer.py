@@ -41,8 +41,6 @@ class LocalResult:
     samples_used: int  # sum of minibatch sizes
     mean_loss: float  # mean minibatch training loss over the steps (nan when s = 0)
     train_s: float
-    first_loss: float = float("nan")  # loss of the first minibatch, at the received (global) model
-    last_loss: float = float("nan")  # loss of the last minibatch, after the updates before it
 
 
 def step_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
@@ -115,7 +113,6 @@ def train_local(
     loss_fn = nn.CrossEntropyLoss()
     done = steps = samples = 0
     loss_sum = 0.0
-    first_loss = last_loss = float("nan")
     model.train()
     while done < updates and (keep_going is None or keep_going(done)):
         batches = [next(stream)] if stream is not None else epoch_batches(len(data), batch_size=batch_size, rng=rng)
@@ -127,9 +124,7 @@ def train_local(
             with torch.no_grad():
                 for p in model.parameters():
                     p.sub_(p.grad, alpha=lr)
-            last_loss = float(loss.detach())
-            first_loss = last_loss if steps == 0 else first_loss
-            loss_sum += last_loss
+            loss_sum += float(loss.detach())
             steps += 1
             samples += len(idx)
         done += 1
@@ -141,8 +136,6 @@ def train_local(
         samples_used=samples,
         mean_loss=loss_sum / steps if steps else float("nan"),
         train_s=time.perf_counter() - start,
-        first_loss=first_loss,
-        last_loss=last_loss,
     )
 
 

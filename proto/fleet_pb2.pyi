@@ -177,7 +177,7 @@ class RoundChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload", "first_loss", "last_loss")
+    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -186,8 +186,6 @@ class UpdateHeader(_message.Message):
     PREVIOUS_UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
-    FIRST_LOSS_FIELD_NUMBER: _ClassVar[int]
-    LAST_LOSS_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     round_id: int
     updates_completed: int
@@ -196,9 +194,7 @@ class UpdateHeader(_message.Message):
     previous_upload_s: float
     local_loss: float
     payload: Payload
-    first_loss: float
-    last_loss: float
-    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ...) -> None: ...
+    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")

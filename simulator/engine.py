@@ -318,20 +318,18 @@ def run_paired(
         works = [runs[i].begin(tau) for i in going]
         # Rows of all runs, run after run; row j starts from model start_of_row[j] (its run's).
         bounds = np.cumsum([0] + [len(w.shards) for w in works])
-        deltas, losses = {}, np.zeros((0, 3))
+        deltas, losses = {}, np.array([])
         if bounds[-1]:
             # One Generator per (seed, device): the runs of a seed share a device's minibatches.
             keys = [(configs[i].seed, k) for i, w in zip(going, works) for k in w.shards]
             generators = {key: device_rng(key[0], tau, key[1]) for key in set(keys)}
             start = {name: torch.stack([runs[i].fed.params[name] for i in going]) for name in out}
-            ends = np.empty((bounds[-1], 2))
-            deltas, mean = fast.train(
+            deltas, losses = fast.train(
                 start, shard_of_row=np.concatenate([w.shards for w in works]).astype(np.int64),
                 steps=np.concatenate([w.steps for w in works]).astype(np.int64),
                 lr=np.concatenate([np.full(len(w.shards), w.opening.lr) for w in works]),
                 rngs=[generators[key] for key in keys],
-                start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out, loss_ends=ends)
-            losses = np.column_stack([mean, ends])
+                start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out)
         # The shared training is split evenly; each run's close and evaluation is its own.
         share = (time.perf_counter() - t0) / len(going)
         for j, (i, w) in enumerate(zip(going, works)):
@@ -402,8 +400,8 @@ class _Run:
             train_s: float) -> RoundRecord:
         """Close the round with the contributors' deltas (row i: work.rows[i]), evaluate, record.
 
-        `losses` is [K, 3]: each row's mean, first and last minibatch loss. The record's
-        seconds are `train_s` (the round's time so far) plus this close and evaluation.
+        `losses` is each row's mean minibatch loss. The record's seconds are `train_s` (the
+        round's time so far) plus this close and evaluation.
         """
         t0 = time.perf_counter()
         cfg, fed, s, weighing, rows = self.cfg, self.fed, work.s, work.weighing, work.rows
@@ -413,7 +411,6 @@ class _Run:
             arrivals=[Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
                       for a in cfg.schedule.arrivals if a.round == tau],
             departures=[Departure(device_id(d.device), d.policy) for d in cfg.schedule.departures if d.round == tau],
-            losses={d: (float(first), float(last)) for d, (_, first, last) in zip(rows, losses)},
         )
         test = self.data.test_for([self.shard[d] for d in fed.objective.members()])
         acc, loss = evaluate(self.model, fed.params, test)
@@ -432,7 +429,7 @@ class _Run:
             round=tau, lr=work.opening.lr, active=sum(v > 0 for v in s.values()),
             complete=sum(v == fed.E for v in s.values()), mean_s=float(np.mean(list(s.values()))) if s else 0.0,
             coef_sum=float(weighing.coefficients.values.sum()), discarded=weighing.coefficients.discarded,
-            train_loss=float(np.dot(w, losses[:, 0]) / w.sum()) if len(rows) and w.sum() > 0 else float("nan"),
+            train_loss=float(np.dot(w, losses) / w.sum()) if len(rows) and w.sum() > 0 else float("nan"),
             test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0, members=len(fed.objective.members()),
             events=" ".join([f"+{d}" for d in outcome.arrivals] + [f"-{d}({p})" for d, p in outcome.departures]),
         )
@@ -458,18 +455,15 @@ class _Trainer:
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,
               round_index: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-        """Deltas stacked in `shards` order and per row [mean, first, last] minibatch loss ([K, 3])."""
+        """Deltas stacked in `shards` order and each row's mean minibatch loss."""
         if not shards:
-            return {}, np.zeros((0, 3))
+            return {}, np.array([])
         rngs = [device_rng(self.cfg.seed, round_index, k) for k in shards]
         if self.fast is not None:
             if self._out is None:
                 n = len(self.data.train)
                 self._out = {name: torch.empty((n, *p.shape)) for name, p in params.items()}
-            ends = np.empty((len(shards), 2))
-            deltas, mean = self.fast.train(dict(params), shard_of_row=shards, steps=steps, lr=lr, rngs=rngs,
-                                           out=self._out, loss_ends=ends)
-            return deltas, np.column_stack([mean, ends])
+            return self.fast.train(dict(params), shard_of_row=shards, steps=steps, lr=lr, rngs=rngs, out=self._out)
         deltas, losses = [], []
         for k, s, rng in zip(shards, steps, rngs):
             with torch.no_grad():
@@ -478,7 +472,7 @@ class _Trainer:
             res = train_local(self.model, self.data.train[k], updates=s, lr=lr, batch_size=self.batch_size, rng=rng,
                               unit=self.cfg.rules.unit)
             deltas.append(res.delta)
-            losses.append((res.mean_loss, res.first_loss, res.last_loss))
+            losses.append(res.mean_loss)
         return stack_deltas(deltas), np.array(losses)
 
 

@@ -110,7 +110,6 @@ class FastTrainer:
         rngs: Sequence[np.random.Generator],
         start_of_row: Sequence[int] | np.ndarray | None = None,
         out: dict[str, torch.Tensor] | None = None,
-        loss_ends: np.ndarray | None = None,
     ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
@@ -119,9 +118,7 @@ class FastTrainer:
         runs pass one model per run and the run of each row). `out`, if
         given, receives the deltas in its first R rows (float32 [>= R, *shape] each; the views
         are returned): a caller that keeps it from round to round saves the page faults of
-        fresh memory (about a tenth of an MNIST round in torch.profiler). `loss_ends`, if
-        given (float64 [>= R, 2]), receives each row's first and last minibatch loss (nan for
-        0 steps): the loss at the start model and after the row's updates.
+        fresh memory (about a tenth of an MNIST round in torch.profiler).
         """
         shard_of_row = np.asarray(shard_of_row, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
@@ -173,12 +170,6 @@ class FastTrainer:
         loss_sum[order[:n_training]] = losses.to(torch.float64).sum(dim=0).numpy()
         mean_loss = np.full(n_rows, np.nan)
         mean_loss[steps > 0] = loss_sum[steps > 0] / steps[steps > 0]
-        if loss_ends is not None:
-            loss_ends[:n_rows] = np.nan
-            trained = order[:n_training]
-            per_step = losses.to(torch.float64).numpy()  # [t, sorted row]
-            loss_ends[trained, 0] = per_step[0, :n_training]
-            loss_ends[trained, 1] = per_step[s_sorted[:n_training] - 1, np.arange(n_training)]
         return deltas, mean_loss
 
     def _batch_plan(self, rows: np.ndarray, steps: np.ndarray, shard_of_row: np.ndarray,

@@ -186,9 +186,10 @@ below include's (1 = one round after the shift); "never" = not within the {ROUND
 ## The auto departure rule (Corollary 4.3)
 
 `departure_policy = "auto"` (coordinator/objective.py AutoDeparture): exclude when
-T - tau_0 >= c sqrt(Gamma_l tau_0). Gamma_l is estimated from what the coordinator receives:
-each update's loss on the device's first minibatch (at the global model) minus its loss on
-the last one (after its local updates), averaged over the device's last 5 rounds
+T - tau_0 >= c sqrt(Gamma_l tau_0). Gamma_l is estimated from what the coordinator receives,
+the updates: ||delta_l||^2 / (lr s)^2 is the squared norm of the device's mean local
+gradient near the global model, which brackets Gamma_l for the paper's strongly convex,
+smooth objectives; half of it, averaged over the device's last 5 updates
 (coordinator.objective.Objective.gamma). Median Gamma estimate at the departure:
 {", ".join(f"({ab[0]:g},{ab[1]:g}): {np.median(g):.3f}" for ab, g in gammas.items() if g)}.
 

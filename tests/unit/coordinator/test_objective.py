@@ -89,16 +89,18 @@ def test_auto_departure_rule_follows_corollary_4_3():
         AutoDeparture(c=0.0)
 
 
-def test_gamma_estimate_averages_recent_loss_gaps_and_survives_a_checkpoint():
+def test_gamma_estimate_is_half_the_mean_squared_local_gradient_and_survives_a_checkpoint():
     obj = Objective()
     obj.add_initial("a", 10)
     assert obj.gamma("a") is None
-    for first, last in [(2.0, 1.0), (1.5, 1.0), (1.0, 1.2), (9.0, 1.0), (1.2, 1.0), (1.1, 1.0)]:
-        obj.note_losses("a", first=first, last=last)
-    # The last five gaps: 0.5, 0 (a rise counts as 0), 8.0, 0.2, 0.1.
-    assert obj.gamma("a") == pytest.approx((0.5 + 0 + 8.0 + 0.2 + 0.1) / 5)
+    # ||delta||^2 / (lr s)^2: a mean gradient of norm 2, 1, 0, 3, 2, 1 over six rounds.
+    for norm, lr, s in [(2, 0.1, 4), (1, 0.5, 2), (0, 1.0, 1), (3, 0.2, 5), (2, 0.1, 1), (1, 1.0, 3)]:
+        obj.note_update("a", delta_sq=(norm * lr * s) ** 2, lr=lr, steps=s)
+    assert obj.gamma("a") == pytest.approx((1 + 0 + 9 + 4 + 1) / 5 / 2)  # the last five, halved
     assert Objective.from_dict(obj.to_dict()).gamma("a") == pytest.approx(obj.gamma("a"))
-    obj.note_losses("stranger", first=1.0, last=0.0)
-    assert obj.gamma("stranger") is None
+    obj.note_update("stranger", delta_sq=1.0, lr=1.0, steps=1)
+    obj.note_update("a", delta_sq=float("nan"), lr=1.0, steps=1)
+    obj.note_update("a", delta_sq=1.0, lr=1.0, steps=0)
+    assert obj.gamma("stranger") is None and obj.gamma("a") == pytest.approx(1.5)
     with pytest.raises(ConfigError, match="resolve the auto departure policy"):
         obj.depart("a", round_index=3, policy="auto")

@@ -71,16 +71,19 @@ def test_bad_rounds_are_refused():
 def test_auto_departures_follow_the_gamma_estimate_and_the_horizon():
     fed = _federation(departure_policy="auto", auto_c=1.0)
     fed.horizon = 50
-    # dev a's loss drops by 4.0 over its updates every round (far from the global optimum), b's by 0.01.
+    # Rounds 1-3 at lr = 1/tau: a's 4 steps move it by 4 * lr * 2 (a mean gradient of norm 2),
+    # b's by 4 * lr * 0.1 (nearly IID).
     for tau in (1, 2, 3):
-        w = fed.weigh(tau, {"a": 4, "b": 4})
-        fed.close(w, deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"], losses={"a": (5.0, 1.0), "b": (1.01, 1.0)})
-    assert fed.objective.gamma("a") == pytest.approx(4.0) and fed.objective.gamma("b") == pytest.approx(0.01)
-    # At tau_0 = 4: a needs 50 - 4 >= sqrt(4.0 * 4) = 4: exclude; so does b (sqrt(0.04) = 0.2).
+        lr = fed.learning_rate(tau)
+        d = torch.tensor([[4 * lr * 2.0, 0.0], [0.0, 4 * lr * 0.1]])
+        fed.close(fed.weigh(tau, {"a": 4, "b": 4}), deltas={"w": d}, rows=["a", "b"])
+    assert fed.objective.gamma("a") == pytest.approx(2.0) and fed.objective.gamma("b") == pytest.approx(0.005)
+    # At tau_0 = 4: a needs 50 - 4 >= sqrt(2.0 * 4) = 2.8: exclude.
     assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"
     fed.rules = RulesConfig(required_updates=4, eta0=1.0, departure_policy="auto", auto_c=30.0)
-    # With c = 30: a needs 46 >= 30 * 4 = 120: include; b needs 46 >= 30 * 0.2 = 6: exclude.
+    # With c = 30: a needs 46 >= 30 * 2.83 = 85: include; b needs 46 >= 30 * 0.14 = 4.2: exclude.
     out = fed.close(fed.weigh(4, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
                     departures=[Departure("a"), Departure("b")])
     assert out.departures == (("a", "include"), ("b", "exclude"))
+    assert out.departure_gammas["a"] == pytest.approx((4 + 4 + 4 + 0) / 4 / 2)  # round 4 zero update counts
     assert fed.objective.members() == ["a"] and fed.objective.departed_included == {"a"}

@@ -156,31 +156,3 @@ def test_no_row_trains():
     assert all(float(d.abs().max()) == 0.0 and d.shape[0] == 2 for d in deltas.values())
     assert np.isnan(losses).all()
 
-
-@pytest.mark.parametrize("name, dim, classes", [("logreg", 60, 10), ("mlp", 784, 10), ("cnn", 784, 47)])
-def test_first_and_last_losses_equal_the_plain_trainers(name, dim, classes):
-    from edge_agent.trainer import device_rng, train_local
-    from simulator.fast_trainer import FastTrainer
-    from workloads.datasets import ArrayDataset
-    from workloads.models import build_model
-
-    rng = np.random.default_rng(0)
-    shards = [ArrayDataset(x=rng.random((n, dim), dtype=np.float32), y=rng.integers(0, classes, n).astype(np.int64))
-              for n in (13, 40, 25)]
-    torch.manual_seed(0)
-    model = build_model(name, in_features=dim, num_classes=classes)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    steps = np.array([4, 0, 1])
-    ends = np.zeros((3, 2))
-    FastTrainer(model, shards, batch_size=10).train(params, shard_of_row=[0, 1, 2], steps=steps, lr=0.05,
-                                                    rngs=[device_rng(1, 2, k) for k in range(3)], loss_ends=ends)
-    for k, s in enumerate(steps):
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(params[n])
-        ref = train_local(model, shards[k], updates=int(s), lr=0.05, batch_size=10, rng=device_rng(1, 2, k))
-        if s == 0:
-            assert np.isnan(ends[k]).all() and np.isnan(ref.first_loss)
-        else:
-            np.testing.assert_allclose(ends[k], [ref.first_loss, ref.last_loss], rtol=1e-4)
-    assert ends[2, 0] == ends[2, 1]  # one step: first is last
