@@ -2,7 +2,8 @@
 
 Domain errors become status codes: bad input INVALID_ARGUMENT, wrong round state
 FAILED_PRECONDITION, unknown device or bad token UNAUTHENTICATED, a header that names
-another device PERMISSION_DENIED.
+another device, or (mutual TLS) a client certificate that names another device
+(coordinator/identity.py) PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.rounds import RoundEngine, UnknownDevice, WrongRoundState
 from flexfl.errors import ConfigError, UpdateRejected
@@ -27,10 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class FleetServicer(pb_grpc.FleetServicer):
-    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int) -> None:
+    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int,
+                 certificate_identity: bool = False) -> None:
         self.engine = engine
         self._token = token.encode()
         self.max_update_bytes = max_update_bytes
+        self.certificate_identity = certificate_identity  # mutual TLS: the CN is the device id
 
     def _caller(self, context: grpc.ServicerContext) -> str:
         """Check the fleet token; return the device id the call claims to come from."""
@@ -42,6 +46,12 @@ class FleetServicer(pb_grpc.FleetServicer):
         device_id = md.get(DEVICE_HEADER, "")
         if not device_id:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing {DEVICE_HEADER} metadata")
+        if self.certificate_identity:
+            try:
+                identity.check_claim(context.auth_context(), device_id)
+            except identity.IdentityMismatch as exc:
+                log.warning("refused a call: %s", exc)
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return device_id
 
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
@@ -121,7 +131,8 @@ class FleetServicer(pb_grpc.FleetServicer):
 def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, max_workers: int = 64) -> tuple[grpc.Server, int]:
     """A started gRPC server bound to `server.listen` (port 0 picks a free one); returns it and the port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
-    servicer = FleetServicer(engine, token=cfg.token(), max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)))
+    servicer = FleetServicer(engine, token=cfg.token(), max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
+                             certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
     if s.tls_cert:
