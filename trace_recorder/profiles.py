@@ -174,6 +174,7 @@ class InventoryDevice:
     trace: str  # the profile trace this host records
     loadgen: str  # ZeroMQ endpoint of its loadgen daemon, e.g. tcp://192.168.1.21:5601
     iface: str = ""  # interface to shape; "" = the daemon's --iface
+    loadgen_server_key: str = ""  # the daemon's CURVE public key file (server.key); "" = no CURVE
 
 
 @dataclass(frozen=True)
@@ -183,13 +184,19 @@ class Inventory:
     devices: tuple[InventoryDevice, ...]
     n_devices: int = 0  # partition size the agents were provisioned with; 0 = number of devices
     loadgen_timeout_s: float = 5.0
+    loadgen_client_key: str = ""  # this controller's CURVE keypair (NAME.key_secret); "" = no CURVE
     path: str = ""
+
+    def loadgen_server_keys(self) -> dict[str, Path]:
+        """Each device's loadgen endpoint -> its daemon's public key file (empty without CURVE)."""
+        return {d.loadgen: Path(d.loadgen_server_key) for d in self.devices if d.loadgen_server_key}
 
 
 def load_inventory(path: Path) -> Inventory:
     raw = _read_toml(path)
     where = str(path)
-    _no_unknown(raw, {"coordinator_listen", "fleet_token_file", "n_devices", "loadgen_timeout_s", "devices"}, where)
+    _no_unknown(raw, {"coordinator_listen", "fleet_token_file", "n_devices", "loadgen_timeout_s",
+                      "loadgen_client_key", "devices"}, where)
     devices = tuple(_section(InventoryDevice, d, f"{where}: [[devices]] #{i + 1}",
                              required=("device_id", "trace", "loadgen"))
                     for i, d in enumerate(raw.get("devices", [])))
@@ -200,12 +207,24 @@ def load_inventory(path: Path) -> Inventory:
             raise ConfigError(f"{where}: {key} is required (a string)")
     if len({d.device_id for d in devices}) != len(devices) or len({d.trace for d in devices}) != len(devices):
         raise ConfigError(f"{where}: every device needs its own device_id and its own trace")
-    token = Path(raw["fleet_token_file"])
-    if not token.is_absolute():
-        token = Path(path).resolve().parent / token
-    return Inventory(coordinator_listen=raw["coordinator_listen"], fleet_token_file=str(token), devices=devices,
-                     n_devices=int(raw.get("n_devices", 0)), loadgen_timeout_s=float(raw.get("loadgen_timeout_s", 5.0)),
-                     path=str(path))
+    client_key = raw.get("loadgen_client_key", "")
+    if not isinstance(client_key, str):
+        raise ConfigError(f"{where}: loadgen_client_key: expected str, got {client_key!r}")
+    without = [d.device_id for d in devices if not d.loadgen_server_key]
+    if client_key and without:
+        raise ConfigError(f"{where}: loadgen_client_key is set, so every device needs its loadgen_server_key "
+                          f"(missing for {', '.join(without)})")
+    if not client_key and len(without) < len(devices):
+        raise ConfigError(f"{where}: devices have a loadgen_server_key but loadgen_client_key is not set")
+
+    def resolve(p: str) -> str:  # relative to the inventory's folder, like the ansible credentials
+        return p if not p or Path(p).is_absolute() else str(Path(path).resolve().parent / p)
+
+    devices = tuple(replace(d, loadgen_server_key=resolve(d.loadgen_server_key)) for d in devices)
+    return Inventory(coordinator_listen=raw["coordinator_listen"], fleet_token_file=resolve(raw["fleet_token_file"]),
+                     devices=devices, n_devices=int(raw.get("n_devices", 0)),
+                     loadgen_timeout_s=float(raw.get("loadgen_timeout_s", 5.0)),
+                     loadgen_client_key=resolve(client_key), path=str(path))
 
 
 # ---- TOML helpers -----------------------------------------------------------------------------
