@@ -9,7 +9,7 @@ error type it documents, never anything else.
 Budget: each test states a small `max_examples` so `make test` stays within seconds and
 is deterministic (derandomized: the same examples every run). A longer, randomized run:
 
-    FLEXFL_FUZZ_EXAMPLES=20000 .venv/bin/python -m pytest -m fuzz -p no:cacheprovider
+    make fuzz FUZZ_EXAMPLES=20000     # FLEXFL_FUZZ_EXAMPLES=20000 pytest -m fuzz
 
 A failure prints the smallest failing input and a `@reproduce_failure` line to replay it.
 Needs the dev extra (`pip install -e '.[dev]'`); nothing outside the tests imports this.
@@ -21,6 +21,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 try:
@@ -55,6 +56,7 @@ def fuzz_settings(max_examples: int) -> settings:
 HUGE_INTS = (2**63, -(2**63) - 1, 2**64, 10**30, 10**400, -(10**400))
 
 
+@cache  # built once: building and validating strategies costs more than drawing
 def json_scalars(*, finite: bool = False) -> st.SearchStrategy[Any]:
     """Any JSON scalar Python's json module reads: null, booleans, any int, floats (NaN/inf
     unless `finite`: json.loads accepts NaN and Infinity), strings."""
@@ -66,6 +68,7 @@ def json_scalars(*, finite: bool = False) -> st.SearchStrategy[Any]:
     )
 
 
+@cache
 def json_values(*, finite: bool = False, max_leaves: int = 8) -> st.SearchStrategy[Any]:
     """Nested JSON values (arrays and objects of scalars)."""
     return st.recursive(
@@ -81,6 +84,7 @@ EDGE_VALUES = (None, True, False, 0, -1, 1, *HUGE_INTS, 0.5, -0.0, math.nan, mat
                "", " ", "0", "1", "nan", "\x00", [], {}, [None], {"": None})
 
 
+@cache
 def edge_json_values() -> st.SearchStrategy[Any]:
     """A JSON value, often one of EDGE_VALUES (wrong type, NaN, infinity, huge, empty)."""
     return st.one_of(st.sampled_from(EDGE_VALUES), json_values())
@@ -91,6 +95,7 @@ def deeply_nested_json(depth: int = 100_000) -> str:
     return "[" * depth + "]" * depth
 
 
+@cache
 def number_texts() -> st.SearchStrategy[str]:
     """Cell texts a number column meets: valid, huge, non-finite, malformed, empty."""
     return st.one_of(
