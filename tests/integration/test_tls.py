@@ -22,8 +22,6 @@ from proto import fleet_pb2 as pb
 from proto import fleet_pb2_grpc as pb_grpc
 from proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION
 
-from .conftest import TOKEN
-
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
 
 
@@ -89,9 +87,9 @@ def _mutual_channel(port: int, pki: Path, cert: str) -> grpc.Channel:
     return grpc.secure_channel(f"localhost:{port}", creds)
 
 
-def _join(channel: grpc.Channel, device_id: str) -> pb.JoinReply:
+def _join(channel: grpc.Channel, device_id: str, *, token: str) -> pb.JoinReply:
     request = pb.JoinRequest(device_id=device_id, sample_count=100, protocol_version=PROTOCOL_VERSION)
-    metadata = [(AUTH_HEADER, f"Bearer {TOKEN}"), (DEVICE_HEADER, device_id)]
+    metadata = [(AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, device_id)]
     return pb_grpc.FleetStub(channel).Join(request, metadata=metadata, timeout=10)
 
 
@@ -99,12 +97,12 @@ def test_certificate_of_one_device_cannot_claim_another(live_config, fleet_facto
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
     with _mutual_channel(fleet.port, pki, "dev-1") as channel:
         with pytest.raises(grpc.RpcError) as refused:
-            _join(channel, "dev-2")
+            _join(channel, "dev-2", token=fleet.cfg.server.fleet_token)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "'dev-1'" in refused.value.details() and "'dev-2'" in refused.value.details()
         assert "dev-2" not in fleet.coordinator.engine.registry.devices
         # The same certificate on the same channel is accepted for the device it names.
-        assert _join(channel, "dev-1").device_index >= 0
+        assert _join(channel, "dev-1", token=fleet.cfg.server.fleet_token).device_index >= 0
     assert set(fleet.coordinator.engine.registry.devices) == {"dev-1"}
 
 
@@ -112,7 +110,7 @@ def test_certificate_without_common_name_is_refused(live_config, fleet_factory, 
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
     with _mutual_channel(fleet.port, pki, "no-cn") as channel:
         with pytest.raises(grpc.RpcError) as refused:
-            _join(channel, "dev-0")
+            _join(channel, "dev-0", token=fleet.cfg.server.fleet_token)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "without a common name" in refused.value.details() and "CN=dev-0" in refused.value.details()
     assert len(fleet.coordinator.engine.registry.devices) == 0
