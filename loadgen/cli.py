@@ -7,9 +7,12 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loadgen.keys import ClientAuth
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _client_auth(args: argparse.Namespace):
+def _client_auth(args: argparse.Namespace) -> ClientAuth | None:
+    """CURVE keys from --client-key and --server-key (one per --endpoint), or None without them."""
     from loadgen.keys import client_auth
 
     servers = args.server_key or []
