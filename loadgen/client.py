@@ -25,6 +25,7 @@ from loadgen.errors import DaemonError, ProtocolError
 from loadgen.keys import ClientAuth, apply_client
 from loadgen.protocol import decode_reply
 
+_NO_KEYS = "this client has none (give --client-key and --server-key)"
 _WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -130,10 +131,13 @@ class LoadgenClient:
                            "daemon's clients/ folder)")
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
                 failure = ("the daemon runs without CURVE keys but this client uses them" if self.auth else
-                           "the daemon requires CURVE keys and this client has none (give --client-key "
-                           "and --server-key)")
+                           f"the daemon requires CURVE keys and {_NO_KEYS}")
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                failure = "the CURVE handshake failed (is the server key right for this endpoint?)"
+                # Whichever side sees a mismatch first hangs up; the other then only sees the
+                # connection drop, so without details the likely cause follows this client's keys.
+                failure = ("the CURVE handshake failed (is the server key right for this endpoint, and does "
+                           "the daemon use CURVE?)" if self.auth else
+                           f"the handshake failed: the daemon likely requires CURVE keys and {_NO_KEYS}")
         if failure is not None:
             return f"authentication failed: {failure}"
         if handshake_ok:

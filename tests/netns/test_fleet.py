@@ -80,7 +80,7 @@ def test_up_then_down_leaves_nothing_and_down_twice_is_fine(fleet_host, stress_n
         # Its daemon authenticates with the keys the fleet made for this run (CURVE over ipc://).
         with LoadgenClient(d0.loadgen_endpoint, timeout_s=1) as stranger, pytest.raises(DaemonError) as refused:
             stranger.ping()
-        assert "authentication failed: the daemon requires CURVE keys" in str(refused.value)
+        assert "authentication failed" in str(refused.value) and "this client has none" in str(refused.value)
         with LoadgenClient(d0.loadgen_endpoint, timeout_s=10, auth=fleet.loadgen_auth()) as client:
             state = client.set_cpu(50)["cpu"]
             assert state["cpus"] == 0.25  # the daemon sees the device's quota as its CPUs
