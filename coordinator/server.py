@@ -2,7 +2,8 @@
 
 Domain errors become status codes through one table (`ERRORS`), most specific class first
 by inheritance; the reason travels as trailing metadata (proto/options.py) so that agents
-act on code and reason, never on message text.
+act on code and reason, never on message text. Under mutual TLS a call may only claim the
+device its client certificate names (coordinator/identity.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
@@ -57,10 +59,12 @@ def _mapped(context: grpc.ServicerContext):
 
 
 class FleetServicer(pb_grpc.FleetServicer):
-    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int) -> None:
+    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int,
+                 certificate_identity: bool = False) -> None:
         self.engine = engine
         self._token = token.encode()
         self.max_update_bytes = max_update_bytes
+        self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
 
     def _caller(self, context: grpc.ServicerContext) -> str:
         """Check the fleet token; return the device id the call claims to come from."""
@@ -72,6 +76,12 @@ class FleetServicer(pb_grpc.FleetServicer):
         device_id = md.get(DEVICE_HEADER, "")
         if not device_id:
             raise Unauthenticated(f"missing {DEVICE_HEADER} metadata")
+        if self.certificate_identity:
+            try:
+                identity.check_claim(context.auth_context(), device_id)
+            except IdentityMismatch as exc:
+                log.warning("refused a call: %s", exc)
+                raise
         return device_id
 
     @staticmethod
@@ -157,7 +167,8 @@ def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
                  max_workers: int = 64) -> tuple[grpc.Server, int]:
     """A started gRPC server bound to `server.listen` (port 0 picks a free one); returns it and the port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
-    servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)))
+    servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
+                             certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
     try:

@@ -1,4 +1,4 @@
-"""`flexfl loadgen serve|send|clean`: run a daemon, drive daemons, remove leftover qdiscs."""
+"""`flexfl loadgen serve|send|keys|clean`: run a daemon, drive daemons, make CURVE keys, remove leftover qdiscs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,13 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from flexfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loadgen.keys import ClientAuth
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="stress-ng's nice; below 0 (root) it wins against other work")
     serve.add_argument("--cpus", type=float, help="CPUs to load (default: cgroup quota, else affinity)")
     serve.add_argument("--cpu-method", help="stress-ng --cpu-method (e.g. int8: uniform, accurate under a quota)")
+    serve.add_argument("--keys", metavar="DIR",
+                       help="authenticate clients with CURVE: DIR holds server.key_secret and clients/*.key "
+                            "(required unless --bind is ipc:// or a loopback address)")
     serve.set_defaults(func=cmd_serve)
 
     send = lsub.add_parser("send", help="send one command to one or more daemons")
@@ -45,7 +52,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     send.add_argument("--burst-bytes", type=int, help="set_bandwidth: bucket size (default: 10 ms)")
     send.add_argument("--latency-ms", type=float, help="set_bandwidth: max queueing delay")
     send.add_argument("--iface", help="set_bandwidth: interface (default: the daemon's --iface)")
+    send.add_argument("--client-key", type=Path, metavar="FILE",
+                      help="CURVE: this client's NAME.key_secret (for daemons started with --keys)")
+    send.add_argument("--server-key", type=Path, action="append", metavar="FILE",
+                      help="CURVE: the daemon's server.key, once per --endpoint and in the same order")
     send.set_defaults(func=cmd_send)
+
+    keys = lsub.add_parser("keys", help="make a CURVE keypair (NAME.key public, NAME.key_secret 0600)")
+    keys.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the two files")
+    keys.add_argument("--name", default="server",
+                      help="file name: 'server' for a daemon (its --keys folder), e.g. 'recorder' for a client")
+    keys.add_argument("--allow", type=Path, action="append", metavar="FILE",
+                      help="also copy this client public key into DIR/clients/ (repeatable)")
+    keys.set_defaults(func=cmd_keys)
 
     clean = lsub.add_parser("clean", help="remove root qdiscs a killed daemon left behind")
     clean.add_argument("--iface", action="append", required=True, help="interface (repeatable)")
@@ -57,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from loadgen.daemon import DaemonConfig, run_daemon
 
     config = DaemonConfig(bind=args.bind, iface=args.iface, measure_interval_s=args.measure_interval_s,
-                          nice=args.nice, cpus=args.cpus, cpu_method=args.cpu_method)
+                          nice=args.nice, cpus=args.cpus, cpu_method=args.cpu_method, keys_dir=args.keys)
     return run_daemon(config)
 
 
@@ -83,7 +102,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raw = args.json.encode()
     else:
         raw = json.dumps(build_message(args)).encode()
-    with FleetClient(args.endpoint, timeout_s=args.timeout_s) as fleet:
+    with FleetClient(args.endpoint, timeout_s=args.timeout_s, auth=_client_auth(args)) as fleet:
         replies = fleet.broadcast_raw(raw)
     for endpoint, reply in replies.items():
         print(json.dumps({"endpoint": endpoint, "reply": reply}))
@@ -91,6 +110,32 @@ def cmd_send(args: argparse.Namespace) -> int:
     if failed:
         print(f"loadgen send: {len(failed)} of {len(replies)} failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _client_auth(args: argparse.Namespace) -> ClientAuth | None:
+    """CURVE keys from --client-key and --server-key (one per --endpoint), or None without them."""
+    from loadgen.keys import client_auth
+
+    servers = args.server_key or []
+    if args.client_key is None and not servers:
+        return None
+    if args.client_key is None or len(servers) != len(args.endpoint):
+        raise ConfigError(f"CURVE needs --client-key and one --server-key per --endpoint "
+                          f"(got {len(args.endpoint)} endpoint(s), {len(servers)} server key(s), "
+                          f"{'a' if args.client_key else 'no'} client key)")
+    return client_auth(args.client_key, dict(zip(args.endpoint, servers)))
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Write NAME.key and NAME.key_secret; with --allow, copy client public keys into clients/."""
+    from loadgen.keys import CLIENTS_DIR, copy_public_key, write_keypair
+
+    public, secret = write_keypair(args.out, args.name)
+    print(f"wrote {public} (public: give it to whoever talks to this key's owner) and {secret} (secret, 0600)")
+    for source in args.allow or []:
+        target = copy_public_key(source, args.out / CLIENTS_DIR, source.name.removesuffix(".key"))
+        print(f"allowed client key {target}")
+    return 0
 
 
 def cmd_clean(args: argparse.Namespace) -> int:

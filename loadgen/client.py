@@ -3,6 +3,11 @@
 A REQ socket that misses a reply is stuck (it may not send again), so on a timeout the
 socket is closed and a fresh one connected (ZeroMQ's "lazy pirate" pattern) before the
 DaemonError is raised; the next call works as soon as the daemon is back.
+
+With a `ClientAuth` (loadgen/keys.py) the client speaks CURVE. A daemon that refuses a
+client never answers it, so on a timeout the client reads its socket's monitor events to
+say why: unreachable (no connection), authentication failed (and which way), or connected
+but silent.
 """
 
 from __future__ import annotations
@@ -14,9 +19,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from loadgen.errors import DaemonError, ProtocolError
+from loadgen.keys import ClientAuth, apply_client
 from loadgen.protocol import decode_reply
+
+_NO_KEYS = "this client has none (give --client-key and --server-key)"
+_WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +35,18 @@ log = logging.getLogger(__name__)
 class LoadgenClient:
     """Talks to one daemon; every call waits at most `timeout_s` for the reply."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float = 5.0, context: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, *, timeout_s: float = 5.0, context: zmq.Context | None = None,
+                 auth: ClientAuth | None = None) -> None:
         if timeout_s <= 0:
             raise DaemonError(f"timeout_s must be positive, got {timeout_s!r}")
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.auth = auth
+        if auth is not None:
+            auth.server_key(endpoint)  # fail now, naming the endpoint, if its key is unknown
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
         self._connect()
 
     # -- commands (raise DaemonError when the daemon answers ok=false) ------------------
@@ -81,10 +97,9 @@ class LoadgenClient:
         assert self._socket is not None
         timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
         if not self._socket.poll(timeout_ms, zmq.POLLIN):
+            why = self._diagnose()
             self._reconnect()
-            raise DaemonError(
-                f"no reply from loadgen daemon at {self.endpoint} within {self.timeout_s:g} s "
-                "(is `flexfl loadgen serve` running there?)")
+            raise DaemonError(f"no reply from loadgen daemon at {self.endpoint} within {self.timeout_s:g} s: {why}")
         raw = self._socket.recv()
         try:
             return decode_reply(raw)
@@ -93,8 +108,43 @@ class LoadgenClient:
 
     def close(self) -> None:
         if self._socket is not None:
+            if self._monitor is not None:
+                self._socket.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
             self._socket.close(linger=0)
             self._socket = None
+
+    def _diagnose(self) -> str:
+        """Why no reply came, from the monitor events of this socket so far."""
+        connected = handshake_ok = False
+        failure: str | None = None
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_CONNECTED:
+                connected = True
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                handshake_ok, failure = True, None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                failure = ("the daemon refused this client's CURVE key (its public key is not in the "
+                           "daemon's clients/ folder)")
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                failure = ("the daemon runs without CURVE keys but this client uses them" if self.auth else
+                           f"the daemon requires CURVE keys and {_NO_KEYS}")
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                # Whichever side sees a mismatch first hangs up; the other then only sees the
+                # connection drop, so without details the likely cause follows this client's keys.
+                failure = ("the CURVE handshake failed (is the server key right for this endpoint, and does "
+                           "the daemon use CURVE?)" if self.auth else
+                           f"the handshake failed: the daemon likely requires CURVE keys and {_NO_KEYS}")
+        if failure is not None:
+            return f"authentication failed: {failure}"
+        if handshake_ok:
+            return "connected, but the daemon did not answer (busy or stuck?)"
+        if connected:
+            return "connected, but the handshake did not complete"
+        return "unreachable: no connection (is `flexfl loadgen serve` running there?)"
 
     def __enter__(self) -> LoadgenClient:
         return self
@@ -105,12 +155,17 @@ class LoadgenClient:
     def _connect(self) -> None:
         sock = self._context.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.auth is not None:
+            apply_client(sock, self.auth, self.endpoint)
+        monitor = sock.get_monitor_socket(_WATCHED_EVENTS)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as exc:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             sock.close()
             raise DaemonError(f"bad loadgen endpoint {self.endpoint!r}: {exc}") from exc
-        self._socket = sock
+        self._socket, self._monitor = sock, monitor
 
     def _reconnect(self) -> None:
         self.close()
@@ -126,12 +181,18 @@ class FleetClient:
     """
 
     def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, auth: ClientAuth | None = None) -> None:
         if not endpoints:
             raise DaemonError("FleetClient needs at least one endpoint")
         if len(set(endpoints)) != len(endpoints):
             raise DaemonError(f"duplicate endpoints in {list(endpoints)}")
-        self.clients = {e: LoadgenClient(e, timeout_s=timeout_s, context=context) for e in endpoints}
+        self.clients: dict[str, LoadgenClient] = {}
+        try:
+            for e in endpoints:
+                self.clients[e] = LoadgenClient(e, timeout_s=timeout_s, context=context, auth=auth)
+        except BaseException:
+            self.close()
+            raise
         self.timeout_s = timeout_s
 
     def request_each(self, messages: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,9 @@ Layout for prefix P and subnet S (a /24 given by its first three octets, e.g. "1
     cgroup v1 cpu    /sys/fs/cgroup/cpu/P (cpu.shares: the fleet weighs as much as N ordinary
                      processes) / dev<i> (cfs quota: the device's compute budget, in CPUs)
     state            /run/flexfl/fleet-P/state.json, process logs and the loadgen daemons'
-                     ipc:// sockets beside it
+                     ipc:// sockets beside it; keys/ holds this run's CURVE keys (a
+                     "controller" client keypair, a server keypair per device), so the
+                     daemons authenticate their clients as on real hosts
 
 A process runs "inside" device i when it is in the device's cgroup (its pid is written to
 cgroup.procs before exec) and network namespace (setns before exec); everything it starts
@@ -42,6 +44,7 @@ from typing import Any
 import psutil
 
 from loadgen import bandwidth, netns
+from loadgen import keys as curve
 from loadgen._run import run
 from loadgen.errors import LoadgenError
 
@@ -53,6 +56,7 @@ DEFAULT_PREFIX = "ffl"
 DEFAULT_SUBNET = "10.77.0"
 DEFAULT_CFS_PERIOD_US = 10_000  # short periods: a round's few hundred ms of work is throttled evenly
 FIRST_HOST = 10  # device i gets S.(FIRST_HOST + i)
+CONTROLLER_KEY = "controller"  # the fleet's one client keypair, in <state>/keys/
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]{1,7}")
 _SUBNET_RE = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
 
@@ -180,6 +184,7 @@ class EmulatedFleet:
         try:
             state_dir.mkdir(parents=True, exist_ok=False)
             fleet._save()  # first: a crash from here on leaves a state file pointing at the mess
+            fleet._make_loadgen_keys()
             bridge = f"{prefix}br"
             run(["ip", "link", "add", bridge, "type", "bridge"], error=FleetError)
             run(["ip", "addr", "add", f"{spec.subnet}.1/24", "dev", bridge], error=FleetError)
@@ -239,6 +244,28 @@ class EmulatedFleet:
         """The address every device reaches the coordinator at (the bridge's)."""
         return f"{self.subnet}.1"
 
+    # ---- loadgen keys -----------------------------------------------------------------
+
+    def loadgen_keys_dir(self, index: int) -> Path:
+        """Device `index`'s daemon keys folder (its `--keys`)."""
+        return self.state_dir / "keys" / f"dev{index}"
+
+    def loadgen_auth(self) -> curve.ClientAuth:
+        """What a client needs to drive this fleet's loadgen daemons (keys made by `up`)."""
+        keys = self.state_dir / "keys"
+        return curve.client_auth(keys / f"{CONTROLLER_KEY}{curve.SECRET_SUFFIX}", {
+            d.loadgen_endpoint: self.loadgen_keys_dir(d.index) / f"{curve.SERVER_NAME}{curve.PUBLIC_SUFFIX}"
+            for d in self.devices})
+
+    def _make_loadgen_keys(self) -> None:
+        # Fresh per run: one client keypair, and per device a server keypair allowing it.
+        keys = self.state_dir / "keys"
+        public, _ = curve.write_keypair(keys, CONTROLLER_KEY)
+        for d in self.devices:
+            folder = self.loadgen_keys_dir(d.index)
+            curve.write_keypair(folder, curve.SERVER_NAME)
+            curve.copy_public_key(public, folder / curve.CLIENTS_DIR, CONTROLLER_KEY)
+
     # ---- budgets ----------------------------------------------------------------------
 
     def set_cpu_quota(self, index: int, cpus: float | None) -> None:
@@ -296,7 +323,7 @@ class EmulatedFleet:
 
     def start_loadgen(self, index: int, *, nice: int = 0, detach: bool = False,
                       timeout_s: float = 60.0) -> subprocess.Popen:
-        """Start device `index`'s loadgen daemon on its ipc:// endpoint and wait until it answers.
+        """Start device `index`'s loadgen daemon on its ipc:// endpoint (CURVE) and wait until it answers.
 
         Policy: the daemon and its stress-ng run in the device's cgroup beside the agent, at
         the same nice, and `--cpus` is the device's quota, so a competitor at X % takes X %
@@ -309,11 +336,12 @@ class EmulatedFleet:
         d = self.devices[index]
         cpus = d.spec.cpu_quota if d.spec.cpu_quota is not None else float(len(os.sched_getaffinity(0)))
         argv = [sys.executable, "-m", "loadgen", "serve", "--bind", d.loadgen_endpoint, "--iface", d.iface,
-                "--cpus", f"{cpus:g}", "--nice", str(nice)]
+                "--cpus", f"{cpus:g}", "--nice", str(nice), "--keys", str(self.loadgen_keys_dir(index))]
         if self.stress_ng_method:
             argv += ["--cpu-method", self.stress_ng_method]
         proc = self.spawn(index, argv, role="loadgen", detach=detach)
-        _wait_for_daemon(d.loadgen_endpoint, proc, timeout_s=timeout_s, log_path=self.state_dir / f"dev{index}.loadgen.log")
+        _wait_for_daemon(d.loadgen_endpoint, proc, timeout_s=timeout_s, auth=self.loadgen_auth(),
+                         log_path=self.state_dir / f"dev{index}.loadgen.log")
         return proc
 
     def stop_children(self, *, grace_s: float = 5.0) -> None:
@@ -581,12 +609,13 @@ def _describe(found: dict[str, list[str]]) -> str:
     return ", ".join(parts) or "a state folder"
 
 
-def _wait_for_daemon(endpoint: str, proc: subprocess.Popen, *, timeout_s: float, log_path: Path) -> None:
+def _wait_for_daemon(endpoint: str, proc: subprocess.Popen, *, timeout_s: float, log_path: Path,
+                     auth: curve.ClientAuth | None = None) -> None:
     from loadgen.client import LoadgenClient
     from loadgen.errors import DaemonError
 
     deadline = time.monotonic() + timeout_s
-    with LoadgenClient(endpoint, timeout_s=1.0) as client:
+    with LoadgenClient(endpoint, timeout_s=1.0, auth=auth) as client:
         while True:
             if proc.poll() is not None:
                 raise FleetError(f"loadgen daemon at {endpoint} exited with code {proc.returncode}; see {log_path}")

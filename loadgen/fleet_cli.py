@@ -100,6 +100,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"fleet '{fleet.prefix}' up: {n} devices; coordinator address {fleet.coordinator_host} "
           f"(listen there, e.g. `flexfl coordinator --listen {fleet.coordinator_host}:{args.coordinator_port}`); "
           f"state and logs in {fleet.state_dir}; remove with `flexfl fleet down --prefix {fleet.prefix}`")
+    if not args.no_loadgen:
+        keys = fleet.state_dir / "keys"
+        print(f"loadgen daemons authenticate with CURVE keys made for this run: flexfl loadgen send --endpoint "
+              f"{fleet.devices[0].loadgen_endpoint} --client-key {keys}/controller.key_secret "
+              f"--server-key {fleet.loadgen_keys_dir(0)}/server.key --cmd status")
     return 0
 
 

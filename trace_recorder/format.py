@@ -13,6 +13,7 @@ never a valid set, so an interrupted write cannot pass for a complete one.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
@@ -30,11 +31,13 @@ from trace_recorder.manifest import (
     KINDS,
     MANIFEST_NAME,
     NAME_RE,
+    NAME_RULE,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     TraceManifest,
     format_error,
     parse_manifest,
+    shorten,
     utc_now_iso,
 )
 
@@ -47,7 +50,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("round", "fraction")
-_INT_RE = re.compile(r"^[+-]?[0-9]+$")
+_INT_RE = re.compile(r"^[+-]?[0-9]+\Z")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # integer columns are read into int64 arrays
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing numpy arrays with == is not a bool
@@ -70,7 +74,7 @@ class Trace:
 
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             raise TraceFormatError(
-                f"trace {self.name!r}: field 'name': not a plain name (letters, digits, _ . -)"
+                f"trace {shorten(repr(self.name))}: field 'name': not a plain name ({NAME_RULE})"
             )
         rounds = _column(self.round, "round", fail, integer=True)
         fractions = _column(self.fraction, "fraction", fail, integer=False)
@@ -173,14 +177,23 @@ def read_trace_csv(path: Path, *, name: str) -> Trace:
     """Read and validate one trace CSV (header with `round`, `fraction`, optional extras)."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return _parse_csv(csv.reader(f), path=path, name=name)
+        data = path.read_bytes()  # a trace is small; whole, the line of a bad byte is known
     except FileNotFoundError:
         raise format_error(path, 1, "header", "file missing") from None
+    except OSError as exc:
+        raise format_error(path, 1, "header", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise format_error(path, 1, "header", f"not UTF-8 text ({exc.reason})") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise format_error(path, line, "header" if line == 1 else "row",
+                           f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return _parse_csv(reader, path=path, name=name)
     except csv.Error as exc:
-        raise format_error(path, 1, "header", f"not readable as CSV ({exc})") from None
+        line = max(reader.line_num, 1)
+        raise format_error(path, line, "header" if line == 1 else "row", f"not readable as CSV ({exc})") from None
 
 
 def _parse_csv(reader: Any, *, path: Path, name: str) -> Trace:
@@ -206,7 +219,8 @@ def _parse_csv(reader: Any, *, path: Path, name: str) -> Trace:
                                f"missing (line has {len(row)} fields, header has {len(header)})")
         if len(row) > len(header):
             raise format_error(path, line, f"column {len(header) + 1}",
-                               f"unexpected value {row[len(header)].strip()!r} (header has {len(header)} fields)")
+                               f"unexpected value {shorten(repr(row[len(header)].strip()))} "
+                               f"(header has {len(header)} fields)")
         for col, (key, text) in enumerate(zip(header, row)):
             prev = columns[col][-1] if columns[col] else None
             columns[col].append(_parse_value(text.strip(), key=key, path=path, line=line, prev=prev))
@@ -236,32 +250,37 @@ def _check_header(header: list[str], *, path: Path) -> None:
         if not key:
             raise format_error(path, 1, f"column {i + 1}", "empty column name")
         if not NAME_RE.match(key):
-            raise format_error(path, 1, key, "not a plain column name (letters, digits, _ . -)")
+            raise format_error(path, 1, key, f"not a plain column name ({NAME_RULE})")
         if key in seen:
             raise format_error(path, 1, key, "duplicate column")
         seen.add(key)
 
 
 def _parse_value(text: str, *, key: str, path: Path, line: int, prev: Any) -> int | float:
+    shown = shorten(text, 40)
     if key == "round":
         try:
             value: int | float = int(text)
         except ValueError:
-            raise format_error(path, line, key, f"value '{text}' is not an integer") from None
+            raise format_error(path, line, key, f"value '{shown}' is not an integer") from None
         if value < 0:
-            raise format_error(path, line, key, f"value '{text}' is negative")
+            raise format_error(path, line, key, f"value '{shown}' is negative")
+        if value > _INT64_MAX:
+            raise format_error(path, line, key, f"value '{shown}' is above {_INT64_MAX} (a 64-bit integer)")
         if prev is not None and value <= prev:
-            raise format_error(path, line, key, f"value '{text}' does not increase (previous round {prev})")
+            raise format_error(path, line, key, f"value '{shown}' does not increase (previous round {prev})")
         return value
     try:
         # Extra columns keep integers as integers (bytes, flags); fractions are floats.
         value = float(text) if key == "fraction" or not _INT_RE.match(text) else int(text)
     except ValueError:
-        raise format_error(path, line, key, f"value '{text}' is not a number") from None
+        raise format_error(path, line, key, f"value '{shown}' is not a number") from None
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+        raise format_error(path, line, key, f"value '{shown}' is outside the 64-bit integer range")
     if not np.isfinite(value):
-        raise format_error(path, line, key, f"value '{text}' is not finite")
+        raise format_error(path, line, key, f"value '{shown}' is not finite")
     if key == "fraction" and not 0.0 <= value <= 1.0:
-        raise format_error(path, line, key, f"value '{text}' outside 0..1")
+        raise format_error(path, line, key, f"value '{shown}' outside 0..1")
     return value
 
 
@@ -282,9 +301,13 @@ def read_trace_set(path: Path) -> TraceSet:
         raise format_error(manifest_path, 1, "manifest",
                            "file missing (not a trace set, or its writing was interrupted)")
     try:
-        text = manifest_path.read_text(encoding="utf-8")
+        data = manifest_path.read_bytes()
+        text = data.decode("utf-8")
+    except OSError as exc:
+        raise format_error(manifest_path, 1, "manifest", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise format_error(manifest_path, 1, "manifest", f"not UTF-8 text ({exc.reason})") from None
+        raise format_error(manifest_path, data.count(b"\n", 0, exc.start) + 1, "manifest",
+                           f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     manifest, lines = parse_manifest(text, path=manifest_path)
 
     traces_line = lines.get("traces", 1)

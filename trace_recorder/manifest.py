@@ -22,14 +22,29 @@ MANIFEST_NAME = "manifest.json"
 KINDS = ("calibrated", "recorded")
 
 # Trace and column names end up in file names and CSV headers: keep them plain. No leading
-# "." either, so a name can never collide with the writer's hidden temp files.
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+# "." either, so a name can never collide with the writer's hidden temp files. At most 200
+# characters: `<name>.csv` and the writer's temp names must fit a file name (255 bytes).
+# \Z, not $: "$" also matches before a trailing newline.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")
+NAME_RULE = "letters, digits, _ . -; at most 200 characters"
+_PLAIN_FIELD = re.compile(r"[\w .\-\[\]#]*")
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 
 
 def format_error(file: Path | str, line: int, field_name: str, problem: str) -> TraceFormatError:
-    """The one shape of every reading error: `<file>:<line>: field '<field>': <problem>`."""
-    return TraceFormatError(f"{file}:{line}: field '{field_name}': {problem}")
+    """The one shape of every reading error: `<file>:<line>: field '<field>': <problem>`.
+
+    A field name from the file itself (an unknown key) may hold quotes or newlines; it is
+    shown escaped and cut short, so the message stays one line of this shape.
+    """
+    if not _PLAIN_FIELD.fullmatch(field_name):
+        field_name = field_name.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+    return TraceFormatError(f"{file}:{line}: field '{shorten(field_name)}': {problem}")
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """`text`, or its start and end around "..." when longer than `limit` characters."""
+    return text if len(text) <= limit else f"{text[:limit // 2 - 2]}...{text[-(limit // 2 - 2):]}"
 
 
 def utc_now_iso() -> str:
@@ -92,7 +107,7 @@ class TraceManifest:
         version = take("schema_version", (int,), "an integer")
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
-            raise fail("schema_version", f"unsupported version {version}; this reader supports {supported}")
+            raise fail("schema_version", f"unsupported version {shorten(str(version))}; this reader supports {supported}")
         known = [f.name for f in cls.__dataclass_fields__.values()]
         for key in d:
             if key not in known:
@@ -103,14 +118,16 @@ class TraceManifest:
             raise fail("name", "empty")
         kind = take("kind", (str,), "a string")
         if kind not in KINDS:
-            raise fail("kind", f"value '{kind}' is not one of {', '.join(KINDS)}")
+            raise fail("kind", f"value {shorten(repr(kind))} is not one of {', '.join(KINDS)}")
         description = take("description", (str,), "a string")
         source = take("source", (dict,), "an object")
         required_updates = take("required_updates", (int,), "an integer")
         if required_updates < 1:
-            raise fail("required_updates", f"value {required_updates} is not >= 1")
+            raise fail("required_updates", f"value {shorten(str(required_updates))} is not >= 1")
         deadline_s = take("deadline_s", (int, float, type(None)), "a number or null")
         if deadline_s is not None:
+            if not (isinstance(deadline_s, float) or -(2**1023) < deadline_s < 2**1023):
+                raise fail("deadline_s", f"value {shorten(str(deadline_s))} is too large for a number of seconds")
             deadline_s = float(deadline_s)
             if not math.isfinite(deadline_s) or deadline_s <= 0:
                 raise fail("deadline_s", f"value {deadline_s} is not a positive number")
@@ -121,7 +138,7 @@ class TraceManifest:
         seen: set[str] = set()
         for t in traces:
             if not isinstance(t, str) or not NAME_RE.match(t):
-                raise fail("traces", f"value {t!r} is not a plain name (letters, digits, _ . -)")
+                raise fail("traces", f"value {shorten(repr(t))} is not a plain name ({NAME_RULE})")
             if t in seen:
                 raise fail("traces", f"duplicate trace name '{t}'")
             seen.add(t)
@@ -129,7 +146,7 @@ class TraceManifest:
         conditions = take("conditions", (dict,), "an object")
         for t, cond in conditions.items():
             if t not in seen:
-                raise fail("conditions", f"condition given for unlisted trace '{t}'")
+                raise fail("conditions", f"condition given for unlisted trace {shorten(repr(t))}")
             if not isinstance(cond, dict):
                 raise fail("conditions", f"condition of '{t}' is {_json_type(cond)}, not an object")
         hosts = take("hosts", (list,), "an array of objects")
@@ -142,7 +159,7 @@ class TraceManifest:
         except ValueError:
             stamp = None
         if stamp is None or stamp.tzinfo is None:
-            raise fail("created", f"value '{created}' is not an ISO 8601 time with zone, "
+            raise fail("created", f"value {shorten(repr(created))} is not an ISO 8601 time with zone, "
                                   "e.g. 2024-05-01T12:00:00Z")
 
         return cls(
@@ -164,10 +181,14 @@ def parse_manifest(text: str, *, path: Path | str) -> tuple[TraceManifest, dict[
     """Parse and validate manifest text; also returns the line of each top-level key."""
     try:
         raw = json.loads(text)
+        lines = _top_level_key_lines(text, path=path) if isinstance(raw, dict) else {}
     except json.JSONDecodeError as exc:
         raise format_error(path, exc.lineno, "manifest",
                            f"not valid JSON: {exc.msg} (column {exc.colno})") from None
-    lines = _top_level_key_lines(text, path=path) if isinstance(raw, dict) else {}
+    except ValueError as exc:  # json.loads: an integer literal of more than 4300 digits
+        raise format_error(path, 1, "manifest", f"not readable as JSON: {exc}") from None
+    except RecursionError:
+        raise format_error(path, 1, "manifest", "not readable as JSON: arrays or objects nested too deeply") from None
     return TraceManifest.from_dict(raw, path=path, lines=lines), lines
 
 

@@ -156,6 +156,7 @@ class InventoryDevice:
     trace: str  # the profile trace this host records
     loadgen: str  # ZeroMQ endpoint of its loadgen daemon, e.g. tcp://192.168.1.21:5601
     iface: str = ""  # interface to shape; "" = the daemon's --iface
+    loadgen_server_key: str = path_field()  # the daemon's CURVE public key file (server.key); "" = no CURVE
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Inventory:
     devices: tuple[InventoryDevice, ...] = ()
     n_devices: int = 0  # partition size the agents were provisioned with; 0 = number of devices
     loadgen_timeout_s: float = 5.0
+    loadgen_client_key: str = path_field()  # this controller's CURVE keypair (NAME.key_secret); "" = no CURVE
     path: str = field(default="", metadata=NOT_IN_FILE)
 
     def __post_init__(self) -> None:
@@ -175,6 +177,16 @@ class Inventory:
         if len({d.device_id for d in self.devices}) != len(self.devices) or \
                 len({d.trace for d in self.devices}) != len(self.devices):
             raise ConfigError("every device needs its own device_id and its own trace")
+        without = [d.device_id for d in self.devices if not d.loadgen_server_key]
+        if self.loadgen_client_key and without:
+            raise ConfigError(f"loadgen_client_key is set, so every device needs its loadgen_server_key "
+                              f"(missing for {', '.join(without)})")
+        if not self.loadgen_client_key and len(without) < len(self.devices):
+            raise ConfigError("devices have a loadgen_server_key but loadgen_client_key is not set")
+
+    def loadgen_server_keys(self) -> dict[str, Path]:
+        """Each device's loadgen endpoint -> its daemon's public key file (empty without CURVE)."""
+        return {d.loadgen: Path(d.loadgen_server_key) for d in self.devices if d.loadgen_server_key}
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -112,11 +112,13 @@ class EmulatedBackend:
         self.fleet = None
         self.agents: dict[int, str] = {}  # device index -> harness process name
         self.devices: list[DeviceRun] = []
+        self.loadgen_auth = None  # CURVE keys the fleet makes for this run
 
     def start(self) -> None:
         from loadgen.fleet import EmulatedFleet
 
         self.fleet = EmulatedFleet.up(self.spec)
+        self.loadgen_auth = self.fleet.loadgen_auth()
         for d in self.fleet.devices:
             self.fleet.start_loadgen(d.index, nice=self.profile.emulation.competitor_nice)
         self.devices = [DeviceRun(device_id=t.name, trace=t.name, shard_index=i, loadgen=d.loadgen_endpoint,
@@ -188,11 +190,17 @@ class InventoryBackend:
         self.inventory = inventory
         self.devices = [DeviceRun(device_id=d.device_id, trace=d.trace, shard_index=i, loadgen=d.loadgen,
                                   iface=d.iface or None) for i, d in enumerate(inventory.devices)]
+        self.loadgen_auth = None
+        if inventory.loadgen_client_key:
+            from loadgen.keys import client_auth
+
+            self.loadgen_auth = client_auth(Path(inventory.loadgen_client_key), inventory.loadgen_server_keys())
 
     def start(self) -> None:
         from loadgen.client import FleetClient
 
-        with FleetClient([d.loadgen for d in self.devices], timeout_s=self.inventory.loadgen_timeout_s) as c:
+        with FleetClient([d.loadgen for d in self.devices], timeout_s=self.inventory.loadgen_timeout_s,
+                         auth=self.loadgen_auth) as c:
             c.ping()
 
     @property
@@ -423,7 +431,7 @@ class Recording:
         messages = {}
         for d in backend.devices:
             messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
-        with FleetClient([d.loadgen for d in backend.devices], timeout_s=10) as fleet:
+        with FleetClient([d.loadgen for d in backend.devices], timeout_s=10, auth=backend.loadgen_auth) as fleet:
             fleet.call_each(messages)
             shaped = {d.loadgen: bandwidth_message(self.profile.rate_kbit(conditions[d.trace]), iface=d.iface)
                       for d in backend.devices if conditions[d.trace].bandwidth}
@@ -436,7 +444,7 @@ class Recording:
     def _sample_cpu(self, backend: Any) -> dict[str, dict]:
         from loadgen.client import FleetClient
 
-        with FleetClient([d.loadgen for d in backend.devices], timeout_s=5) as fleet:
+        with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
             replies = fleet.broadcast({"cmd": "status"})
         for d in backend.devices:
             measured = (replies.get(d.loadgen, {}).get("cpu") or {}).get("measured")
@@ -448,7 +456,7 @@ class Recording:
         from loadgen.client import FleetClient
 
         try:
-            with FleetClient([d.loadgen for d in backend.devices], timeout_s=5) as fleet:
+            with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
                 fleet.broadcast({"cmd": "clear"})
         except FlexFLError as exc:
             log.warning("clearing the loads failed: %s", exc)

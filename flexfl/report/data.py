@@ -2,7 +2,7 @@
 
 A folder is one of three kinds (`detect`):
 - a run: `run.json` and/or per-round records in `metrics.jsonl` or `coordinator/metrics.jsonl`
-  (the coordinator's per-round schema, written by `coordinator.rounds`); a live run folder of
+  (the coordinator's per-round schema, written by `coordinator.engine` and the simulator); a live run folder of
   without `run.json` (a run stopped before writing it) gets its deadline, E and traces from
   `coordinator.toml` and `agent-*.toml`, read with their own config loaders. A simulation folder of today (`rounds.csv` + `summary.json`) holds
   per-round aggregates only and is read too.

@@ -110,6 +110,10 @@ def test_recorder_inventory_is_what_the_trace_recorder_reads(ansible_tools, tmp_
     ]
     assert inventory.coordinator_listen == "0.0.0.0:50051" and inventory.n_devices == 3
     assert inventory.fleet_token_file == str(ANSIBLE_DIR / "credentials" / "fleet_token")
+    keys = ANSIBLE_DIR / "credentials" / "loadgen"
+    assert inventory.loadgen_client_key == str(keys / "controller.key_secret")
+    assert inventory.loadgen_server_keys() == {f"tcp://192.168.1.2{i}:5601": keys / "servers" / f"pi-0{i}.key"
+                                               for i in (1, 2, 3)}
 
 
 def test_real_inventory_and_credentials_stay_out_of_git() -> None:

@@ -525,3 +525,51 @@ def test_code_change_reaches_the_target(target: Target) -> None:
     proc = target.run("/opt/flexfl/venv/bin/python", "-c",
                       "import flexfl, pathlib; print(pathlib.Path(flexfl.__file__).read_text())")
     assert proc.returncode == 0 and marker in proc.stdout, proc.stderr
+
+
+def test_device_identity_and_loadgen_keys(target: Target) -> None:
+    """The client certificate's CN is the agent's device id (the coordinator's check), and the
+    loadgen daemon, started from the pushed keys, answers the controller's key and no other."""
+    from loadgen.client import LoadgenClient
+    from loadgen.errors import DaemonError
+    from loadgen.keys import client_auth, write_keypair
+
+    device_id = INVENTORY_VARS["edge_agent_device_id"]
+    subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in", str(target.path("/etc/flexfl/tls/agent.pem")))
+    assert subject.strip() == f"subject=CN={device_id}"
+    assert tomllib.loads(target.path("/etc/flexfl/agent.toml").read_text())["device_id"] == device_id
+
+    flexfl = target.gid("flexfl")
+    keys = target.path("/etc/flexfl/loadgen")
+    controller = target.ansible_dir / "credentials" / "loadgen"
+    assert mode_owner(keys) == mode_owner(keys / "clients") == ("0o750", 0, flexfl)
+    assert mode_owner(keys / "server.key_secret") == ("0o640", 0, flexfl)
+    assert (keys / "server.key_secret").read_bytes() == (controller / "servers" / f"{HOST}.key_secret").read_bytes()
+    assert sorted(p.name for p in (keys / "clients").iterdir()) == ["controller.key"]
+    assert b"secret-key" not in (keys / "clients" / "controller.key").read_bytes()
+    assert "--keys /etc/flexfl/loadgen" in unit_settings(target, "flexfl-loadgen.service")["ExecStart"]
+
+    # The target's own daemon, on a loopback port the chroot shares with this machine.
+    daemon = subprocess.Popen(["chroot", str(target.root), "/opt/flexfl/venv/bin/flexfl", "loadgen", "serve",
+                               "--bind", "tcp://127.0.0.1:*", "--keys", "/etc/flexfl/loadgen"],
+                              env=TARGET_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        listening = daemon.stdout.readline().split()
+        assert listening[:1] == ["listening"], daemon.stderr.read() if daemon.poll() is not None else listening
+        endpoint = listening[1]
+        auth = client_auth(controller / "controller.key_secret", {endpoint: controller / "servers" / f"{HOST}.key"})
+        with LoadgenClient(endpoint, timeout_s=30, auth=auth) as client:
+            assert client.ping()["pong"] is True
+        write_keypair(target.ansible_dir / "stranger", "stranger")
+        stranger = client_auth(target.ansible_dir / "stranger" / "stranger.key_secret",
+                               {endpoint: controller / "servers" / f"{HOST}.key"})
+        with LoadgenClient(endpoint, timeout_s=2, auth=stranger) as client, pytest.raises(DaemonError) as refused:
+            client.ping()
+        assert "authentication failed: the daemon refused this client's CURVE key" in str(refused.value)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()

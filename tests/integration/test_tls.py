@@ -1,17 +1,26 @@
-"""TLS and mutual TLS between agents and the coordinator, with certificates made by openssl."""
+"""TLS and mutual TLS between agents and the coordinator, with certificates made by openssl.
+
+Under mutual TLS a client certificate's CN is the one device id it may claim
+(coordinator/identity.py): each agent gets its own certificate, CN=dev-<i>.
+"""
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 
 from coordinator.metrics import read_metrics
 from edge_agent.agent import EdgeAgent
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
 
@@ -25,8 +34,12 @@ def pki(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=flexfl-test-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    for name, ext in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+    # One client certificate per device (CN = device id), and one whose subject has no CN.
+    made = [("server", "/CN=server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+            *((f"dev-{i}", f"/CN=dev-{i}", "extendedKeyUsage=clientAuth") for i in range(3)),
+            ("no-cn", "/O=flexfl-test", "extendedKeyUsage=clientAuth")]
+    for name, subject, ext in made:
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", cwd=d)
         (d / f"{name}.ext").write_text(ext + "\n")
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
@@ -44,8 +57,8 @@ def _tls_config(live_config, pki: Path, *, mutual: bool):
 @pytest.mark.parametrize("mutual", [False, True])
 def test_rounds_complete_over_tls(live_config, fleet_factory, pki, mutual):
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=mutual))
-    client = dict(tls_client_cert=str(pki / "client.pem"), tls_client_key=str(pki / "client.key")) if mutual else {}
     for i in range(2):
+        client = dict(tls_client_cert=str(pki / f"dev-{i}.pem"), tls_client_key=str(pki / f"dev-{i}.key")) if mutual else {}
         fleet.start_agent(i, tls_ca=str(pki / "ca.pem"), **client)
     assert fleet.coordinator.wait(timeout=60)
     rows = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")
@@ -65,4 +78,65 @@ def test_plaintext_agent_and_agent_without_client_cert_are_refused(live_config, 
         agent.stop(announce=False)
         t.join(timeout=10)
         assert outcome == [0]
+    assert len(fleet.coordinator.engine.registry.devices) == 0
+
+
+def _mutual_channel(port: int, pki: Path, cert: str) -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / f"{cert}.key").read_bytes(),
+                                         (pki / f"{cert}.pem").read_bytes())
+    return grpc.secure_channel(f"localhost:{port}", creds)
+
+
+def _join(channel: grpc.Channel, device_id: str, *, token: str) -> pb.JoinReply:
+    request = pb.JoinRequest(device_id=device_id, sample_count=100, protocol_version=PROTOCOL_VERSION)
+    metadata = [(AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, device_id)]
+    return pb_grpc.FleetStub(channel).Join(request, metadata=metadata, timeout=10)
+
+
+def test_certificate_of_one_device_cannot_claim_another(live_config, fleet_factory, pki):
+    fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
+    with _mutual_channel(fleet.port, pki, "dev-1") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            _join(channel, "dev-2", token=fleet.cfg.server.fleet_token)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "'dev-1'" in refused.value.details() and "'dev-2'" in refused.value.details()
+        assert "dev-2" not in fleet.coordinator.engine.registry.devices
+        # The same certificate on the same channel is accepted for the device it names.
+        assert _join(channel, "dev-1", token=fleet.cfg.server.fleet_token).device_index >= 0
+    assert set(fleet.coordinator.engine.registry.devices) == {"dev-1"}
+
+
+def test_certificate_without_common_name_is_refused(live_config, fleet_factory, pki):
+    fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
+    with _mutual_channel(fleet.port, pki, "no-cn") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            _join(channel, "dev-0", token=fleet.cfg.server.fleet_token)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "without a common name" in refused.value.details() and "CN=dev-0" in refused.value.details()
+    assert len(fleet.coordinator.engine.registry.devices) == 0
+
+
+def test_agent_with_another_devices_certificate_stops_with_the_reason(live_config, fleet_factory, pki):
+    fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
+    cfg = replace(fleet.agent_config(0, tls_ca=str(pki / "ca.pem"), tls_client_cert=str(pki / "dev-1.pem"),
+                                     tls_client_key=str(pki / "dev-1.key")), rpc_timeout_s=5.0)
+    agent = EdgeAgent(cfg)
+    outcome: list[BaseException | int] = []
+
+    def run() -> None:
+        try:
+            outcome.append(agent.run())
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=30)
+    if t.is_alive():
+        agent.stop(announce=False)
+        t.join(timeout=10)
+    # PERMISSION_DENIED is not retried: the agent gives up at once and says why.
+    assert len(outcome) == 1 and isinstance(outcome[0], Exception), outcome
+    # Its first call (Status, to learn the partition) is already refused.
+    assert re.search(r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'", str(outcome[0])), outcome
     assert len(fleet.coordinator.engine.registry.devices) == 0

@@ -21,6 +21,7 @@ import pytest
 from loadgen import bandwidth
 from loadgen import fleet as fl
 from loadgen.client import LoadgenClient
+from loadgen.errors import DaemonError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,11 @@ def test_up_then_down_leaves_nothing_and_down_twice_is_fine(fleet_host, stress_n
 
         # A loadgen daemon in device 0 runs stress-ng inside the device's cgroup.
         fleet.start_loadgen(0)
-        with LoadgenClient(d0.loadgen_endpoint, timeout_s=10) as client:
+        # Its daemon authenticates with the keys the fleet made for this run (CURVE over ipc://).
+        with LoadgenClient(d0.loadgen_endpoint, timeout_s=1) as stranger, pytest.raises(DaemonError) as refused:
+            stranger.ping()
+        assert "authentication failed" in str(refused.value) and "this client has none" in str(refused.value)
+        with LoadgenClient(d0.loadgen_endpoint, timeout_s=10, auth=fleet.loadgen_auth()) as client:
             state = client.set_cpu(50)["cpu"]
             assert state["cpus"] == 0.25  # the daemon sees the device's quota as its CPUs
             stress = client.status()["cpu"]["stress_ng_pid"]
@@ -122,7 +127,7 @@ from loadgen.client import LoadgenClient
 f = fl.EmulatedFleet.up(fl.FleetSpec(devices=(fl.DeviceSpec(cpu_quota=0.2, up_kbit=2000),) * 2,
                                      prefix={prefix!r}, subnet={fleet_subnet(1)!r}))
 f.start_loadgen(0, detach=True)
-with LoadgenClient(f.devices[0].loadgen_endpoint, timeout_s=10) as c:
+with LoadgenClient(f.devices[0].loadgen_endpoint, timeout_s=10, auth=f.loadgen_auth()) as c:
     c.set_cpu(40)
 print("ready", flush=True)
 time.sleep(600)

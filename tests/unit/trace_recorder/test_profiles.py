@@ -62,3 +62,23 @@ def test_inventory_resolves_the_token_next_to_it_and_rejects_shared_traces(tmp_p
     inv.write_text(inv.read_text().replace('trace = "T90"', 'trace = "T0"'))
     with pytest.raises(ConfigError, match="its own trace"):
         load_inventory(inv)
+
+
+def test_inventory_curve_keys_resolve_next_to_it_and_come_together(tmp_path: Path) -> None:
+    inv = tmp_path / "fleet.toml"
+    head = 'coordinator_listen = "0.0.0.0:50051"\nfleet_token_file = "fleet_token"\n'
+    devices = ('[[devices]]\ndevice_id = "pi-01"\ntrace = "T0"\nloadgen = "tcp://10.0.0.21:5601"\n'
+               'loadgen_server_key = "credentials/loadgen/servers/pi-01.key"\n'
+               '[[devices]]\ndevice_id = "pi-02"\ntrace = "T90"\nloadgen = "tcp://10.0.0.22:5601"\n'
+               'loadgen_server_key = "/abs/pi-02.key"\n')
+    inv.write_text(head + 'loadgen_client_key = "credentials/loadgen/controller.key_secret"\n' + devices)
+    loaded = load_inventory(inv)
+    assert loaded.loadgen_client_key == str(tmp_path / "credentials/loadgen/controller.key_secret")
+    assert loaded.loadgen_server_keys() == {"tcp://10.0.0.21:5601": tmp_path / "credentials/loadgen/servers/pi-01.key",
+                                            "tcp://10.0.0.22:5601": Path("/abs/pi-02.key")}
+    inv.write_text(head + devices)
+    with pytest.raises(ConfigError, match="loadgen_client_key is not set"):
+        load_inventory(inv)
+    inv.write_text(head + 'loadgen_client_key = "c.key_secret"\n' + devices.replace('loadgen_server_key = "/abs/pi-02.key"\n', ""))
+    with pytest.raises(ConfigError, match="every device needs its loadgen_server_key \\(missing for pi-02\\)"):
+        load_inventory(inv)
