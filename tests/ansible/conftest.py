@@ -12,7 +12,7 @@ machine is not arm64). `pytest -m "provision and not arm64" tests/ansible` is `m
 test-provision`, `pytest -m "provision and arm64" tests/ansible` is `make test-provision-arm64`.
 
 The target is a debootstrapped bookworm (minbase) reached through Ansible's
-community.general.chroot connection, with /proc mounted. systemd does not run there, so
+community.general.chroot connection, with /proc and /sys (read-only) mounted. systemd does not run there, so
 the roles render and enable the units without starting them. The target fetches Debian
 packages from the mirror; torch comes from a CPU wheel for the target's architecture
 and every other Python package from a wheelhouse built here, so the target needs no PyPI.
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
@@ -203,8 +203,10 @@ AMD64 = Platform("amd64", "x86_64", "torch==2.13.0")
 # requiring the cuda-toolkit and nvidia-* wheels); 2.10.0 is the newest CPU-only one.
 # Everything arm64 runs under qemu here, several times slower than natively.
 ARM64 = Platform("arm64", "aarch64", "torch==2.10.0",
-                 ("--only-binary=:all:", "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11",
-                  "--implementation", "cp", "--abi", "cp311"),
+                 ("--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+                  # pip takes only the tags named: every manylinux that bookworm's glibc 2.36 runs.
+                  *(arg for minor in range(36, 16, -1) for arg in ("--platform", f"manylinux_2_{minor}_aarch64")),
+                  "--platform", "manylinux2014_aarch64"),
                  playbook_timeout_s=3600)
 RECAP = re.compile(rf"^{HOST}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
@@ -380,23 +382,37 @@ def bookworm_tarball(target: Platform, scratch: Path, timings: dict[str, float])
     return tarball
 
 
+# pip evaluates environment markers for the machine it runs on even when --platform names
+# another one, and torch declares its CUDA wheels for `platform_machine == "x86_64"`: so pip
+# runs here as if on the target's machine (else an arm64 wheelhouse gets 3 GB of nvidia-*).
+PIP_AS_MACHINE = ("import platform, sys; machine = sys.argv.pop(1); platform.machine = lambda: machine; "
+                  "from pip._internal.cli.main import main; sys.exit(main())")
+
+
+def pip_download(target: Platform, *args: str) -> list[str]:
+    """argv of `pip download` for the target's platform and machine."""
+    return [sys.executable, "-c", PIP_AS_MACHINE, target.machine, "download", "--quiet", *target.pip_platform, *args]
+
+
 def torch_wheel(target: Platform, timings: dict[str, float]) -> Path:
     """The platform's torch CPU wheel: FLEXFL_TORCH_WHEEL (amd64), or what pip finds (this machine
     keeps the amd64 one on disk; the arm64 one comes from PyPI)."""
     if target is AMD64 and os.environ.get("FLEXFL_TORCH_WHEEL"):
         return Path(os.environ["FLEXFL_TORCH_WHEEL"])
-    version = Requirement(target.torch_requirement).specifier
+    version = SpecifierSet(target.torch_requirement.removeprefix("torch"))
     folder = CACHE / f"torch-{target.arch}"
     wheels = sorted(w for w in folder.glob("torch-*.whl") if w.name.split("-")[1].split("+")[0] in version)
     if not wheels:
         started = time.monotonic()
-        partial = Path(tempfile.mkdtemp(prefix="torch-", dir=CACHE))
-        run_checked([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *target.pip_platform,
-                     "-d", str(partial), target.torch_requirement], f"pip download {target.torch_requirement}")
-        folder.mkdir(exist_ok=True)
-        for wheel in partial.glob("torch-*.whl"):
-            publish(wheel, folder / wheel.name)
-        shutil.rmtree(partial, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-torch-", dir=CACHE))
+        try:
+            run_checked(pip_download(target, "--no-deps", "-d", str(partial), target.torch_requirement),
+                        f"pip download {target.torch_requirement}")
+            folder.mkdir(exist_ok=True)
+            for wheel in partial.glob("torch-*.whl"):
+                publish(wheel, folder / wheel.name)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
         timings[f"{target.arch}: torch wheel download (cold cache)"] = time.monotonic() - started
         wheels = sorted(w for w in folder.glob("torch-*.whl") if w.name.split("-")[1].split("+")[0] in version)
     if not wheels or "cp311" not in wheels[0].name:
@@ -405,34 +421,26 @@ def torch_wheel(target: Platform, timings: dict[str, float]) -> Path:
     return wheels[0]
 
 
-def target_requirements(target: Platform) -> list[str]:
-    """FlexFL's dependencies as the target's pip sees them: markers evaluated for its machine."""
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    out = []
-    for line in declared:
-        req = Requirement(line)
-        if req.marker is None or req.marker.evaluate({"platform_machine": target.machine}):
-            req.marker = None
-            out.append(str(req))
-    return sorted(out)
-
-
 def wheelhouse(target: Platform, torch: Path, timings: dict[str, float]) -> Path:
     """Every wheel FlexFL and torch need besides torch itself, for an offline pip on the target."""
-    requirements = target_requirements(target)
-    key = hashlib.sha256("\n".join([*requirements, torch.name, *NO_DEPS_REQUIREMENTS, *target.pip_platform])
+    requirements = sorted(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    key = hashlib.sha256("\n".join([*requirements, torch.name, *NO_DEPS_REQUIREMENTS, *pip_download(target)])
                          .encode()).hexdigest()[:12]
     folder = CACHE / f"wheelhouse-{target.arch}-{key}"
     if folder.is_dir():
         return folder
     started = time.monotonic()
-    partial = Path(tempfile.mkdtemp(prefix=f"wheelhouse-{target.arch}-", dir=CACHE))
-    pip = [sys.executable, "-m", "pip", "download", "--quiet", *target.pip_platform, "-d", str(partial)]
-    run_checked([*pip, str(torch), *requirements], f"pip download (wheelhouse, {target.arch})")
-    run_checked([*pip, "--no-deps", *NO_DEPS_REQUIREMENTS], f"pip download (no-deps packages, {target.arch})")
-    for pushed_separately in partial.glob("torch-*.whl"):
-        pushed_separately.unlink()
-    publish(partial, folder)
+    partial = Path(tempfile.mkdtemp(prefix=f".partial-wheelhouse-{target.arch}-", dir=CACHE))
+    try:
+        run_checked(pip_download(target, "-d", str(partial), str(torch), *requirements),
+                    f"pip download (wheelhouse, {target.arch})")
+        run_checked(pip_download(target, "--no-deps", "-d", str(partial), *NO_DEPS_REQUIREMENTS),
+                    f"pip download (no-deps packages, {target.arch})")
+        for pushed_separately in partial.glob("torch-*.whl"):
+            pushed_separately.unlink()
+        publish(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     timings[f"{target.arch}: wheelhouse (cold cache)"] = time.monotonic() - started
     return folder
 
@@ -550,6 +558,8 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
         run_checked(["tar", "-C", str(root), "-xf", str(tarball)], "unpacking the cached bookworm root")
         restore_apt_archives(plat, root)
         run_checked(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc")
+        # torch reads the CPU topology from /sys (its cpuinfo library complains without it).
+        run_checked(["mount", "-t", "sysfs", "-o", "ro", "sysfs", str(root / "sys")], "mounting /sys")
 
         ansible_dir = copy_ansible_dir(work / "ansible")
         checkout = snapshot_checkout(work / "checkout")

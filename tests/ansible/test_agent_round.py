@@ -10,7 +10,8 @@ instead of the fixed one, and one round with a deadline the emulated agent can m
 On the arm64 target every arm64 instruction runs under qemu-user, so the time per local
 update printed here is an emulation figure, not a Pi's; the resident memory read from
 /proc/<pid>/status is the qemu process's, i.e. the guest's memory plus qemu's own
-(translated code, its heap). The bare `import torch` beside it is measured the same way.
+(translated code, its heap). A bare Python and a bare `import torch` beside it are
+measured the same way, so the differences are what the agent adds.
 """
 
 from __future__ import annotations
@@ -101,15 +102,14 @@ def stop(process: subprocess.Popen) -> None:
             process.wait(timeout=30)
 
 
-def bare_torch_import(target: Target) -> dict[str, float]:
-    """Memory of the target's Python after `import torch` and nothing else, run as the agent's unit."""
-    python = "/opt/flexfl/venv/bin/python"
-    probe = subprocess.Popen(
-        as_the_unit(target, AGENT_UNIT, [python, "-c", "import sys, torch; print('imported', flush=True); sys.stdin.read()"]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def bare_python(target: Target, *, imports: str) -> dict[str, float]:
+    """Memory of the target's Python after importing `imports` (or nothing), run as the agent's unit."""
+    code = f"import sys{', ' + imports if imports else ''}; print('imported', flush=True); sys.stdin.read()"
+    probe = subprocess.Popen(as_the_unit(target, AGENT_UNIT, ["/opt/flexfl/venv/bin/python", "-c", code]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = probe.stdout.readline()
-        assert line.strip() == "imported", f"import torch failed in the target: {line}{probe.stderr.read()[-3000:]}"
+        assert line.strip() == "imported", f"{code!r} failed in the target: {line}{probe.stderr.read()[-3000:]}"
         return memory_mib(probe.pid)
     finally:
         probe.stdin.close()
@@ -126,7 +126,8 @@ def test_agent_trains_a_round_against_a_host_coordinator(target: Target, provisi
     arch = target.platform.arch
     where = "under qemu-user, not a Pi figure" if target.platform.emulated else "native"
     device = str(target.inventory["edge_agent_device_id"])
-    torch_memory = bare_torch_import(target)
+    python_memory = bare_python(target, imports="")
+    torch_memory = bare_python(target, imports="torch")
 
     rendered = target.path("/etc/flexfl/coordinator.toml")
     server = tomllib.loads(rendered.read_text())["server"]
@@ -191,9 +192,10 @@ def test_agent_trains_a_round_against_a_host_coordinator(target: Target, provisi
             f"{idle['VmRSS']:.0f} MiB / {peak.get('VmHWM', math.nan):.0f} MiB",
         f"{arch}: bare `import torch` RSS / VmHWM ({where})":
             f"{torch_memory['VmRSS']:.0f} MiB / {torch_memory['VmHWM']:.0f} MiB",
+        f"{arch}: bare Python RSS ({where})": f"{python_memory['VmRSS']:.0f} MiB",
     }
     provision_figures.update(figures)
     measured = {"per_update_s": per_update_s, "join_s": join_s, "agent_rss_mib": idle["VmRSS"],
                 "agent_hwm_mib": peak.get("VmHWM"), "torch_rss_mib": torch_memory["VmRSS"],
-                "torch_hwm_mib": torch_memory["VmHWM"], "emulated": target.platform.emulated, "round": row}
+                "torch_hwm_mib": torch_memory["VmHWM"], "python_rss_mib": python_memory["VmRSS"], "emulated": target.platform.emulated, "round": row}
     (target.logs / "figures.json").write_text(json.dumps(measured, indent=2) + "\n")
