@@ -17,7 +17,7 @@ DATASET ?= synthetic
 ROUNDS  ?= 30
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install FlexFL with its test dependencies (torch 2.13.0 CPU on x86_64)
 
@@ -128,10 +128,10 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 	$(ANSIBLE_RUN) ansible-lint --profile production --offline
 	$(ANSIBLE_RUN) for p in $(ANSIBLE_PLAYBOOKS); do ansible-playbook -i example.hosts.ini --syntax-check $$p.yml || exit 1; done
 
-test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot and check it (root; minutes)
+test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; minutes)
 	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
 
-test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu, then an MNIST round from it (root; ~N min)
+test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; ~21 min cold)
 	$(BIN)/python -m pytest -m "provision and arm64" tests/ansible
 
 # Debian's qemu-user-static and binfmt-support (apt) bring the interpreter and its binfmt

@@ -301,27 +301,33 @@ def try_lock(folder: Path) -> int | None:
     return fd
 
 
-def claim_work_dir() -> tuple[Path, int]:
-    """A new folder for this run and the fd whose flock marks it as in use until closed.
+def claim_work_dir(base: Path = WORK_BASE) -> tuple[Path, int]:
+    """A new folder under base for this run and the fd whose flock marks it as in use until closed.
 
     The folders of runs that died (killed, crashed; their flock went with their process)
     are unmounted and removed; folders still locked belong to live runs and stay. Scan and
     claim happen under one lock so that no run sees another's folder before it is locked.
     """
-    WORK_BASE.mkdir(parents=True, exist_ok=True)
-    with open(WORK_BASE / ".claim.lock", "w") as claim:
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".claim.lock", "w") as claim:
         fcntl.flock(claim, fcntl.LOCK_EX)
-        for folder in sorted(p for p in WORK_BASE.iterdir() if p.is_dir()):
+        for folder in sorted(p for p in base.iterdir() if p.is_dir()):
             fd = try_lock(folder)
             if fd is not None:
                 try:
                     remove_tree(folder)
                 finally:
                     os.close(fd)
-        work = Path(tempfile.mkdtemp(prefix="run-", dir=WORK_BASE))
+        work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
         fd = try_lock(work)
         assert fd is not None, f"{work} was locked by another process as soon as it was made"
     return work, fd
+
+
+@pytest.fixture(scope="session")
+def work_dirs() -> Callable[[Path], tuple[Path, int]]:
+    """claim_work_dir: how a provisioning run gets its folder (test_work_dirs.py checks it)."""
+    return claim_work_dir
 
 
 def run_checked(argv: list[str], what: str, timeout_s: float = 1200, **kwargs) -> subprocess.CompletedProcess[str]:
