@@ -142,17 +142,19 @@ def test_agent_trains_a_round_against_a_host_coordinator(target: Target, provisi
     })
     coordinator = Coordinator(cfg)
     port = coordinator.start()
-    initial = {name: value.clone() for name, value in coordinator.engine.params.items()}
+    agent: subprocess.Popen | None = None
     log = target.logs / "agent-round.log"
-    # The rendered trace ("traces/paper:T50") is read relative to /etc/flexfl, where no role
-    # puts a trace set: the agent would stop at start. The round runs without a trace.
-    command = as_the_unit(target, AGENT_UNIT) + ["--coordinator", f"127.0.0.1:{port}", "--trace", ""]
-    with open(log, "w") as log_file:
-        agent = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     try:
+        initial = {name: value.clone() for name, value in coordinator.engine.params.items()}
+        # The rendered trace ("traces/paper:T50") is read relative to /etc/flexfl, where no role
+        # puts a trace set: the agent would stop at start. The round runs without a trace.
+        command = as_the_unit(target, AGENT_UNIT) + ["--coordinator", f"127.0.0.1:{port}", "--trace", ""]
+        with open(log, "w") as log_file:
+            agent = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         join_s = wait_until(lambda: coordinator.engine.registry.get(device) is not None, process=agent,
                             timeout_s=JOIN_TIMEOUT_S, what="join", log=log)
         time.sleep(IDLE_AFTER_JOIN_S / 2)
+        assert agent.poll() is None, f"the agent exited after joining:\n{log.read_text()[-4000:]}"
         idle = memory_mib(agent.pid)
         peak: dict[str, float] = {}
 
@@ -166,7 +168,8 @@ def test_agent_trains_a_round_against_a_host_coordinator(target: Target, provisi
         # The coordinator answers the agent's next pull with FINISHED: it leaves by itself.
         assert agent.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
-        stop(agent)
+        if agent is not None:
+            stop(agent)
         coordinator.stop()
         coordinator.wait(timeout=60)
 
@@ -195,7 +198,8 @@ def test_agent_trains_a_round_against_a_host_coordinator(target: Target, provisi
         f"{arch}: bare Python RSS ({where})": f"{python_memory['VmRSS']:.0f} MiB",
     }
     provision_figures.update(figures)
-    measured = {"per_update_s": per_update_s, "join_s": join_s, "agent_rss_mib": idle["VmRSS"],
-                "agent_hwm_mib": peak.get("VmHWM"), "torch_rss_mib": torch_memory["VmRSS"],
-                "torch_hwm_mib": torch_memory["VmHWM"], "python_rss_mib": python_memory["VmRSS"], "emulated": target.platform.emulated, "round": row}
+    measured = {"emulated": target.platform.emulated, "per_update_s": per_update_s, "join_s": join_s,
+                "agent_rss_mib": idle["VmRSS"], "agent_hwm_mib": peak.get("VmHWM"),
+                "torch_rss_mib": torch_memory["VmRSS"], "torch_hwm_mib": torch_memory["VmHWM"],
+                "python_rss_mib": python_memory["VmRSS"], "round": row}
     (target.logs / "figures.json").write_text(json.dumps(measured, indent=2) + "\n")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-HOLD = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+HOLD = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+        "print('held', flush=True); sys.stdin.read()")
 
 Claim = Callable[[Path], tuple[Path, int]]
 
