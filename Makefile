@@ -17,7 +17,7 @@ DATASET ?= synthetic
 ROUNDS  ?= 30
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install FlexFL with its test dependencies (torch 2.13.0 CPU on x86_64)
 
@@ -115,7 +115,8 @@ ANSIBLE_NEED_INVENTORY = @test -f "$(INVENTORY_PATH)" || { echo "no inventory $(
 	"cp ansible/example.hosts.ini ansible/hosts.ini and fill in your hosts (ansible/README.md)"; exit 1; }
 ANSIBLE_PLAYBOOKS := testbed coordinator agents status fetch_results recorder_inventory
 
-.PHONY: setup-ansible provision fleet-status fetch-results fleet-inventory ansible-lint test-provision
+.PHONY: setup-ansible provision fleet-status fetch-results fleet-inventory ansible-lint test-provision \
+	test-provision-arm64 binfmt-arm64
 
 setup-ansible: $(ANSIBLE_STAMP) ## install ansible, ansible-lint and yamllint (pinned) into .venv-ansible
 
@@ -145,8 +146,19 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 	$(ANSIBLE_RUN) ansible-lint --profile production --offline
 	$(ANSIBLE_RUN) for p in $(ANSIBLE_PLAYBOOKS); do ansible-playbook -i example.hosts.ini --syntax-check $$p.yml || exit 1; done
 
-test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot and check it (root; minutes)
-	$(BIN)/python -m pytest -m provision tests/ansible
+test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; minutes)
+	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
+
+test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; ~21 min cold)
+	$(BIN)/python -m pytest -m "provision and arm64" tests/ansible
+
+# Debian's qemu-user-static and binfmt-support (apt) bring the interpreter and its binfmt
+# entry; where systemd is not PID 1 (containers) nothing mounts binfmt_misc or enables it.
+binfmt-arm64: ## let this machine run arm64 binaries (root): mount binfmt_misc, enable qemu-aarch64
+	@test -x /usr/sbin/update-binfmts -a -e /usr/share/binfmts/qemu-aarch64 || \
+		{ echo "install Debian's qemu-user-static and binfmt-support first (apt-get install qemu-user-static binfmt-support)"; exit 2; }
+	@test -e /proc/sys/fs/binfmt_misc/register || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+	@grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null || update-binfmts --enable qemu-aarch64
 
 clean: ## remove the virtual environment and scratch outputs (not results/ or traces/)
 	rm -rf $(VENV) $(ANSIBLE_VENV) out runs .pytest_cache

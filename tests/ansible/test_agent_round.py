@@ -1,0 +1,210 @@
+"""The provisioned agent trains real MNIST rounds against a coordinator on this machine.
+
+The agent runs inside the provisioned target the way its systemd unit would run it (the
+unit's user, group, working directory, environment and ExecStart, so the config the role
+rendered), and dials a coordinator started in this process on loopback with the rendered
+coordinator.toml: mutual TLS with the certificates the role pushed, the fleet token, the
+partition and training settings. The changes are the ones a test needs: a free port
+instead of the fixed one, two rounds with a deadline the emulated agent can meet, and a
+pause before round 1 to read the idle agent's memory.
+
+On the arm64 target every arm64 instruction runs under qemu-user, so the time per local
+update printed here is an emulation figure, not a Pi's; the resident memory read from
+/proc/<pid>/status is the qemu process's, i.e. the guest's memory plus qemu's own
+(translated code, its heap). A bare Python and a bare `import torch` beside it are
+measured the same way, so the differences are what the agent adds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Target
+
+pytestmark = pytest.mark.provision
+
+AGENT_UNIT = "/etc/systemd/system/flexfl-agent.service"
+# Round 1's updates include one-off costs (first use of autograd's code paths, and under
+# qemu their first translation); round 2 shows the steady pace.
+ROUNDS = 2
+# From the agent's receipt of the model: room for E updates under emulation.
+ROUND_DEADLINE_S = 600.0
+# Round 1 waits this long after the join, so the idle agent's memory can be read.
+IDLE_AFTER_JOIN_S = 8.0
+# Start to join: importing torch and parsing MNIST's CSVs under qemu take minutes.
+JOIN_TIMEOUT_S = 1800.0
+MIB = 1024 * 1024
+
+
+def unit_service(target: Target, unit: str) -> dict[str, list[str]]:
+    """The [Service] settings of a rendered unit; a repeated key (Environment=) keeps every value."""
+    settings: dict[str, list[str]] = {}
+    section = ""
+    for line in target.path(unit).read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def as_the_unit(target: Target, unit: str, argv: list[str] | None = None) -> list[str]:
+    """A command line that runs the unit's ExecStart (or argv) in the target as the unit would run it."""
+    service = unit_service(target, unit)
+    uid, gid = target.uid(service["User"][-1]), target.gid(service["Group"][-1])
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    env.update(entry.split("=", 1) for entry in service.get("Environment", []))
+    command = argv if argv is not None else shlex.split(service["ExecStart"][-1])
+    return ["chroot", f"--userspec={uid}:{gid}", f"--groups={gid}", str(target.root),
+            "/usr/bin/env", "-i", f"--chdir={service['WorkingDirectory'][-1]}",
+            *(f"{k}={v}" for k, v in env.items()), *command]
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (peak resident) of a live process, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024 / MIB
+    return fields
+
+
+def wait_until(condition: Callable[[], bool], *, process: subprocess.Popen, timeout_s: float, what: str,
+               log: Path) -> float:
+    """Seconds until condition() holds; fails when the process exits first or time runs out."""
+    started = time.monotonic()
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the agent exited with {process.returncode} before {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"no {what} after {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def bare_python(target: Target, *, imports: str) -> dict[str, float]:
+    """Memory of the target's Python after importing `imports` (or nothing), run as the agent's unit."""
+    code = f"import sys{', ' + imports if imports else ''}; print('imported', flush=True); sys.stdin.read()"
+    probe = subprocess.Popen(as_the_unit(target, AGENT_UNIT, ["/opt/flexfl/venv/bin/python", "-c", code]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = probe.stdout.readline()
+        assert line.strip() == "imported", f"{code!r} failed in the target: {line}{probe.stderr.read()[-3000:]}"
+        return memory_mib(probe.pid)
+    finally:
+        probe.stdin.close()
+        probe.wait(timeout=60)
+
+
+def test_agent_trains_rounds_against_a_host_coordinator(target: Target, provision_figures: dict[str, str]) -> None:
+    import torch
+
+    from coordinator.config import load_coordinator_config
+    from coordinator.metrics import read_metrics
+    from coordinator.runtime import Coordinator
+
+    arch = target.platform.arch
+    where = "under qemu-user, not a Pi figure" if target.platform.emulated else "native"
+    device = str(target.inventory["edge_agent_device_id"])
+    python_memory = bare_python(target, imports="")
+    torch_memory = bare_python(target, imports="torch")
+
+    rendered = target.path("/etc/flexfl/coordinator.toml")
+    server = tomllib.loads(rendered.read_text())["server"]
+    # The token and TLS files the config names are the target's: read them through its root.
+    target_files = {key: str(target.path(value)) for key, value in server.items()
+                    if isinstance(value, str) and value.startswith("/")}
+    out = target.work / "host-coordinator"
+    cfg = load_coordinator_config(rendered, overrides={
+        "server": {**target_files, "listen": "127.0.0.1:0"},
+        "run": {"rounds": ROUNDS, "deadline_s": ROUND_DEADLINE_S, "start_grace_s": IDLE_AFTER_JOIN_S},
+        "output": {"dir": str(out)},
+    })
+    coordinator = Coordinator(cfg)
+    port = coordinator.start()
+    agent: subprocess.Popen | None = None
+    log = target.logs / "agent-round.log"
+    try:
+        initial = {name: value.clone() for name, value in coordinator.engine.params.items()}
+        # The rendered trace ("traces/paper:T50") is read relative to /etc/flexfl, where no role
+        # puts a trace set: the agent would stop at start. The round runs without a trace.
+        command = as_the_unit(target, AGENT_UNIT) + ["--coordinator", f"127.0.0.1:{port}", "--trace", ""]
+        with open(log, "w") as log_file:
+            agent = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        join_s = wait_until(lambda: coordinator.engine.registry.get(device) is not None, process=agent,
+                            timeout_s=JOIN_TIMEOUT_S, what="join", log=log)
+        time.sleep(IDLE_AFTER_JOIN_S / 2)
+        assert agent.poll() is None, f"the agent exited after joining:\n{log.read_text()[-4000:]}"
+        idle = memory_mib(agent.pid)
+        peak: dict[str, float] = {}
+
+        def round_closed() -> bool:
+            if agent.poll() is None:
+                peak.update(memory_mib(agent.pid))  # VmHWM only grows: the last reading is the peak
+            return coordinator.engine.completed_round >= ROUNDS
+
+        wait_until(round_closed, process=agent, timeout_s=ROUNDS * (ROUND_DEADLINE_S + 60), what="the last round",
+                   log=log)
+        assert coordinator.wait(timeout=120), "the coordinator did not finish after its last round"
+        # The coordinator answers the agent's next pull with FINISHED: it leaves by itself.
+        assert agent.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if agent is not None:
+            stop(agent)
+        coordinator.stop()
+        coordinator.wait(timeout=60)
+
+    hardware = coordinator.engine.registry.get(device).hardware
+    assert hardware["machine"] == target.platform.machine, hardware
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [row["round"] for row in rows] == list(range(1, ROUNDS + 1)), rows
+    for row in rows:
+        assert row["close_reason"] == "all answered", row
+        assert row["s"][device] > 0 and row["coefficients"][device] > 0, row
+        assert row["bytes_in"][device] > 0 and not row["rejected"], row
+    final = coordinator.engine.params
+    assert any(not torch.equal(initial[name], final[name]) for name in initial), "the aggregated model did not change"
+    assert all(torch.isfinite(value).all() for value in final.values())
+
+    per_update_s = [row["train_s"][device] / row["s"][device] for row in rows]
+    figures = {
+        f"{arch}: time per local update, rounds 1..{ROUNDS} ({where})":
+            " / ".join(f"{1000 * t:.1f} ms" for t in per_update_s)
+            + f" (train_s / s, s = {rows[-1]['s'][device]}; MNIST MLP, batch {cfg.batch_size})",
+        f"{arch}: agent start to join (torch import, MNIST, partition; {where})": f"{join_s:.1f} s",
+        f"{arch}: agent RSS after join / VmHWM after the last round ({where})":
+            f"{idle['VmRSS']:.0f} MiB / {peak.get('VmHWM', math.nan):.0f} MiB",
+        f"{arch}: bare `import torch` RSS / VmHWM ({where})":
+            f"{torch_memory['VmRSS']:.0f} MiB / {torch_memory['VmHWM']:.0f} MiB",
+        f"{arch}: bare Python RSS ({where})": f"{python_memory['VmRSS']:.0f} MiB",
+    }
+    provision_figures.update(figures)
+    measured = {"emulated": target.platform.emulated, "per_update_s": per_update_s, "join_s": join_s,
+                "agent_rss_mib": idle["VmRSS"], "agent_hwm_mib": peak.get("VmHWM"),
+                "torch_rss_mib": torch_memory["VmRSS"], "torch_hwm_mib": torch_memory["VmHWM"],
+                "python_rss_mib": python_memory["VmRSS"], "rounds": rows}
+    (target.logs / "figures.json").write_text(json.dumps(measured, indent=2) + "\n")
