@@ -385,32 +385,32 @@ def cmd_table4(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_table5(args: argparse.Namespace) -> int:
-    from simulator import table5
+def _paper_sweep(args: argparse.Namespace, module, name: str, command: str):
+    """Compute (unless --report-only) the sweep of `module.groups` and write its page; returns write_page's result."""
     from simulator.executors import executor_for
+    from simulator.sweep import run_sweep
 
     seeds = _parse_ints(args.seeds, "--seeds")
-    work_dir = args.work_dir or args.out / "runs" / "table5"
+    work_dir = args.work_dir or args.out / "runs" / name
     started = time.perf_counter()
     if not args.report_only:
-        table5.run_table5(seeds=seeds, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-    timing = _timing(args, "table5", started, f"flexfl sim table5 --seeds {args.seeds}")
-    page, c, acc = table5.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+        run_sweep(module.groups(seeds=seeds), work_dir=work_dir,
+                  executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+    timing = _timing(args, name, started, f"{command} --seeds {args.seeds}")
+    return module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+
+
+def cmd_table5(args: argparse.Namespace) -> int:
+    from simulator import table5
+
+    page, c, acc = _paper_sweep(args, table5, "table5", "flexfl sim table5")
     print(f"Table 5 page: {page}; auto rule: c = {c:g}, right in {acc:.1%} of held-out cases")
     return 0
 
 
 def cmd_arrivals_figure(args: argparse.Namespace) -> int:
     from simulator import figure_arrivals
-    from simulator.executors import executor_for
 
-    seeds = _parse_ints(args.seeds, "--seeds")
-    work_dir = args.work_dir or args.out / "runs" / "figure_arrivals"
-    started = time.perf_counter()
-    if not args.report_only:
-        figure_arrivals.run_figure(seeds=seeds, work_dir=work_dir,
-                                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-    timing = _timing(args, "figure_arrivals", started, f"flexfl sim arrivals-figure --seeds {args.seeds}")
-    page = figure_arrivals.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+    page = _paper_sweep(args, figure_arrivals, "figure_arrivals", "flexfl sim arrivals-figure")
     print(f"multi-arrival figure: {page}")
     return 0

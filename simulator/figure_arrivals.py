@@ -15,7 +15,8 @@ import numpy as np
 from coordinator.aggregation import Scheme
 from coordinator.round import RulesConfig
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, TracesConfig
-from simulator.sweep import Executor, Group, Run, finished, read_metrics, run_sweep
+from flexfl.errors import ConfigError
+from simulator.sweep import Group, Run, finished, read_metrics
 from workloads.partition_spec import PartitionSpec, Sizes
 
 FIRST_ROUNDS = (100, 150, 200)  # the paper's: "after 100 global epochs ... at 50 epoch intervals"
@@ -39,9 +40,6 @@ def groups(*, seeds: Sequence[int]) -> list[Group]:
                         for fast in (True, False))) for seed in seeds]
 
 
-def run_figure(*, seeds: Sequence[int], work_dir, executor: Executor | None = None) -> list[dict]:
-    return run_sweep(groups(seeds=seeds), work_dir=work_dir, executor=executor)
-
 
 def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str):
     """results/figure_arrivals.md and .png: mean accuracy over seeds (band: min-max), and what it shows."""
@@ -56,7 +54,7 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str):
     for s in finished(groups(seeds=seeds), work_dir=work_dir):
         curves[s["reboot"]].append(np.array([r["test_acc"] for r in read_metrics(work_dir, s["name"])]))
     if not curves["fast"] or not curves["vanilla"]:
-        raise FileNotFoundError(f"no finished multi-arrival runs in {work_dir}")
+        raise ConfigError(f"no finished multi-arrival runs in {work_dir} (run without --report-only)")
     fig, ax = plt.subplots(figsize=(8, 4.2))
     x = np.arange(1, ROUNDS + 1)
     stats = {}

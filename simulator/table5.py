@@ -29,7 +29,8 @@ from coordinator.objective import AutoDeparture, DeparturePolicy
 from coordinator.round import AUTO_C, RulesConfig
 from simulator.curves import rounds_until_cross
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
-from simulator.sweep import Executor, Group, Run, finished, read_metrics, run_sweep
+from flexfl.errors import ConfigError
+from simulator.sweep import Group, Run, finished, read_metrics
 from workloads.partition_spec import PartitionSpec, Sizes
 
 PAPER_TABLE5 = {
@@ -70,9 +71,6 @@ def groups(*, seeds: Sequence[int], alpha_beta: Sequence[tuple[float, float]] = 
             labels={"alpha": ab[0], "beta": ab[1], "tau0": t, "seed": seed, "policy": policy})
         for t in tau0s for policy in POLICIES)) for seed in seeds for ab in alpha_beta]
 
-
-def run_table5(*, seeds: Sequence[int], work_dir, executor: Executor | None = None) -> list[dict]:
-    return run_sweep(groups(seeds=seeds), work_dir=work_dir, executor=executor)
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str):
 
     deps = collect(seeds=seeds, work_dir=work_dir)
     if not deps:
-        raise FileNotFoundError(f"no finished Table 5 runs in {work_dir}")
+        raise ConfigError(f"no finished Table 5 runs in {work_dir} (run without --report-only)")
     n_seeds = len({d.seed for d in deps})
 
     def table(same_test_set: bool) -> str:
