@@ -31,11 +31,13 @@ FIXED_EPOCH = "315532800"
 
 
 def package_dirs(checkout: Path) -> list[str]:
-    """Top-level package folders: [tool.setuptools] packages, else every folder with __init__.py."""
-    pyproject = tomllib.loads((checkout / "pyproject.toml").read_text())
-    listed = pyproject.get("tool", {}).get("setuptools", {}).get("packages")
+    """Top-level source folders of the packages: [tool.setuptools] packages mapped through its
+    package-dir (flexfl.proto lives in proto/), else every folder with __init__.py."""
+    setuptools = tomllib.loads((checkout / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    listed = setuptools.get("packages")
     if isinstance(listed, list):
-        return sorted({name.split(".")[0] for name in listed})
+        mapped = setuptools.get("package-dir", {})
+        return sorted({mapped.get(name, name).split("/")[0].split(".")[0] for name in listed})
     return sorted(p.name for p in checkout.iterdir() if (p / "__init__.py").is_file())
 
 
