@@ -117,11 +117,15 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
     """results/table4.md: per dataset and tau_0, fast | vanilla under each metric, beside the paper's."""
     from flexfl.files import atomic_file
 
-    blocks, plots = [], []
+    from simulator.report import write_csv_atomic
+
+    blocks, plots, rows = [], [], []
     for dataset, work_dir in work_dirs.items():
         found = collect(dataset, seeds=seeds, work_dir=work_dir)
         if not found:
             continue
+        rows += [{"dataset": dataset, "tau0": r.tau0, "seed": r.seed, "reboot": r.reboot,
+                  **{m: ("never" if r.rounds[m] is None else r.rounds[m]) for m in METRICS}} for r in found]
         n_seeds = len({r.seed for r in found})
         lines = ["| metric | " + " | ".join(f"tau_0 = {t}" for t in TAU0) + " |", "|---" * (len(TAU0) + 1) + "|"]
         for metric in METRICS:
@@ -156,6 +160,7 @@ Cells: "fast \\| vanilla", each the median [min, max] over seeds of the rounds t
 trained until the curve was back (1 = already at the first round it trained in); "never"
 = not within the {ROUNDS}-round run (counted as beyond it in the median). "fast sooner in
 k/n": seeds where fast-reboot recovered in fewer rounds than its paired vanilla run.
+Every run's counts: `table4_runs.csv`.
 EMNIST is not run here (its data cannot be downloaded on this machine; `--emnist-root`
 runs it where a copy exists). MNIST uses eta_0 = {MNIST_ETA0} as in Table 3 (results/README.md).
 
@@ -164,6 +169,7 @@ Accuracy and loss around the arrival (seed 0; dashed: the newcomer's first round
 
 {chr(10).join(plots)}
 """
+    write_csv_atomic(out_dir / "table4_runs.csv", rows)
     path = out_dir / "table4.md"
     with atomic_file(path) as f:
         f.write(page)
