@@ -81,16 +81,33 @@ class LoadgenClient:
 
     def request_raw(self, raw: bytes) -> dict[str, Any]:
         """Send raw bytes as the request (for tests of malformed input); return the reply."""
-        self.send_raw(raw)
-        return self.receive(deadline=time.monotonic() + self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        self.send_raw(raw, deadline=deadline)
+        return self.receive(deadline=deadline)
 
-    def send_raw(self, raw: bytes) -> None:
+    def send_raw(self, raw: bytes, *, deadline: float | None = None) -> None:
+        """Queue a request, waiting until `deadline` (default: timeout_s from now) for the socket
+        to take it. A REQ socket refuses to queue while it has no usable connection, e.g. once a
+        refused handshake has dropped it, so a send that never goes out is diagnosed like a
+        reply that never comes."""
         assert self._socket is not None
-        try:
-            self._socket.send(raw, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            self._reconnect()
-            raise DaemonError(f"cannot send to loadgen daemon at {self.endpoint}: {exc}") from exc
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._socket.send(raw, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                if timeout_ms > 0 and self._socket.poll(timeout_ms, zmq.POLLOUT):
+                    continue
+                why = self._diagnose()
+                self._reconnect()
+                raise DaemonError(f"cannot send to loadgen daemon at {self.endpoint} within "
+                                  f"{self.timeout_s:g} s: {why}") from None
+            except zmq.ZMQError as exc:
+                self._reconnect()
+                raise DaemonError(f"cannot send to loadgen daemon at {self.endpoint}: {exc}") from exc
 
     def receive(self, *, deadline: float) -> dict[str, Any]:
         """Wait for the reply to the last request until `deadline` (time.monotonic())."""
@@ -155,6 +172,10 @@ class LoadgenClient:
     def _connect(self) -> None:
         sock = self._context.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
+        # Queue a request only on a finished connection (handshake included): a refused or
+        # absent daemon then shows as a send that cannot go out, diagnosed the same way every
+        # time, instead of depending on whether ZeroMQ dropped the pipe before the send.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         if self.auth is not None:
             apply_client(sock, self.auth, self.endpoint)
         monitor = sock.get_monitor_socket(_WATCHED_EVENTS)
@@ -209,14 +230,14 @@ class FleetClient:
             raise DaemonError(f"not in this fleet: {sorted(unknown)}")
         replies: dict[str, dict[str, Any]] = {}
         sent = []
+        # One shared deadline: a fleet call takes at most timeout_s, not N x timeout_s.
+        deadline = time.monotonic() + self.timeout_s
         for endpoint, raw in raws.items():
             try:
-                self.clients[endpoint].send_raw(raw)
+                self.clients[endpoint].send_raw(raw, deadline=deadline)
                 sent.append(endpoint)
             except DaemonError as exc:
                 replies[endpoint] = {"ok": False, "error": str(exc)}
-        # One shared deadline: a fleet call takes at most timeout_s, not N x timeout_s.
-        deadline = time.monotonic() + self.timeout_s
         for endpoint in sent:
             try:
                 replies[endpoint] = self.clients[endpoint].receive(deadline=deadline)
