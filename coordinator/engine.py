@@ -110,6 +110,11 @@ class RoundEngine:
         self._last_close: float | None = None
 
     @property
+    def _training_begun(self) -> bool:
+        # A resumed coordinator has trained before it starts again: events then wait for a round's close.
+        return self.started or self.completed_round > 0
+
+    @property
     def completed_round(self) -> int:
         return self.federation.completed_round
 
@@ -142,7 +147,7 @@ class RoundEngine:
                 record = self.registry.add(device_id, sample_count=n_samples, hardware=hardware,
                                            agent_version=request.agent_version, after_round=self.completed_round,
                                            shard_index=shard)
-                if self.started:
+                if self._training_begun:
                     arrival = True
                     self._pending_arrivals.append(device_id)
                 else:
@@ -156,7 +161,7 @@ class RoundEngine:
                 record.joined_after_round = self.completed_round
                 if device_id in self._pending_departures:
                     self._pending_departures.remove(device_id)
-                elif self.started:
+                elif self._training_begun:
                     arrival = device_id not in self.objective.sample_counts
                     self._pending_arrivals.append(device_id)
                 else:
@@ -209,7 +214,7 @@ class RoundEngine:
                 r = self.current
                 if r is not None and not r.closed and device_id in r.participants:
                     r.left.add(device_id)  # the round does not wait for a device that is gone
-                if self.started:
+                if self._training_begun:
                     self._pending_departures.append(device_id)
                 else:
                     self.federation.apply_events(departures=[Departure(device_id)])

@@ -94,3 +94,28 @@ def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
     with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
         Fleet(cfg, resume=True).close()
     assert "metrics have no row for rounds [1]" in caplog.text
+
+
+def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_config):
+    """Found by the soak: before its first resumed round, a new device's join was refused (INVALID_ARGUMENT)."""
+    from coordinator.config import with_changes
+    from flexfl.proto import fleet_pb2 as pb
+
+    cfg = live_config(rounds=2, n_devices=4, min_devices=3, deadline_s=5.0)
+    fleet = Fleet(cfg)
+    try:
+        _run_agents(fleet, 3)
+        assert fleet.coordinator.wait(timeout=60)
+    finally:
+        fleet.close()
+    resumed = with_changes(cfg, run={"rounds": 4, "resume_wait_s": 60.0})
+    engine = Fleet(resumed, resume=True)  # nobody reconnects: it waits for its fleet
+    try:
+        e = engine.coordinator.engine
+        assert not e.started and e.completed_round == 2
+        reply = e.join(pb.JoinRequest(device_id="dev-3", shard_index=3, protocol_version=1))
+        assert reply.arrival and e._pending_arrivals == ["dev-3"]
+        e.leave("dev-0", "leaving while the coordinator waits")
+        assert e._pending_departures == ["dev-0"] and "dev-0" in e.objective.sample_counts  # applied at a close
+    finally:
+        engine.close()
