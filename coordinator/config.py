@@ -15,6 +15,7 @@ from coordinator.round import RulesConfig
 from flexfl.config import NOT_IN_FILE, load_config, path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
+from flexfl.net import split_host_port
 from workloads.partition_spec import PartitionSpec
 
 
@@ -30,6 +31,7 @@ class ServerConfig:
     pull_wait_s: float = 5.0  # longest a PullRound call is held before answering WAIT
 
     def __post_init__(self) -> None:
+        split_host_port(self.listen, what="server.listen", allow_port_zero=True)  # port 0: pick a free one
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("server.tls_cert and server.tls_key must be given together")
         if not self.max_update_mib > 0 or not self.pull_wait_s > 0:
@@ -52,6 +54,11 @@ class RunConfig:
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
     resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
     seed: int = 0  # initial model, minibatch streams, trace draws
+    # Scripted experiments ({device id: round}): round R is not closed before the device has
+    # joined during it, or (once it uploaded) announced its departure; at most expected_wait_s.
+    expected_arrivals: dict[str, int] = field(default_factory=dict)
+    expected_departures: dict[str, int] = field(default_factory=dict)
+    expected_wait_s: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("rounds", "min_devices"):
@@ -59,6 +66,12 @@ class RunConfig:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
         if not self.deadline_s > 0:
             raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
+        if not self.expected_wait_s > 0:
+            raise ConfigError(f"run.expected_wait_s must be > 0, got {self.expected_wait_s}")
+        for name in ("expected_arrivals", "expected_departures"):
+            for device, rnd in getattr(self, name).items():
+                if not 1 <= rnd <= self.rounds:
+                    raise ConfigError(f"run.{name}: {device} = {rnd} is outside the rounds 1..{self.rounds}")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
+MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
+
 
 @dataclass
 class Update:
@@ -68,8 +70,9 @@ class OpenRound:
     delivered: dict[str, float] = field(default_factory=dict)
     updates: dict[str, Update] = field(default_factory=dict)
     bytes_out: dict[str, int] = field(default_factory=dict)
-    rejected: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, list[str]] = field(default_factory=dict)  # every reason, in order (capped per device)
     left: set[str] = field(default_factory=set)  # participants that departed during the round
+    gave_up_waiting: bool = False  # for a scripted event (run.expected_*) that did not happen
     closed: bool = False
 
 
@@ -108,6 +111,11 @@ class RoundEngine:
         self._last_close: float | None = None
 
     @property
+    def _training_begun(self) -> bool:
+        # A resumed coordinator has trained before it starts again: events then wait for a round's close.
+        return self.started or self.completed_round > 0
+
+    @property
     def completed_round(self) -> int:
         return self.federation.completed_round
 
@@ -140,7 +148,7 @@ class RoundEngine:
                 record = self.registry.add(device_id, sample_count=n_samples, hardware=hardware,
                                            agent_version=request.agent_version, after_round=self.completed_round,
                                            shard_index=shard)
-                if self.started:
+                if self._training_begun:
                     arrival = True
                     self._pending_arrivals.append(device_id)
                 else:
@@ -154,7 +162,7 @@ class RoundEngine:
                 record.joined_after_round = self.completed_round
                 if device_id in self._pending_departures:
                     self._pending_departures.remove(device_id)
-                elif self.started:
+                elif self._training_begun:
                     arrival = device_id not in self.objective.sample_counts
                     self._pending_arrivals.append(device_id)
                 else:
@@ -207,7 +215,7 @@ class RoundEngine:
                 r = self.current
                 if r is not None and not r.closed and device_id in r.participants:
                     r.left.add(device_id)  # the round does not wait for a device that is gone
-                if self.started:
+                if self._training_begun:
                     self._pending_departures.append(device_id)
                 else:
                     self.federation.apply_events(departures=[Departure(device_id)])
@@ -273,6 +281,9 @@ class RoundEngine:
         s = int(header.updates_completed)
         if s == 0 and header.payload.total_bytes == 0:
             delta: dict[str, np.ndarray] = {}
+        elif header.payload.total_bytes == 0 and not header.payload.tensors:
+            raise UpdateRejected(f"s = {s} updates completed but the update carries no model delta (empty payload); "
+                                 "a device that trained must send its delta, one that did not must send s = 0")
         else:
             delta = wire.decode(header.payload, data, expected=self.expected)
         with self._cond:
@@ -291,7 +302,12 @@ class RoundEngine:
         with self._cond:
             r = self.current
             if r is not None and not r.closed and r.round_id == round_id and device_id in r.participants:
-                r.rejected[device_id] = reason
+                reasons = r.rejected.setdefault(device_id, [])
+                # A device may retry many times in one round: keep the metrics row bounded.
+                if len(reasons) < MAX_REJECTIONS_KEPT:
+                    reasons.append(reason)
+                elif len(reasons) == MAX_REJECTIONS_KEPT:
+                    reasons.append("(further rejections in this round not recorded)")
                 self._cond.notify_all()
 
     def status(self) -> pb.StatusReply:
@@ -392,20 +408,22 @@ class RoundEngine:
                                          participants=participants, payload=payload, data=data)
             overhead = None if self._last_close is None else r.opened_at - self._last_close
             self._cond.notify_all()
-            # Wait until every participant answered (or left) or its deadline passed.
+            # Wait until every participant answered (or left) or its deadline passed, and no
+            # scripted event of this round is still to come.
             while not self._stop.is_set():
                 now = time.monotonic()
                 # A rejected update does not end a device's round: it may still send a valid one.
                 pending = [d for d in participants if d not in r.updates and d not in r.left]
-                if not pending:
+                held = self._scripted_events_due(tau, r, now)
+                if not pending and not held:
                     reason = "all answered"
                     break
                 limits = [r.opened_at + deadline_s]
                 limits += [r.delivered[d] + self._deadline_with_grace() for d in pending if d in r.delivered]
-                if now >= max(limits):
+                if now >= max(limits) and not held:
                     reason = "deadline"
                     break
-                self._cond.wait(timeout=min(0.05, max(limits) - now))
+                self._cond.wait(timeout=0.05 if now >= max(limits) else min(0.05, max(limits) - now))
             else:
                 r.closed = True
                 log.info("round %d abandoned: stopping", tau)
@@ -413,6 +431,28 @@ class RoundEngine:
             r.closed = True
             closed_at = time.monotonic()
         self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at)
+
+    def _scripted_events_due(self, tau: int, r: OpenRound, now: float) -> bool:
+        """True while a device scripted to arrive in (or depart after) round `tau` has not done so yet.
+
+        run.expected_arrivals / expected_departures make scripted experiments exact: the round
+        is held open for them at most run.expected_wait_s, then closes with an error logged.
+        """
+        run = self.cfg.run
+        due = [d for d, rnd in run.expected_arrivals.items() if rnd == tau and self.registry.get(d) is None]
+        # A departure is awaited only from a device that uploaded (it leaves right after); a
+        # dead device is not waited for.
+        due += [d for d, rnd in run.expected_departures.items()
+                if rnd == tau and d in r.updates and not self.registry.get(d).departed]
+        if not due:
+            return False
+        if now < r.opened_at + run.expected_wait_s:
+            return True
+        if not r.gave_up_waiting:
+            r.gave_up_waiting = True
+            log.error("round %d: scripted arrival/departure of %s did not happen within run.expected_wait_s = %g s; "
+                      "closing the round without it", tau, ", ".join(sorted(due)), run.expected_wait_s)
+        return False
 
     def _close(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> None:
         with self._cond:
@@ -441,7 +481,7 @@ class RoundEngine:
             "local_loss": {d: u.local_loss for d, u in updates.items()},
             "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
             "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
-            "rejected": r.rejected, "round_s": closed_at - r.opened_at,
+            "rejected": {d: list(v) for d, v in r.rejected.items()}, "round_s": closed_at - r.opened_at,
             "aggregate_eval_s": time.monotonic() - closed_at, "overhead_s": overhead_s,
         })
         self.metrics.write(row)  # before the checkpoint: a closed round always has its row

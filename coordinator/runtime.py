@@ -8,7 +8,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
-from coordinator.server import build_server
+from coordinator.server import build_server, preflight
 from workloads.federated import build_federated
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ class Coordinator:
     """Start with start(), wait with wait(); stop() ends training after a final checkpoint."""
 
     def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False) -> None:
-        self.token = cfg.server.token()  # a missing token fails now, not after loading the data
+        self.token = preflight(cfg)  # a missing token or a taken port fails now, not after loading the data
         self.cfg = cfg
         self.engine = RoundEngine(cfg, data=build_federated(cfg.partition), resume=resume)
         self.server = None

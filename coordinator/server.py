@@ -22,6 +22,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
                            UnknownDevice, UpdateRejected, WrongRoundState)
+from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -184,14 +185,27 @@ def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
     except RuntimeError:  # grpcio >= 1.6x raises instead of returning 0
         port = 0
     if port == 0:
-        raise ConfigError(f"server.listen: cannot bind {s.listen!r}: the port is in use by another program, "
-                          "or the address is not HOST:PORT on this machine")
+        server.stop(None)
+        raise ConfigError(f"server.listen: cannot bind {s.listen!r}: "
+                          f"{bind_problem(s.listen) or 'gRPC refused the address (see the line above)'}")
     server.start()
     return server, port
 
 
-def _read(path: str) -> bytes:
+def preflight(cfg: CoordinatorConfig) -> str:
+    """Check what would fail after seconds of data loading (token, port, TLS files) now; returns the token."""
+    token = cfg.server.token()
+    problem = bind_problem(cfg.server.listen)
+    if problem:
+        raise ConfigError(f"server.listen: cannot bind {cfg.server.listen!r}: {problem}")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        if getattr(cfg.server, name):
+            _read(getattr(cfg.server, name), what=f"server.{name}")
+    return token
+
+
+def _read(path: str, *, what: str = "TLS file") -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None

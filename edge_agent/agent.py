@@ -25,7 +25,8 @@ import torch
 from edge_agent.config import AgentConfig
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
-from flexfl.errors import FlexFLError
+from flexfl.errors import ConfigError, FlexFLError
+from flexfl.net import reach_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -92,6 +93,8 @@ class EdgeAgent:
         try:
             try:
                 self._prepare()
+                if self._stop.is_set():  # stopped while waiting for its scripted arrival round
+                    return 0
                 after_round = self._join()
             except AgentError:
                 if self._stop.is_set():  # stopped while still trying to reach the coordinator
@@ -131,27 +134,52 @@ class EdgeAgent:
             options.append(("grpc.ssl_target_name_override", c.tls_server_name))
         if c.tls_ca:
             creds = grpc.ssl_channel_credentials(
-                root_certificates=Path(c.tls_ca).read_bytes(),
-                private_key=Path(c.tls_client_key).read_bytes() if c.tls_client_key else None,
-                certificate_chain=Path(c.tls_client_cert).read_bytes() if c.tls_client_cert else None,
+                root_certificates=_read(c.tls_ca, what="tls_ca"),
+                private_key=_read(c.tls_client_key, what="tls_client_key") if c.tls_client_key else None,
+                certificate_chain=_read(c.tls_client_cert, what="tls_client_cert") if c.tls_client_cert else None,
             )
             return grpc.secure_channel(c.coordinator, creds, options=options)
         return grpc.insecure_channel(c.coordinator, options=options)
 
     def _retrying(self, what: str, call):
-        """Run `call()` until it succeeds, retrying with exponential backoff while the coordinator is away."""
+        """Run `call()` until it succeeds, retrying with exponential backoff while the coordinator is away.
+
+        Each retry is logged with the address and the reason (from a DNS lookup and a TCP
+        connect of our own: refused, unresolvable, no answer, or reachable but the call
+        failed). After `give_up_after_s` of failures in a row the agent stops with an AgentError.
+        """
         delay = self.cfg.backoff_initial_s
+        failing_since = None
         while True:
             try:
                 return call()
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE or self._stop.is_set():
                     raise
-                log.info("%s: %s to coordinator %s failed (%s: %s); retrying in %.1f s", self.cfg.device_id, what,
-                         self.cfg.coordinator, exc.code().name, exc.details(), delay)
-                if self._stop.wait(delay * (0.8 + 0.4 * random.random())):
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                reason = self._why_unavailable(exc)
+                give_up = self.cfg.give_up_after_s
+                if give_up and now - failing_since >= give_up:
+                    raise AgentError(f"{self.cfg.device_id}: gave up after {now - failing_since:.0f} s "
+                                     f"(give_up_after_s = {give_up:g}): {what} to coordinator "
+                                     f"{self.cfg.coordinator} keeps failing: {reason}") from None
+                wait = delay * (0.8 + 0.4 * random.random())
+                if give_up:
+                    wait = min(wait, max(0.0, failing_since + give_up - now))
+                log.warning("%s: %s to coordinator %s failed: %s; retrying in %.1f s%s", self.cfg.device_id, what,
+                            self.cfg.coordinator, reason, wait,
+                            f" (giving up {give_up:g} s after the first failure)" if give_up else "")
+                if self._stop.wait(wait):
                     raise
                 delay = min(delay * 2, self.cfg.backoff_max_s)
+
+    def _why_unavailable(self, exc: grpc.RpcError) -> str:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"no answer within the call's time limit ({exc.details()})"
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return f"{exc.code().name}: {exc.details()}"
+        return reach_problem(self.cfg.coordinator, timeout_s=min(3.0, self.cfg.rpc_timeout_s))
 
     def _refused(self, what: str, exc: grpc.RpcError) -> AgentError:
         return AgentError(f"{self.cfg.device_id}: {what} refused by coordinator {self.cfg.coordinator}: "
@@ -344,3 +372,10 @@ class EdgeAgent:
 
         folder, _, name = spec.rpartition(":")
         return read_trace_set(Path(folder)).get(name)
+
+
+def _read(path: str, *, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None

@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-id", dest="device_id")
     p.add_argument("--token-file", dest="fleet_token_file")
     p.add_argument("--shard-index", dest="shard_index", type=int)
+    p.add_argument("--give-up-after", dest="give_up_after_s", type=float, metavar="SECONDS",
+                   help="exit with an error (code 2) after SECONDS of failing to reach the coordinator "
+                        "(default: keep retrying; config key give_up_after_s)")
     p.add_argument("--trace", help="FOLDER:NAME participation trace that caps s per round")
     p.add_argument("--no-train", dest="no_train", action="store_true", default=None,
                    help="benchmark mode: skip SGD, send a zero delta with s = E")
@@ -33,6 +36,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = load_agent_config(args.config, overrides={
         "coordinator": args.coordinator, "device_id": args.device_id, "fleet_token_file": args.fleet_token_file,
         "announce_departure": False if args.silent else None, "shard_index": args.shard_index,
+        "give_up_after_s": args.give_up_after_s,
         "participation": {"trace": args.trace, "no_train": args.no_train},
     })
     agent = EdgeAgent(cfg)

@@ -14,6 +14,7 @@ from typing import Any
 from flexfl.config import NOT_IN_FILE, load_config, path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
+from flexfl.net import split_host_port
 from workloads.partition_spec import PartitionSpec
 
 
@@ -53,14 +54,15 @@ class AgentConfig:
     rpc_timeout_s: float = 60.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    give_up_after_s: float = 0.0  # exit with an error after this long without reaching the coordinator; 0 = never
     safety_margin_s: float = 0.05  # kept free before the deadline on top of the estimates
     partition: PartitionSpec | None = None
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
 
     def __post_init__(self) -> None:
-        host, _, port = self.coordinator.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
+        split_host_port(self.coordinator, what="coordinator")
+        if self.give_up_after_s < 0:
+            raise ConfigError(f"give_up_after_s must be >= 0 (0: never give up), got {self.give_up_after_s}")
         if self.shard_index < 0:
             raise ConfigError(f"shard_index must be >= 0, got {self.shard_index}")
         if self.partition is not None and self.shard_index >= self.partition.n_devices:

@@ -77,7 +77,9 @@ class CoordinatorClient:
         try:
             return self._stub.Status(self._pb.StatusRequest(), metadata=self._metadata, timeout=self._timeout_s)
         except self._grpc.RpcError as exc:
-            if exc.code() in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+            # CANCELLED: a coordinator shutting down cancels the calls in flight.
+            if exc.code() in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED,
+                              self._grpc.StatusCode.CANCELLED):
                 return None
             raise HarnessError(f"coordinator {self.address} refused Status: {exc.code().name}: {exc.details()}") from None
 

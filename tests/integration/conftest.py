@@ -44,9 +44,9 @@ def make_config(tmp_path, **values) -> CoordinatorConfig:
 class Fleet:
     """A coordinator and its agents; everything is stopped and joined on close()."""
 
-    def __init__(self, cfg: CoordinatorConfig) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False) -> None:
         self.cfg = cfg
-        self.coordinator = Coordinator(cfg)
+        self.coordinator = Coordinator(cfg, resume=resume)
         self.port = self.coordinator.start()
         self.agents: dict[str, tuple[EdgeAgent, threading.Thread]] = {}
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.metrics import read_metrics
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -192,3 +193,64 @@ def test_oversized_update_rejected_before_it_is_buffered(live_config, fleet_fact
     assert "exceeds the limit" in err.value.details()
     assert "big" not in fleet.coordinator.engine.current.updates
     dev.channel.close()
+
+
+def _stream(header: pb.UpdateHeader, *, chunks: int, sent: list[int]):
+    """The header, then `chunks` 1 MiB chunks made on demand; `sent` counts those gRPC took."""
+    yield pb.UpdateChunk(header=header)
+    piece = bytes(wire.MAX_CHUNK_BYTES)
+    for _ in range(chunks):
+        sent[0] += 1
+        yield pb.UpdateChunk(data=piece)
+
+
+@pytest.mark.parametrize("declared_mib", [1000, 0.5], ids=["declares 1000 MiB", "declares 0.5 MiB, sends 1000"])
+def test_a_1000_mib_upload_is_refused_early_without_growing_memory(live_config, fleet_factory, declared_mib):
+    import psutil
+
+    cfg = with_server(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=60.0), max_update_mib=1.0)
+    fleet = fleet_factory(cfg)
+    dev = RawDevice(fleet.port, "big")
+    dev.join()
+    header, model = dev.pull()
+    h, _ = _update("big", header.round_id, {n: np.zeros_like(v) for n, v in model.items()})
+    h.payload.total_bytes = int(declared_mib * (1 << 20))
+    rss_before = psutil.Process().memory_info().rss
+    sent = [0]
+    with pytest.raises(grpc.RpcError) as err:
+        dev.stub.PushUpdate(_stream(h, chunks=1000, sent=sent), metadata=dev.md, timeout=60)
+    grown_mib = (psutil.Process().memory_info().rss - rss_before) / 2**20
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("exceeds the limit of 1048576" if declared_mib > 1 else "exceeds its declared 524288 bytes") \
+        in err.value.details()
+    # Refused after a few chunks (those in flight when the coordinator said no), not 1000.
+    assert sent[0] <= 32, sent[0]
+    assert grown_mib < 64, f"resident memory grew by {grown_mib:.0f} MiB"
+    r = fleet.coordinator.engine.current
+    assert "big" not in r.updates and len(r.rejected["big"]) == 1
+    dev.channel.close()
+
+
+def test_an_update_with_s_but_no_payload_says_so_and_every_rejection_is_kept(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0))
+    dev = RawDevice(fleet.port, "evil")
+    dev.join()
+    header, model = dev.pull()
+    E = header.required_updates
+    empty = pb.UpdateHeader(device_id="evil", round_id=header.round_id, updates_completed=E, samples_used=30,
+                            train_s=0.1, local_loss=1.0)
+    with pytest.raises(grpc.RpcError) as err:
+        dev.push(empty, b"")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"s = {E} updates completed but the update carries no model delta" in err.value.details()
+    assert "checksum" not in err.value.details()
+    zero = {n: np.zeros_like(v) for n, v in model.items()}
+    with pytest.raises(grpc.RpcError):
+        dev.push(*_update("evil", header.round_id, zero, s=E + 1))
+    assert dev.push(*_update("evil", header.round_id, zero, s=E)).accepted
+    assert fleet.coordinator.wait(timeout=30)
+    row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
+    reasons = row["rejected"]["evil"]
+    assert isinstance(reasons, list) and len(reasons) == 2, reasons
+    assert "carries no model delta" in reasons[0] and "outside 0..E" in reasons[1]
+    assert row["s"]["evil"] == E  # the valid update that followed counts

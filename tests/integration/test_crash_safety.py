@@ -1,0 +1,121 @@
+"""A crash between a round's two writes (metrics row, checkpoint) loses no row; --resume repairs or reports."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import coordinator.engine as engine_module
+from coordinator.checkpoint import load_checkpoint
+from coordinator.metrics import MetricsWriter, read_metrics
+
+from .conftest import Fleet
+
+
+class Crash(BaseException):
+    """The process dies here (BaseException: nothing on the way catches it)."""
+
+
+@pytest.fixture
+def crash_between_the_writes_of_round(monkeypatch):
+    """Let the first of round N's two writes happen, then "kill" the coordinator: every later write fails."""
+    state = {"round": None, "first_done": False, "dead": False}
+
+    def guarded(kind, write):
+        def wrapper(*args, **kwargs):
+            tau = args[-1]["round"] if kind == "metrics" else args[-1].completed_round
+            if state["dead"]:
+                raise Crash(f"{kind} write after the crash")
+            if tau == state["round"]:
+                if state["first_done"]:
+                    state["dead"] = True
+                    raise Crash(f"killed before the {kind} write of round {tau}")
+                state["first_done"] = True
+            return write(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(engine_module, "save_checkpoint", guarded("checkpoint", engine_module.save_checkpoint))
+    monkeypatch.setattr(MetricsWriter, "write", guarded("metrics", MetricsWriter.write))
+
+    def arm(round_index: int) -> dict:
+        state["round"] = round_index
+        return state
+
+    return arm
+
+
+def _run_agents(fleet: Fleet, n: int) -> None:
+    for i in range(n):
+        fleet.start_agent(i)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the "killed" engine thread
+def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, crash_between_the_writes_of_round,
+                                                                  monkeypatch, caplog):
+    cfg = live_config(rounds=5, n_devices=3, min_devices=3, deadline_s=5.0)
+    state = crash_between_the_writes_of_round(3)
+    first = Fleet(cfg)
+    try:
+        _run_agents(first, 3)
+        assert first.coordinator.wait(timeout=60)
+    finally:
+        first.close()
+    assert state["dead"], "the crash point was never reached"
+    out = first.coordinator.out_dir
+    ckpt = load_checkpoint(out / "checkpoint.pt", expected=first.coordinator.engine.expected)
+    rows_at_crash = [r["round"] for r in read_metrics(out / "metrics.jsonl")]
+    # Whichever write came first, the disk now holds round 3 in exactly one of the two files.
+    assert (ckpt.completed_round, rows_at_crash) in ((2, [1, 2, 3]), (3, [1, 2]))
+
+    state["round"], state["dead"] = None, False  # the restarted process writes normally
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        second = Fleet(cfg, resume=True)
+        try:
+            _run_agents(second, 3)
+            assert second.coordinator.wait(timeout=60)
+        finally:
+            second.close()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    assert "metrics hold rows of rounds [3] that the checkpoint does not: they run again" in caplog.text
+
+
+def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
+    cfg = live_config(rounds=2, n_devices=3, min_devices=3, deadline_s=5.0)
+    fleet = Fleet(cfg)
+    try:
+        _run_agents(fleet, 3)
+        assert fleet.coordinator.wait(timeout=60)
+    finally:
+        fleet.close()
+    metrics = fleet.coordinator.out_dir / "metrics.jsonl"
+    MetricsWriter.rewrite(metrics, [r for r in read_metrics(metrics) if r["round"] != 1])  # as a crash used to
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        Fleet(cfg, resume=True).close()
+    assert "metrics have no row for rounds [1]" in caplog.text
+
+
+def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_config):
+    """Found by the soak: before its first resumed round, a new device's join was refused (INVALID_ARGUMENT)."""
+    from coordinator.config import with_changes
+    from flexfl.proto import fleet_pb2 as pb
+
+    cfg = live_config(rounds=2, n_devices=4, min_devices=3, deadline_s=5.0)
+    fleet = Fleet(cfg)
+    try:
+        _run_agents(fleet, 3)
+        assert fleet.coordinator.wait(timeout=60)
+    finally:
+        fleet.close()
+    resumed = with_changes(cfg, run={"rounds": 4, "resume_wait_s": 60.0})
+    engine = Fleet(resumed, resume=True)  # nobody reconnects: it waits for its fleet
+    try:
+        e = engine.coordinator.engine
+        assert not e.started and e.completed_round == 2
+        reply = e.join(pb.JoinRequest(device_id="dev-3", shard_index=3, protocol_version=1))
+        assert reply.arrival and e._pending_arrivals == ["dev-3"]
+        e.leave("dev-0", "leaving while the coordinator waits")
+        assert e._pending_departures == ["dev-0"] and "dev-0" in e.objective.sample_counts  # applied at a close
+    finally:
+        engine.close()
