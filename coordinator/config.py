@@ -52,6 +52,7 @@ class RunConfig:
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
     resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
     seed: int = 0  # initial model, minibatch streams, trace draws
+    evaluate: bool = True  # test the global model after each round; false only to benchmark the rest
 
     def __post_init__(self) -> None:
         for name in ("rounds", "min_devices"):

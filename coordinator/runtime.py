@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from pathlib import Path
@@ -26,6 +27,10 @@ class Coordinator:
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
+        # torch, the data and the model leave ~175k long-lived objects that every full garbage
+        # collection would walk again (~0.1-0.2 s holding the GIL, stalling every transfer):
+        # set them aside, as long-running servers do; objects made from here on are collected as usual.
+        gc.freeze()
         self.server, self.port = build_server(self.cfg, self.engine, token=self.token)
         self._thread = threading.Thread(target=self.engine.run, name="round-engine", daemon=True)
         self._thread.start()

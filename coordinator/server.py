@@ -153,10 +153,21 @@ class FleetServicer(pb_grpc.FleetServicer):
         return wire.join(pieces, limit_bytes=self.max_update_bytes), message_bytes
 
 
+def handler_threads(cfg: CoordinatorConfig) -> int:
+    """Handler threads for the partition's devices: each may park a PullRound and upload at once, plus spare.
+
+    A parked long poll holds its thread; with fewer threads than parked polls, uploads
+    queue behind polls until those time out, and rounds stall. Threads start on demand.
+    """
+    return 2 * cfg.partition.n_devices + 32
+
+
 def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
-                 max_workers: int = 64) -> tuple[grpc.Server, int]:
+                 max_workers: int | None = None) -> tuple[grpc.Server, int]:
     """A started gRPC server bound to `server.listen` (port 0 picks a free one); returns it and the port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+    workers = max_workers or handler_threads(cfg)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-handler"),
+                         options=SERVER_OPTIONS)
     servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
