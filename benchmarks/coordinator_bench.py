@@ -41,6 +41,7 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.metrics import read_metrics
 from flexfl.config import write_config
 from flexfl.files import atomic_file
+from benchmarks.report import Output
 from flexfl.harness import Harness, HarnessError, free_port
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
@@ -171,7 +172,7 @@ def run_fleet(n: int, *, rounds: int, dataset: str = "mnist", evaluate: bool = T
 
 
 def _ms(values: np.ndarray) -> str:
-    return f"{1e3 * np.median(values):7.1f} [{1e3 * values.min():6.1f}, {1e3 * values.max():6.1f}]"
+    return f"{1e3 * np.median(values):.1f} [{1e3 * values.min():.1f}, {1e3 * values.max():.1f}]"
 
 
 def main() -> None:
@@ -181,38 +182,45 @@ def main() -> None:
     ap.add_argument("--agents-per-process", type=int, default=250)
     ap.add_argument("--no-eval", action="store_true", help="skip central evaluation (run.evaluate = false)")
     ap.add_argument("--shared-connection", action="store_true", help="the agents of a process share one channel")
+    ap.add_argument("--markdown", type=Path, help="also write the output as a section of this file (results/performance.md)")
     args = ap.parse_args()
+    say = Output()
     sizes = [int(x) for x in args.agents.split(",")]
-    print(f"coordinator benchmark: mnist MLP (199,210 float32), {args.rounds} rounds per size, "
-          f"{'no evaluation' if args.no_eval else 'central evaluation on 10k test images'}; "
-          f"{psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    print("medians over rounds 2.., [min, max]; times in ms")
-    print(f"{'agents':>6}  {'overhead close->open':>27}  {'round period':>27}  {'eval (off path)':>15}  "
-          f"{'wake-ups/round':>14}  {'coordinator RSS idle/joined/peak (MiB)':>38}  {'per agent (KiB)':>15}  "
-          f"bytes in/out per device")
+    say(f"coordinator benchmark: mnist MLP (199,210 float32), {args.rounds} rounds per size, "
+        f"{'no evaluation' if args.no_eval else 'central evaluation on 10k test images'}, light agents in processes "
+        f"of up to {args.agents_per_process}, {'one channel per process' if args.shared_connection else 'one channel (TCP connection) per agent'}")
+    say("medians over rounds 2.., [min, max]; times in ms")
+    say(f"{'agents':>6}  {'overhead close->open':>24}  {'round period':>26}  {'eval':>6}  {'wake-ups':>8}  "
+        f"{'coordinator RSS (MiB)':>23}  {'per agent':>9}  {'bytes per device':>17}")
+    say(f"{'':>6}  {'median [min, max]':>24}  {'median [min, max]':>26}  {'(off':>6}  {'per':>8}  "
+        f"{'idle / joined / peak':>23}  {'(KiB)':>9}  {'in / out':>17}")
+    say(f"{'':>6}  {'':>24}  {'':>26}  {'path)':>6}  {'round':>8}")
     runs = []
     for n in sizes:
         r = run_fleet(n, rounds=args.rounds, evaluate=not args.no_eval, per_process=args.agents_per_process,
                       shared_connection=args.shared_connection)
         runs.append(r)
-        over, period = r.series("overhead_s"), r.periods()
         reasons = {row["close_reason"] for row in r.rows}
         eval_s = r.series("eval_s")
         bytes_in = int(np.median([v for row in r.rows for v in row["bytes_in"].values()]))
         bytes_out = int(np.median([v for row in r.rows for v in row["bytes_out"].values()]))
-        print(f"{n:>6}  {_ms(over):>27}  {_ms(period):>27}  {1e3 * np.median(eval_s) if len(eval_s) else 0:15.1f}  "
-              f"{np.median(r.series('pull_wakeups')):14.0f}  "
-              f"{r.rss_idle / 2**20:12.0f} / {r.rss_joined / 2**20:6.0f} / {r.rss_peak / 2**20:6.0f}"
-              f"{'':>9}  {(r.rss_joined - r.rss_idle) / n / 1024:15.1f}  {bytes_in} / {bytes_out}"
-              + ("" if reasons == {"all answered"} else f"  (closes: {sorted(reasons)})"), flush=True)
+        rss = f"{r.rss_idle / 2**20:.0f} / {r.rss_joined / 2**20:.0f} / {r.rss_peak / 2**20:.0f}"
+        say(f"{n:>6}  {_ms(r.series('overhead_s')):>24}  {_ms(r.periods()):>26}  "
+            f"{1e3 * np.median(eval_s) if len(eval_s) else 0:6.0f}  {np.median(r.series('pull_wakeups')):8.0f}  "
+            f"{rss:>23}  {(r.rss_joined - r.rss_idle) / n / 1024:9.1f}  {f'{bytes_in} / {bytes_out}':>17}"
+            + ("" if reasons == {"all answered"} else f"  (closes: {sorted(reasons)})"))
+    at_50 = next((np.median(r.series("overhead_s")) * 1e3 for r in runs if r.agents == 50), None)
+    if at_50 is not None:
+        say(f"overhead at 50 agents: {at_50:.1f} ms (goal <= 20)")
     if len(runs) >= 2:
         n = np.array([r.agents for r in runs], dtype=float)
         med = np.array([np.median(r.series("overhead_s")) for r in runs]) * 1e3
         slope = np.polyfit(n, med, 1)[0]
         ends = (med[-1] - med[0]) / (n[-1] - n[0])
-        print(f"overhead growth: {ends:.4f} ms per added agent from {n[0]:.0f} to {n[-1]:.0f} agents "
-              f"(medians); least-squares slope over all sizes {slope:.4f} ms per agent; goal < 0.1")
+        say(f"overhead growth: {ends:.4f} ms per added agent from {n[0]:.0f} to {n[-1]:.0f} agents "
+            f"(medians); least-squares slope over all sizes {slope:.4f} ms per agent (goal < 0.1)")
+    if args.markdown:
+        say.write_section(args.markdown, "coordinator-scaling", title="Coordinator cost per round, 50 to 1,000 agents")
 
 
 if __name__ == "__main__":

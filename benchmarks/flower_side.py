@@ -68,6 +68,19 @@ def server(args: argparse.Namespace) -> None:
 
 def clients(args: argparse.Namespace) -> None:
     import flwr as fl
+    import grpc
+
+    if not args.shared_connection:
+        # Flower opens a channel per client, but gRPC's global subchannel pool lets channels with
+        # the same target and options share one TCP connection. Separate devices have their own:
+        # a local pool per channel gives each client its own connection, as FlexFL's bench agents have.
+        plain = grpc.insecure_channel
+
+        def own_connection(target, options=None, compression=None):
+            return plain(target, options=[*(options or []), ("grpc.use_local_subchannel_pool", 1)],
+                         compression=compression)
+
+        grpc.insecure_channel = own_connection
 
     class NoOp(fl.client.NumPyClient):
         def get_parameters(self, config):
@@ -93,6 +106,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--eval", action="store_true", help="central evaluation of every round's model (evaluate_fn)")
     ap.add_argument("--out", default="flower-times.json")
+    ap.add_argument("--shared-connection", action="store_true",
+                    help="clients: let gRPC put all clients on one TCP connection (its default)")
     args = ap.parse_args()
     server(args) if args.role == "server" else clients(args)
 

@@ -15,8 +15,8 @@ What a round costs does not grow with the fleet beyond what each device needs it
 - an update enters the round's running sum as it arrives (coordinator.round.RoundSum) and
   is dropped, so closing a round is one model-sized addition, not a stack of N deltas;
 - waiters are woken only when their condition may have changed: the engine thread when the
-  last participant answered or left, a parked PullRound only when a round opens for its
-  device (one condition per device on the shared lock), never on every push;
+  last participant answered or left, a parked PullRound (a callback parked per device, see
+  offer()) only when a round opens for its device or training ends, never on a push;
 - evaluation, the metrics row and the checkpoint of a closed round run on a finisher
   thread while the next round is already open.
 
@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +77,7 @@ class OpenRound:
     opening: RoundOpening
     participants: list[str]
     payload: pb.Payload
-    data: bytes
+    chunks: tuple[pb.RoundChunk, ...]  # the model's data messages, built once for every pull
     summed: RoundSum  # the accepted updates, summed as they arrive
     delivered: dict[str, float] = field(default_factory=dict)
     updates: dict[str, Update] = field(default_factory=dict)
@@ -130,14 +130,14 @@ class RoundEngine:
         self._pending_departures: list[str] = []
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the engine thread waits here
-        self._pull_conds: dict[str, threading.Condition] = {}  # per device, on the same lock
-        self._parked: dict[str, int] = {}  # PullRound calls waiting, per device
-        self.pull_wakeups = 0  # parked PullRound calls notified so far
+        self._waiters: dict[str, list[Callable[[], None]]] = {}  # parked PullRound calls, per device
+        self.pull_wakeups = 0  # parked PullRound calls woken so far
         self._stop = threading.Event()
         # Closed rounds waiting for evaluation, metrics and checkpoint; at most two behind.
         self._finishing: queue.Queue[_Closed | None] = queue.Queue(maxsize=2)
         self._finisher: threading.Thread | None = None
         self._finisher_error: BaseException | None = None
+        self._closed: list[_Closed] = []  # closed, not yet handed to the finisher (engine thread only)
         self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path = self.out_dir / "checkpoint.pt"
@@ -258,9 +258,19 @@ class RoundEngine:
             self._cond.notify_all()
             return str(self.cfg.rules.departure_policy)
 
-    def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
-        """Wait up to `wait_s` for an open round this device should train in."""
-        limit = time.monotonic() + max(0.0, min(wait_s, self.cfg.server.pull_wait_s))
+    def pull_wait_s(self, wait_s: float) -> float:
+        """How long a PullRound asking for `wait_s` may be held (server.pull_wait_s at most)."""
+        return max(0.0, min(wait_s, self.cfg.server.pull_wait_s))
+
+    def offer(self, device_id: str, *,
+              wake: Callable[[], None] | None = None) -> tuple[pb.RoundHeader, tuple[pb.RoundChunk, ...]] | None:
+        """The round this device should train in now (header, the model's data messages), or FINISHED;
+        else None, after parking `wake`.
+
+        A parked `wake` is called once, under the engine's lock, when a round opens for this
+        device or training ends (it must only signal, e.g. set an event); unpark() withdraws
+        it. Checking and parking are one step, so an opening cannot slip between them.
+        """
         run, rules = self.cfg.run, self.cfg.rules
         with self._lock:
             record = self._known(device_id)
@@ -268,34 +278,50 @@ class RoundEngine:
             if device_id not in self._seen:
                 self._seen.add(device_id)
                 self._cond.notify_all()  # a resumed engine counts devices back
-            woken = self._pull_conds.get(device_id)
-            if woken is None:
-                woken = self._pull_conds[device_id] = threading.Condition(self._lock)
-            while True:
-                if self.finished:
-                    return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), b""
-                r = self.current
-                # `after_round` is informational: a restarted (resumed) coordinator may reopen a
-                # round the device already saw, and it must be served again.
-                if (r is not None and not r.closed and device_id in r.taking_part and device_id not in r.left
-                        and device_id not in r.delivered and time.monotonic() < r.opened_at + run.deadline_s):
-                    header = pb.RoundHeader(
-                        status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=rules.required_updates,
-                        learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
-                        model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
-                        device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
-                        s_rule=str(rules.s_rule),
-                    )
-                    return header, r.data
-                left = limit - time.monotonic()
-                if left <= 0:
-                    return pb.RoundHeader(status=pb.RoundHeader.WAIT, round_id=self.completed_round), b""
-                # Woken by _wake_pulls: a round opened for this device, or training ended.
-                self._parked[device_id] = self._parked.get(device_id, 0) + 1
-                try:
-                    woken.wait(timeout=left)
-                finally:
-                    self._parked[device_id] -= 1
+            if self.finished:
+                return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), ()
+            r = self.current
+            # `after_round` is not needed: a restarted (resumed) coordinator may reopen a round
+            # the device already saw, and it must be served again.
+            if (r is not None and not r.closed and device_id in r.taking_part and device_id not in r.left
+                    and device_id not in r.delivered and time.monotonic() < r.opened_at + run.deadline_s):
+                header = pb.RoundHeader(
+                    status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=rules.required_updates,
+                    learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
+                    model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
+                    device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
+                    s_rule=str(rules.s_rule),
+                )
+                return header, r.chunks
+            if wake is not None:
+                self._waiters.setdefault(device_id, []).append(wake)
+            return None
+
+    def unpark(self, device_id: str, wake: Callable[[], None]) -> None:
+        """Withdraw a `wake` parked by offer() (nothing happens if it was already called)."""
+        with self._lock:
+            waiting = self._waiters.get(device_id)
+            if waiting and wake in waiting:
+                waiting.remove(wake)
+
+    def waiting_reply(self) -> pb.RoundHeader:
+        """What a PullRound that timed out answers: nothing yet, pull again."""
+        with self._lock:
+            return pb.RoundHeader(status=pb.RoundHeader.WAIT, round_id=self.completed_round)
+
+    def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
+        """Wait (blocking this thread) up to `wait_s` for a round this device should train in."""
+        limit = time.monotonic() + self.pull_wait_s(wait_s)
+        while True:
+            woken = threading.Event()
+            offered = self.offer(device_id, wake=woken.set)
+            if offered is not None:
+                header, chunks = offered
+                return header, b"".join(c.data for c in chunks)
+            woken.wait(max(0.0, limit - time.monotonic()))
+            self.unpark(device_id, woken.set)
+            if not woken.is_set():
+                return self.waiting_reply(), b""
 
     def delivered(self, device_id: str, round_id: int, nbytes: int) -> None:
         """The model of `round_id` has been fully handed to `device_id`: its deadline starts now."""
@@ -385,14 +411,18 @@ class RoundEngine:
         if not r.waiting:
             self._cond.notify_all()
 
+    def parked(self) -> int:
+        """PullRound calls waiting for a round right now."""
+        with self._lock:
+            return sum(len(w) for w in self._waiters.values())
+
     def _wake_pulls(self, devices: Iterable[str]) -> int:
-        """Wake the PullRound calls parked by these devices; returns how many were parked."""
+        """Wake the PullRound calls parked by these devices (lock held); returns how many."""
         woken = 0
         for d in devices:
-            n = self._parked.get(d, 0)
-            if n:
-                woken += n
-                self._pull_conds[d].notify_all()
+            for wake in self._waiters.pop(d, ()):
+                wake()
+                woken += 1
         self.pull_wakeups += woken
         return woken
 
@@ -407,7 +437,7 @@ class RoundEngine:
         self._stop.set()
         with self._lock:
             self._cond.notify_all()
-            self._wake_pulls(list(self._pull_conds))
+            self._wake_pulls(list(self._waiters))
 
     def run(self) -> None:
         """Run rounds until `run.rounds` are done or stop() is called."""
@@ -418,13 +448,15 @@ class RoundEngine:
                 return
             while self.completed_round < self.cfg.run.rounds and not self._stop.is_set():
                 self._run_round(self.completed_round + 1)
+            self._hand_over()
             if self.completed_round >= self.cfg.run.rounds:
                 self._drain()  # FINISHED means every round's row and checkpoint are on disk
                 with self._lock:
                     self.finished = True
-                    self._wake_pulls(list(self._pull_conds))
+                    self._wake_pulls(list(self._waiters))
                 log.info("training finished after %d rounds", self.completed_round)
         finally:
+            self._hand_over()  # stopped or failed between a close and the next opening
             self._finishing.put(None)
             self._finisher.join()
             self._save()
@@ -456,21 +488,31 @@ class RoundEngine:
                 self._cond.wait(timeout=0.05)
         return False
 
+    def _hand_over(self) -> None:
+        """Give the closed round(s) not yet handed over to the finisher, in order."""
+        while self._closed:
+            self._finishing.put(self._closed.pop(0))  # blocks while the finisher is two rounds behind
+
     def _run_round(self, tau: int) -> None:
+        """Open round tau, hand the previous one to the finisher, wait for answers, close."""
         self._raise_finisher_error()
         deadline_s = self.cfg.run.deadline_s
         grace_s = self._deadline_with_grace()
         payload, data = wire.encode(self.params)  # only this thread changes the params
+        chunks = tuple(pb.RoundChunk(data=piece) for piece in wire.chunks(data))
         with self._lock:
             opening = self.federation.open(tau)
             participants = [d for d in self.registry.ordered(list(opening.participants))
                             if not self.registry.get(d).departed]
             self.current = r = OpenRound(round_id=tau, lr=opening.lr, opened_at=time.monotonic(), opening=opening,
-                                         participants=participants, payload=payload, data=data,
+                                         participants=participants, payload=payload, chunks=chunks,
                                          summed=self.federation.start_sum(opening))
             overhead = None if self._last_close is None else r.opened_at - self._last_close
             wakeups_before = self.pull_wakeups
             self._wake_pulls(participants)
+        # Only now, with this round open, does the last one's evaluation start competing for the CPU.
+        self._hand_over()
+        with self._lock:
             # Wait until every participant answered (or left) or its deadline passed. Pushes wake
             # this thread only when the last one answers; deadlines are recomputed on waking.
             while not self._stop.is_set():
@@ -494,8 +536,7 @@ class RoundEngine:
             r.closed = True
             closed_at = time.monotonic()
             r.pull_wakeups = self.pull_wakeups - wakeups_before  # its opening's included
-            closed = self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at)
-        self._finishing.put(closed)  # blocks while the finisher is two rounds behind
+            self._closed.append(self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at))
 
     def _close(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> _Closed:
         """Aggregate and apply the round's events (under the lock); the rest goes to the finisher."""

@@ -73,7 +73,7 @@ def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participan
                for d in late]
     for t in pullers:
         t.start()
-    _wait_for(lambda: sum(eng._parked.values()) == len(late), "the late devices' pulls to park")
+    _wait_for(lambda: eng.parked() == len(late), "the late devices' pulls to park")
     before = eng.pull_wakeups
 
     _answer(eng, "a", 0.5)
