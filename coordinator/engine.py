@@ -17,12 +17,13 @@ What a round costs does not grow with the fleet beyond what each device needs it
 - waiters are woken only when their condition may have changed: the engine thread when the
   last participant answered or left, a parked PullRound (a callback parked per device, see
   offer()) only when a round opens for its device or training ends, never on a push;
-- evaluation, the metrics row and the checkpoint of a closed round run on a finisher
-  thread while the next round is already open.
+- the finisher, two threads, handles a closed round once the next one is open: an
+  evaluator tests its model and makes its metrics row, a writer then writes the row and
+  the checkpoint (so evaluating round k overlaps writing round k - 1).
 
-Crash safety: the finisher handles closed rounds in order, and writes (and fsyncs) each
-round's metrics row before its checkpoint; a resumed coordinator drops rows of rounds its
-checkpoint does not hold (they run again) and reports rounds that have no row.
+Crash safety: the finisher takes closed rounds in order and writes (and fsyncs) each round's
+metrics row before its checkpoint; a resumed coordinator drops rows of rounds its checkpoint
+does not hold (they run again) and reports rounds that have no row.
 """
 
 from __future__ import annotations
@@ -107,6 +108,52 @@ class _Closed:
     registry: Registry
 
 
+class _Stage:
+    """A worker thread taking items in order from a bounded queue (put() blocks while it is `depth` behind).
+
+    `work` gets the items waiting when it is free, in order (one or more: a stage that fell
+    behind catches up in one go). Its first failure is kept in `error` and ends its work:
+    later items are dropped, so nothing is written out of order after a failed write.
+    """
+
+    def __init__(self, name: str, work: Callable[[list], None], *, depth: int = 2) -> None:
+        self.error: BaseException | None = None
+        self._work = work
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: object) -> None:
+        self._queue.put(item)
+
+    def drain(self) -> None:
+        """Wait until every item put so far is done (or dropped)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            items = [self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())  # only this thread takes items
+            if items[-1] is None:
+                closing = True
+                items.pop()
+            try:
+                if self.error is None and items:
+                    self._work(items)
+            except BaseException as exc:  # noqa: BLE001 - the engine thread raises it (_raise_finisher_error)
+                log.exception("%s failed", self._thread.name)
+                self.error = exc
+            finally:
+                for _ in range(len(items) + closing):
+                    self._queue.task_done()
+
+
 class RoundEngine:
     """Runs `run.rounds` federated rounds against whichever devices join."""
 
@@ -133,10 +180,10 @@ class RoundEngine:
         self._waiters: dict[str, list[Callable[[], None]]] = {}  # parked PullRound calls, per device
         self.pull_wakeups = 0  # parked PullRound calls woken so far
         self._stop = threading.Event()
-        # Closed rounds waiting for evaluation, metrics and checkpoint; at most two behind.
-        self._finishing: queue.Queue[_Closed | None] = queue.Queue(maxsize=2)
-        self._finisher: threading.Thread | None = None
-        self._finisher_error: BaseException | None = None
+        # Closed rounds go to an evaluator, then to a writer (metrics row, then checkpoint), each a
+        # thread at most two rounds behind: evaluating round k overlaps writing round k - 1.
+        self._evaluator: _Stage | None = None
+        self._writer: _Stage | None = None
         self._closed: list[_Closed] = []  # closed, not yet handed to the finisher (engine thread only)
         self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -441,8 +488,8 @@ class RoundEngine:
 
     def run(self) -> None:
         """Run rounds until `run.rounds` are done or stop() is called."""
-        self._finisher = threading.Thread(target=self._finish_rounds, name="round-finisher", daemon=True)
-        self._finisher.start()
+        self._writer = _Stage("round-writer", self._write)
+        self._evaluator = _Stage("round-evaluator", self._evaluate)
         try:
             if not self._wait_for_start():
                 return
@@ -457,8 +504,8 @@ class RoundEngine:
                 log.info("training finished after %d rounds", self.completed_round)
         finally:
             self._hand_over()  # stopped or failed between a close and the next opening
-            self._finishing.put(None)
-            self._finisher.join()
+            self._evaluator.close()  # after the evaluator: it hands its last rounds to the writer
+            self._writer.close()
             self._save()
             self.metrics.close()
         self._raise_finisher_error()
@@ -489,9 +536,9 @@ class RoundEngine:
         return False
 
     def _hand_over(self) -> None:
-        """Give the closed round(s) not yet handed over to the finisher, in order."""
+        """Give the closed round(s) not yet handed over to the evaluator, in order."""
         while self._closed:
-            self._finishing.put(self._closed.pop(0))  # blocks while the finisher is two rounds behind
+            self._evaluator.put(self._closed.pop(0))  # blocks while it is two rounds behind
 
     def _run_round(self, tau: int) -> None:
         """Open round tau, hand the previous one to the finisher, wait for answers, close."""
@@ -554,21 +601,14 @@ class RoundEngine:
                        aggregate_s=time.monotonic() - closed_at, shards=shards, objective=self.objective.to_dict(),
                        registry=self.registry.snapshot())
 
-    # ---- the finisher thread: evaluation, metrics row, checkpoint ---------------------
+    # ---- after the close, beside the next round: evaluation, metrics row, checkpoint -------
 
-    def _finish_rounds(self) -> None:
-        while (closed := self._finishing.get()) is not None:
-            try:
-                if self._finisher_error is None:  # after a failure nothing more is written
-                    self._finish(closed)
-            except BaseException as exc:  # noqa: BLE001 - handed to the engine thread, which raises it
-                log.exception("round %d: evaluation, metrics or checkpoint failed", closed.r.round_id)
-                self._finisher_error = exc
-            finally:
-                self._finishing.task_done()
-        self._finishing.task_done()
+    def _evaluate(self, closed: list[_Closed]) -> None:
+        """Evaluator thread: test each round's model and make its metrics row; the writer takes both."""
+        for c in closed:
+            self._writer.put((c, self._row(c)))
 
-    def _finish(self, c: _Closed) -> None:
+    def _row(self, c: _Closed) -> dict:
         r = c.r
         started = time.monotonic()
         if self.cfg.run.evaluate:
@@ -592,20 +632,34 @@ class RoundEngine:
             "aggregate_s": c.aggregate_s, "eval_s": evaluated - started,
             "aggregate_eval_s": evaluated - c.closed_at, "pull_wakeups": r.pull_wakeups,
         })
-        self.metrics.write(row)  # before the checkpoint: a closed round always has its row
+        return row
+
+    def _write(self, done: list[tuple[_Closed, dict]]) -> None:
+        """Writer thread: the rounds' metrics rows, then the last one's checkpoint (each write fsynced).
+
+        A writer that fell behind writes the rows of all waiting rounds with one fsync and
+        only the newest checkpoint: it holds everything the older ones would, and every row
+        is on disk before the checkpoint of its round or a later one.
+        """
+        self.metrics.write_many([row for _, row in done])
+        c, _ = done[-1]
         save_checkpoint(self.checkpoint_path, Checkpoint(
-            params=c.outcome.params, completed_round=r.round_id, run_id=self.run_id,
+            params=c.outcome.params, completed_round=c.r.round_id, run_id=self.run_id,
             registry=c.registry.to_dict(), objective=c.objective))
-        log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, row["s"], c.reason)
+        for c, row in done:
+            log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", c.r.round_id, 100 * row["test_acc"],
+                     row["test_loss"], row["s"], c.reason)
 
     def _drain(self) -> None:
-        """Wait until the finisher has written every closed round."""
-        self._finishing.join()
+        """Wait until every closed round is evaluated and written."""
+        self._evaluator.drain()
+        self._writer.drain()
         self._raise_finisher_error()
 
     def _raise_finisher_error(self) -> None:
-        if self._finisher_error is not None:
-            raise RuntimeError("the round finisher failed (evaluation, metrics or checkpoint)") from self._finisher_error
+        error = (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+        if error is not None:
+            raise RuntimeError("evaluating or writing a closed round failed (see the log)") from error
 
     # ---- checkpoints ------------------------------------------------------------------
 

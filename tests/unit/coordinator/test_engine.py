@@ -106,3 +106,31 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     assert [r["round"] for r in rows] == [1, 2]
     assert all(np.isfinite(r["test_acc"]) and r["close_reason"] == "all answered" for r in rows)
     assert torch.load(eng.checkpoint_path, weights_only=True)["completed_round"] == 2
+
+
+def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
+    from coordinator.engine import _Stage
+
+    calls, release = [], threading.Event()
+
+    def work(items):
+        calls.append(list(items))
+        if items == [1]:
+            release.wait(30)  # the writer is slow: 2 and 3 queue up meanwhile
+        if 4 in items:
+            raise OSError("disk full")
+
+    stage = _Stage("test-stage", work, depth=2)
+    stage.put(1)
+    _wait_for(lambda: calls == [[1]], "the first item to be taken")
+    stage.put(2)
+    stage.put(3)
+    release.set()
+    stage.drain()
+    assert calls == [[1], [2, 3]]  # one catch-up call, in order (one fsync, the newest checkpoint)
+    stage.put(4)
+    stage.drain()
+    stage.put(5)  # dropped: nothing is written after a failed write
+    stage.drain()
+    stage.close()
+    assert calls == [[1], [2, 3], [4]] and isinstance(stage.error, OSError)
