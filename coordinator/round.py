@@ -15,7 +15,7 @@ Round tau under the rules (paper Sections 4.1-4.3):
 
 `Federation` holds the state a round changes (the objective and the global model) and is
 the only code that performs these steps. The live coordinator adds sockets, deadlines and
-persistence around it (coordinator/live_rounds.py); the simulator adds trace draws and
+persistence around it (coordinator/engine.py); the simulator adds trace draws and
 batched training (simulator/engine.py).
 """
 
