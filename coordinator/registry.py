@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -50,6 +51,12 @@ class Registry:
         """Device ids (all, or the given ones) in registry-index order."""
         ids = self.devices if device_ids is None else device_ids
         return sorted(ids, key=lambda d: self.devices[d].index)
+
+    def snapshot(self) -> Registry:
+        """A copy whose records do not change with this one's (cheap: records are flat)."""
+        reg = Registry()
+        reg.devices = {d: copy.copy(r) for d, r in self.devices.items()}
+        return reg
 
     def to_dict(self) -> dict:
         return {d: asdict(r) for d, r in self.devices.items()}

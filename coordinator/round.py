@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from coordinator.aggregation import Coefficients, Scheme, apply_update, coefficients
+from coordinator.aggregation import Coefficients, RunningAggregate, Scheme, apply_update, coefficients
 from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
@@ -138,6 +138,35 @@ class RoundOutcome:
 
 
 @dataclass
+class RoundSum:
+    """A round's updates summed as they arrive (the live coordinator), instead of stacked at its close.
+
+    p is fixed when the round opens (membership events wait for its close), so each update
+    enters the sum at its final weight up to the scheme's round-wide factor; see
+    coordinator.aggregation.RunningAggregate.
+    """
+
+    round_index: int
+    p: dict[str, float]  # base weight of every objective member, fast-reboot boost included
+    running: RunningAggregate
+    s: dict[str, int] = field(default_factory=dict)
+    delta_sq: dict[str, float] = field(default_factory=dict)  # ||delta||^2 per device, for Objective.gamma
+
+    def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
+        if device not in self.p:
+            raise ConfigError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
+        self.running.add(device, s=s, p=self.p[device], delta=delta)
+        self.s[device] = int(s)
+        self.delta_sq[device] = sum(float(np.square(np.asarray(d), dtype=np.float64).sum()) for d in delta.values())
+
+
+def squared_norms(stacked: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """||delta_k||^2 over all tensors for each row k of {name: [K, n]} (float64)."""
+    return sum(torch.linalg.vector_norm(d, dim=1, dtype=torch.float64) ** 2 for d in stacked.values())
+
+
+@dataclass
 class Federation:
     """The objective and the global model, advanced one round at a time under `rules`."""
 
@@ -163,6 +192,13 @@ class Federation:
         return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
                             lr=self.learning_rate(round_index))
 
+    def start_sum(self, opening: RoundOpening) -> RoundSum:
+        """An empty RoundSum for the round `opening` opened; pass it to close() as `summed`."""
+        devices = self.objective.members()
+        p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
+        return RoundSum(round_index=opening.round_index, p=dict(zip(devices, p.tolist())),
+                        running=RunningAggregate(scheme=self.rules.scheme, E=self.E, like=self.params))
+
     def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
         """p and the scheme's coefficients for the updates counts `s` (a member not in `s`: 0)."""
         unknown = set(s) - set(self.objective.sample_counts)
@@ -174,32 +210,41 @@ class Federation:
         coef = coefficients(self.rules.scheme, s=s_arr, E=self.E, p=p)
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
-    def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
+    def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor] | None = None,
+              rows: Sequence[str] = (), summed: RoundSum | None = None,
               arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
         """Aggregate, then apply the membership events; returns what happened.
 
-        `deltas[name]` is stacked [K, *shape] with row i the update of device rows[i]; it
-        must hold (at least) every contributor of `weighing` (with none, pass rows=() and
-        deltas={}: the model stays). Each update's norm also feeds Objective.gamma (how
-        non-IID a device is: the auto departure rule).
+        The updates come either stacked or summed. Stacked: `deltas[name]` is [K, *shape]
+        with row i the update of device rows[i]; it must hold (at least) every contributor of
+        `weighing` (with none, pass rows=() and deltas={}: the model stays). Summed: a
+        RoundSum of this round, whose s `weighing` was made from. Each update's norm also
+        feeds Objective.gamma (how non-IID a device is: the auto departure rule).
         """
         tau = weighing.round_index
         lr = self.learning_rate(tau)
-        index = {d: i for i, d in enumerate(weighing.devices)}
-        missing = set(weighing.contributors) - set(rows)
-        if missing:
-            raise ConfigError(f"round {tau}: no update given for contributors {sorted(missing)}")
-        try:
-            device_rows = [index[d] for d in rows]
-        except KeyError as exc:
-            raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
-        if device_rows:
-            delta_sq = sum(torch.linalg.vector_norm(d.reshape(len(rows), -1), dim=1, dtype=torch.float64) ** 2
-                           for d in deltas.values())
-            for device, k, sq in zip(rows, device_rows, delta_sq.tolist()):
-                self.objective.note_update(device, delta_sq=sq, lr=lr, steps=int(weighing.s[k]))
-            self.params = apply_update(global_state=self.params, deltas=deltas, coefficients=weighing.coefficients,
-                                       rows=device_rows)
+        if summed is not None:
+            if deltas is not None or rows:
+                raise ConfigError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
+            self._check_sum(weighing, summed)
+            for device, sq in summed.delta_sq.items():
+                self.objective.note_update(device, delta_sq=sq, lr=lr, steps=summed.s[device])
+            self.params = summed.running.apply(global_state=self.params, n_devices=len(weighing.devices))
+        else:
+            index = {d: i for i, d in enumerate(weighing.devices)}
+            missing = set(weighing.contributors) - set(rows)
+            if missing:
+                raise ConfigError(f"round {tau}: no update given for contributors {sorted(missing)}")
+            try:
+                device_rows = [index[d] for d in rows]
+            except KeyError as exc:
+                raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
+            if device_rows:
+                stacked = {name: d.reshape(len(rows), -1) for name, d in deltas.items()}
+                for device, k, sq in zip(rows, device_rows, squared_norms(stacked).tolist()):
+                    self.objective.note_update(device, delta_sq=sq, lr=lr, steps=int(weighing.s[k]))
+                self.params = apply_update(global_state=self.params, deltas=deltas or {},
+                                           coefficients=weighing.coefficients, rows=device_rows)
         self.completed_round = tau
         shifted_before = self.objective.shift_round
         for a in arrivals:
@@ -228,6 +273,20 @@ class Federation:
             raise ConfigError("the auto departure policy needs the run's last round (Federation.horizon)")
         return AutoDeparture(c=self.rules.auto_c).decide(tau0=tau0, horizon=self.horizon,
                                                          gamma=self.objective.gamma(departure.device))
+
+    def _check_sum(self, weighing: Weighing, summed: RoundSum) -> None:
+        """The sum was built with this round's p and s: its weights times the round's scale are the coefficients."""
+        tau = weighing.round_index
+        if summed.round_index != tau:
+            raise ConfigError(f"round {tau}: the updates were summed for round {summed.round_index}")
+        s = {d: int(v) for d, v in zip(weighing.devices, weighing.s) if v or d in summed.s}
+        if s != summed.s or list(summed.p) != list(weighing.devices):
+            raise ConfigError(f"round {tau}: the summed updates (devices {sorted(summed.s)}) are not the ones weighed")
+        scale = summed.running.scale(n_devices=len(weighing.devices)) or 0.0
+        weights = summed.running.weights
+        expected = np.array([weights.get(d, 0.0) * scale for d in weighing.devices])
+        if not np.allclose(expected, weighing.coefficients.values, rtol=1e-9, atol=0.0):
+            raise ConfigError(f"round {tau}: the running sum's weights disagree with the scheme's coefficients")
 
     def apply_events(self, *, arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> None:
         """Membership changes before training starts (round 0): initial members, early departures."""

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import threading
+from concurrent import futures
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
-from coordinator.server import build_server, preflight
+from coordinator.server import preflight, start_server
 from workloads.federated import build_federated
 
 log = logging.getLogger(__name__)
+
+# Threads for the uploads' checksums, checks and summing (they release the GIL): about the cores.
+UPLOAD_THREADS = 4
 
 
 class Coordinator:
@@ -26,7 +32,21 @@ class Coordinator:
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
-        self.server, self.port = build_server(self.cfg, self.engine, token=self.token)
+        # torch, the data and the model leave ~175k long-lived objects that every full garbage
+        # collection would walk again (~0.1-0.2 s holding the GIL, stalling every transfer):
+        # set them aside, as long-running servers do; objects made from here on are collected as usual.
+        gc.freeze()
+        # The gRPC server runs on its own event loop thread; the round engine on another.
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-server", daemon=True)
+        self._loop_thread.start()
+        self._work = futures.ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="upload")
+        try:
+            self.server, self.port = asyncio.run_coroutine_threadsafe(
+                start_server(self.cfg, self.engine, token=self.token, work=self._work), self._loop).result()
+        except BaseException:
+            self._close_loop()
+            raise
         self._thread = threading.Thread(target=self.engine.run, name="round-engine", daemon=True)
         self._thread.start()
         return self.port
@@ -42,8 +62,16 @@ class Coordinator:
             return False
         # Let agents see FINISHED before the server goes away.
         if self.server is not None:
-            self.server.stop(grace=1.0).wait()
+            asyncio.run_coroutine_threadsafe(self.server.stop(grace=1.0), self._loop).result()
+            self.server = None
+            self._close_loop()
         return True
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._loop.close()
+        self._work.shutdown(wait=True)
 
     @property
     def out_dir(self) -> Path:

@@ -4,15 +4,24 @@ Domain errors become status codes through one table (`ERRORS`), most specific cl
 by inheritance; the reason travels as trailing metadata (proto/options.py) so that agents
 act on code and reason, never on message text. Under mutual TLS a call may only claim the
 device its client certificate names (coordinator/identity.py).
+
+The server is grpc.aio on one event-loop thread: a PullRound parked until its device's next
+round holds a coroutine and a callback in the engine (RoundEngine.offer), not a thread, so
+a thousand long polls cost little; and no message hops between a polling thread and a
+handler thread. What takes CPU per upload (checksum, checks, adding the delta to the round's
+sum) runs in a small thread pool, where hashing and numpy release the GIL, so the loop
+keeps serving meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -49,25 +58,26 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
     return next((ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS), None)
 
 
-@contextmanager
-def _mapped(context: grpc.ServicerContext):
+@asynccontextmanager
+async def _mapped(context: grpc.aio.ServicerContext):
     try:
         yield
     except tuple(ERRORS) as exc:
         code, reason = status_of(exc)
         context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
-        context.abort(code, str(exc))
+        await context.abort(code, str(exc))
 
 
 class FleetServicer(pb_grpc.FleetServicer):
     def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int,
-                 certificate_identity: bool = False) -> None:
+                 work: futures.Executor, certificate_identity: bool = False) -> None:
         self.engine = engine
         self._token = token.encode()
         self.max_update_bytes = max_update_bytes
+        self._work = work  # uploads' checksums, checks and summing, off the event loop
         self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
 
-    def _caller(self, context: grpc.ServicerContext) -> str:
+    def _caller(self, context: grpc.aio.ServicerContext) -> str:
         """Check the fleet token; return the device id the call claims to come from."""
         md = dict(context.invocation_metadata())
         presented = md.get(AUTH_HEADER, "")
@@ -90,8 +100,8 @@ class FleetServicer(pb_grpc.FleetServicer):
         if claimed and claimed != caller:
             raise IdentityMismatch(f"{what} for {claimed!r} from {caller!r}")
 
-    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
-        with _mapped(context):
+    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
+        async with _mapped(context):
             caller = self._caller(context)
             self._same(caller, request.device_id or "(none)", "join")
             if request.protocol_version not in (0, PROTOCOL_VERSION):
@@ -99,77 +109,109 @@ class FleetServicer(pb_grpc.FleetServicer):
                                        f"(coordinator speaks {PROTOCOL_VERSION})")
             return self.engine.join(request)
 
-    def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext) -> pb.LeaveReply:
-        with _mapped(context):
+    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
+        async with _mapped(context):
             caller = self._caller(context)
             self._same(caller, request.device_id, "leave")
             return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
 
-    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        with _mapped(context):
+    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        async with _mapped(context):
             self._caller(context)
             return self.engine.status()
 
-    def PullRound(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.RoundChunk]:
-        with _mapped(context):
+    async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
+        async with _mapped(context):
             caller = self._caller(context)
-            header, data = self.engine.pull(caller, after_round=request.after_round, wait_s=request.wait_s)
+            header, chunks = await self._pull(caller, wait_s=request.wait_s)
         first = pb.RoundChunk(header=header)
         yield first
         if header.status != pb.RoundHeader.ROUND:
             return
         sent = first.ByteSize()  # protobuf message bytes: header + chunks (HTTP/2 framing not counted)
-        for piece in wire.chunks(data):
-            if not context.is_active():
-                return
-            chunk = pb.RoundChunk(data=piece)
+        for chunk in chunks:  # the same messages for every device: built once per round
             yield chunk
             sent += chunk.ByteSize()
         # Reached once gRPC asked for more after the last chunk: the model is on its way.
         self.engine.delivered(caller, header.round_id, sent)
 
-    def PushUpdate(self, request_iterator: Iterator[pb.UpdateChunk], context: grpc.ServicerContext) -> pb.PushReply:
-        with _mapped(context):
+    async def _pull(self, caller: str, *, wait_s: float) -> tuple[pb.RoundHeader, tuple[pb.RoundChunk, ...]]:
+        """The device's next round, waiting (parked in the engine, no thread held) up to wait_s."""
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + self.engine.pull_wait_s(wait_s)
+        while True:
+            woken = asyncio.Event()
+
+            def wake() -> None:  # called by the engine under its lock, from another thread
+                try:
+                    loop.call_soon_threadsafe(woken.set)
+                except RuntimeError:  # the loop has closed: the server is gone, nobody waits
+                    pass
+
+            offered = self.engine.offer(caller, wake=wake)
+            if offered is not None:
+                return offered
+            try:
+                await asyncio.wait_for(woken.wait(), timeout=max(0.0, limit - loop.time()))
+            except TimeoutError:
+                return self.engine.waiting_reply(), ()
+            finally:
+                self.engine.unpark(caller, wake)
+
+    async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
+                         context: grpc.aio.ServicerContext) -> pb.PushReply:
+        async with _mapped(context):
             caller = self._caller(context)
-            first = next(request_iterator, None)
+            first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("header"):
                 raise UpdateRejected("the first message of an update must be its header")
             header = first.header
             self._same(caller, header.device_id, "update header")
             try:
                 self.engine.check_push_header(caller, header)
-                data, message_bytes = self._receive(header, first, request_iterator)
-                return self.engine.push(caller, header, data, message_bytes=message_bytes)
+                pieces, message_bytes = await self._receive(header, first, request_iterator)
+                push = functools.partial(self._push, caller, header, pieces, message_bytes=message_bytes)
+                return await asyncio.get_running_loop().run_in_executor(self._work, push)
             except UpdateRejected as exc:
                 if not isinstance(exc, WrongRoundState):
                     log.warning("rejected update from %s: %s", caller, exc)
                     self.engine.note_rejection(caller, header.round_id, str(exc))
                 raise
 
-    def _receive(self, header: pb.UpdateHeader, first: pb.UpdateChunk,
-                 rest: Iterator[pb.UpdateChunk]) -> tuple[bytes, int]:
+    def _push(self, caller: str, header: pb.UpdateHeader, pieces: list[bytes], *, message_bytes: int) -> pb.PushReply:
+        """On a work thread: join, check and sum the update (copies and checksums off the event loop)."""
+        data = wire.join(pieces, limit_bytes=self.max_update_bytes)
+        return self.engine.push(caller, header, data, message_bytes=message_bytes)
+
+    async def _receive(self, header: pb.UpdateHeader, first: pb.UpdateChunk,
+                       rest: AsyncIterator[pb.UpdateChunk]) -> tuple[list[bytes], int]:
         """The payload, refused as soon as it exceeds the limit or its declared size (never buffered past either)."""
         declared = header.payload.total_bytes
         if declared > self.max_update_bytes:
             raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
         pieces, received, message_bytes = [], 0, first.ByteSize()
-        for chunk in rest:
+        async for chunk in rest:
             if chunk.HasField("header"):
                 raise UpdateRejected("a second header arrived inside the update stream")
-            received += len(chunk.data)
+            piece = chunk.data  # each access copies
+            received += len(piece)
             if received > declared:
                 raise UpdateRejected(f"payload exceeds its declared {declared} bytes (limit {self.max_update_bytes})")
-            pieces.append(chunk.data)
+            pieces.append(piece)
             message_bytes += chunk.ByteSize()
-        return wire.join(pieces, limit_bytes=self.max_update_bytes), message_bytes
+        return pieces, message_bytes
 
 
-def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
-                 max_workers: int = 64) -> tuple[grpc.Server, int]:
-    """A started gRPC server bound to `server.listen` (port 0 picks a free one); returns it and the port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
+                       work: futures.Executor) -> tuple[grpc.aio.Server, int]:
+    """A started grpc.aio server, bound to `server.listen` (port 0 picks a free one), on the running loop.
+
+    Returns it and the port. Call from the event loop that will serve it; `work` runs the
+    uploads' CPU work (a few threads).
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
-                             certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
+                             work=work, certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
     try:
@@ -185,10 +227,10 @@ def build_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
     except RuntimeError:  # grpcio >= 1.6x raises instead of returning 0
         port = 0
     if port == 0:
-        server.stop(None)
+        await server.stop(None)
         raise ConfigError(f"server.listen: cannot bind {s.listen!r}: "
                           f"{bind_problem(s.listen) or 'gRPC refused the address (see the line above)'}")
-    server.start()
+    await server.start()
     return server, port
 
 

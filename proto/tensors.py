@@ -9,6 +9,7 @@ PayloadError naming the tensor and what was wrong.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -43,33 +44,39 @@ def encode(tensors: Mapping[str, np.ndarray]) -> tuple[pb.Payload, bytes]:
 
 def chunks(data: bytes, *, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
     """Cut a payload into pieces of at most `size` bytes (one empty piece for an empty payload)."""
+    if len(data) <= size:
+        yield data  # the common case (a model under 1 MiB): no copy
+        return
     view = memoryview(data)
-    if not data:
-        yield b""
     for start in range(0, len(data), size):
         yield bytes(view[start : start + size])
 
 
-def join(pieces: Iterable[bytes], *, limit_bytes: int) -> bytes:
-    """Reassemble chunks, refusing to buffer more than `limit_bytes`."""
-    buf = bytearray()
+def join(pieces: Iterable[bytes], *, limit_bytes: int) -> bytearray:
+    """Reassemble chunks into one writable buffer (copied once), refusing to hold more than `limit_bytes`."""
+    held, size = [], 0
     for piece in pieces:
         if len(piece) > MAX_CHUNK_BYTES:
             raise PayloadError(f"chunk of {len(piece)} bytes exceeds the {MAX_CHUNK_BYTES}-byte chunk limit")
-        buf += piece
-        if len(buf) > limit_bytes:
+        size += len(piece)
+        if size > limit_bytes:
             raise PayloadError(f"payload exceeds the size limit of {limit_bytes} bytes")
-    return bytes(buf)
+        held.append(piece)
+    return bytearray().join(held)
 
 
 def decode(
     payload: pb.Payload,
-    data: bytes,
+    data: bytes | bytearray,
     *,
     expected: Mapping[str, tuple[tuple[int, ...], np.dtype]] | None = None,
     require_finite: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Check `data` against `payload` (and `expected` {name: (shape, dtype)}) and return the arrays."""
+    """Check `data` against `payload` (and `expected` {name: (shape, dtype)}) and return the arrays.
+
+    The arrays are views of `data`, not copies: writable when `data` is a bytearray (what
+    join() returns), read-only when it is bytes.
+    """
     if payload.total_bytes != len(data):
         raise PayloadError(f"payload is {len(data)} bytes, header announced {payload.total_bytes}")
     if hashlib.sha256(data).digest() != payload.sha256:
@@ -92,19 +99,19 @@ def decode(
         shape = tuple(int(d) for d in spec.shape)
         if any(d < 0 for d in shape):
             raise PayloadError(f"tensor '{spec.name}': negative dimension in shape {shape}")
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != spec.nbytes:
+        if math.prod(shape) * dtype.itemsize != spec.nbytes:
             raise PayloadError(f"tensor '{spec.name}': shape {shape} of {dtype} needs "
-                               f"{int(np.prod(shape)) * dtype.itemsize} bytes, header says {spec.nbytes}")
+                               f"{math.prod(shape) * dtype.itemsize} bytes, header says {spec.nbytes}")
         if expected is not None:
             want_shape, want_dtype = expected[spec.name]
             if shape != tuple(want_shape):
                 raise PayloadError(f"tensor '{spec.name}': shape {shape}, the model expects {tuple(want_shape)}")
             if dtype != np.dtype(want_dtype).newbyteorder("<"):
                 raise PayloadError(f"tensor '{spec.name}': dtype {dtype}, the model expects {np.dtype(want_dtype)}")
-        arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
+        arr = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
         if require_finite and dtype.kind == "f" and not np.isfinite(arr).all():
             bad = int((~np.isfinite(arr)).sum())
             raise PayloadError(f"tensor '{spec.name}': {bad} non-finite values (NaN/Inf)")
-        out[spec.name] = arr.astype(dtype.newbyteorder("="), copy=True)
+        out[spec.name] = arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
         offset += spec.nbytes
     return out

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregation import Scheme, apply_update, coefficients, scheme_a, scheme_b, scheme_c
+from coordinator.aggregation import (RunningAggregate, Scheme, apply_update, coefficients, scheme_a, scheme_b,
+                                      scheme_c)
 from flexfl.errors import AggregationError
 
 FIG3_S = [3, 4, 5, 5]
@@ -130,3 +131,62 @@ def test_scheme_c_is_unbiased_where_b_is_not():
     assert err_c < 0.05 * spread, (err_c, spread)
     assert err_b > 10 * err_c
     assert np.linalg.norm(w_b - b_target) < err_b  # and B's bias points where theory says
+
+
+def _random_round(rng, n: int, E: int, shapes: dict[str, tuple[int, ...]]):
+    s = rng.integers(0, E + 1, size=n)
+    p = rng.dirichlet(np.ones(n)) * rng.choice([1.0, 3.0], size=n)  # some boosted (fast-reboot), sum != 1
+    deltas = {name: torch.randn(n, *shape, generator=torch.Generator().manual_seed(int(rng.integers(1 << 30))))
+              for name, shape in shapes.items()}
+    return s, p, deltas
+
+
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_running_aggregate_equals_apply_update_in_any_arrival_order(scheme):
+    rng = np.random.default_rng(7)
+    shapes = {"w": (5, 3), "b": (3,)}
+    for trial in range(40):
+        n, E = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+        s, p, deltas = _random_round(rng, n, E, shapes)
+        if trial % 5 == 0:
+            s[:] = np.minimum(s, E - 1) if E > 1 else 0  # nobody complete: Scheme A discards
+        w = {name: torch.randn(*shape) for name, shape in shapes.items()}
+        c = coefficients(scheme, s=s, E=E, p=p)
+        batch = apply_update(global_state=w, deltas=deltas, coefficients=c)
+        running = RunningAggregate(scheme=scheme, E=E, like=w)
+        arrived = rng.permutation(n)[: int(rng.integers(0, n + 1))]  # the rest never answer: s = 0
+        for k in arrived:
+            running.add(int(k), s=int(s[k]), p=float(p[k]), delta={name: d[k].numpy() for name, d in deltas.items()})
+        s_seen = np.zeros(n, dtype=np.int64)
+        s_seen[arrived] = s[arrived]
+        c_seen = coefficients(scheme, s=s_seen, E=E, p=p)
+        expected = apply_update(global_state=w, deltas=deltas, coefficients=c_seen)
+        got = running.apply(global_state=w, n_devices=n)
+        for name in shapes:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
+        if c_seen.discarded or not np.any(c_seen.values > 0):
+            assert all(torch.equal(got[name], w[name]) for name in shapes)  # the model stays, bit for bit
+        if len(arrived) == n:  # everyone answered: the same as the batch over all devices
+            for name in shapes:
+                torch.testing.assert_close(got[name], batch[name], rtol=1e-5, atol=1e-6)
+
+
+def test_running_aggregate_weights_are_the_schemes_coefficients_before_scaling():
+    w = {"w": torch.zeros(2)}
+    for scheme, expected in [("A", [0.0, 0.0, 0.25, 0.25]), ("B", [0.25] * 4), ("C", [0.25 * 5 / 3, 0.25 * 5 / 4, 0.25, 0.25])]:
+        running = RunningAggregate(scheme=scheme, E=5, like=w)
+        weights = [running.add(k, s=s, p=0.25, delta={"w": np.ones(2, dtype=np.float32)}) for k, s in enumerate(FIG3_S)]
+        np.testing.assert_allclose(weights, expected)
+        scale = running.scale(n_devices=4)
+        np.testing.assert_allclose(np.array(weights) * scale, coefficients(scheme, s=FIG3_S, E=5, p=FIG3_P).values)
+
+
+def test_running_aggregate_refuses_a_second_update_and_a_wrong_shape():
+    running = RunningAggregate(scheme="C", E=5, like={"w": torch.zeros(2)})
+    running.add("a", s=2, p=0.5, delta={"w": np.ones(2, dtype=np.float32)})
+    with pytest.raises(AggregationError, match="already in the sum"):
+        running.add("a", s=3, p=0.5, delta={"w": np.ones(2, dtype=np.float32)})
+    with pytest.raises(AggregationError, match=r"'w' has shape \(3,\)"):
+        running.add("b", s=3, p=0.5, delta={"w": np.ones(3, dtype=np.float32)})
+    torch.testing.assert_close(running.apply(global_state={"w": torch.zeros(2)}, n_devices=2)["w"],
+                               torch.full((2,), 0.5 * 5 / 2))

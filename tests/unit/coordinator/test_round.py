@@ -87,3 +87,55 @@ def test_auto_departures_follow_the_gamma_estimate_and_the_horizon():
     assert out.departures == (("a", "include"), ("b", "exclude"))
     assert out.departure_gammas["a"] == pytest.approx((4 + 4 + 4 + 0) / 4 / 2)  # round 4 zero update counts
     assert fed.objective.members() == ["a"] and fed.objective.departed_included == {"a"}
+
+
+@pytest.mark.parametrize("scheme", ["A", "B", "C"])
+def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
+    """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds."""
+    batch, live = _federation(scheme=scheme), _federation(scheme=scheme)
+    g = torch.Generator().manual_seed(0)
+    # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
+    # complete (Scheme A discards it); in round 5 only the boosted newcomer answers.
+    plan = {1: {"a": 4, "b": 2}, 2: {"a": 1, "b": 4}, 3: {"a": 3, "b": 0, "c": 2}, 4: {"a": 4, "b": 4, "c": 4},
+            5: {"c": 3}}
+    events = {1: dict(arrivals=[Arrival("c", 40)]), 4: dict(departures=[Departure("a")])}
+    for tau, s in plan.items():
+        deltas = {d: torch.randn(2, generator=g) for d in s}
+        opening = live.open(tau)
+        assert opening == batch.open(tau)
+        summed = live.start_sum(opening)
+        for d in reversed(list(s)):  # arrival order differs from the objective's order
+            summed.add(d, s=s[d], delta={"w": deltas[d].numpy()})
+        w_live, w_batch = live.weigh(tau, summed.s), batch.weigh(tau, s)
+        np.testing.assert_array_equal(w_live.coefficients.values, w_batch.coefficients.values)
+        rows = list(s)
+        out_live = live.close(w_live, summed=summed, **events.get(tau, {}))
+        out_batch = batch.close(w_batch, deltas={"w": torch.stack([deltas[d] for d in rows])}, rows=rows,
+                                **events.get(tau, {}))
+        assert (out_live.arrivals, out_live.departures, out_live.shifted) == \
+            (out_batch.arrivals, out_batch.departures, out_batch.shifted)
+        torch.testing.assert_close(live.params["w"], batch.params["w"], rtol=1e-6, atol=1e-6)
+        if tau == 2:
+            assert w_live.p[2] == pytest.approx(3 * 40 / 80)  # fast-reboot boost entered the sum's weights
+        if tau == 3 and scheme == "A":
+            assert w_live.coefficients.discarded
+    live_objective, batch_objective = live.objective.to_dict(), batch.objective.to_dict()
+    # The Gamma samples come from the same updates, summed in a different order.
+    live_gamma, batch_gamma = live_objective.pop("grad_sq"), batch_objective.pop("grad_sq")
+    assert live_objective == batch_objective
+    assert live_gamma.keys() == batch_gamma.keys() and live_gamma
+    for device, samples in live_gamma.items():
+        assert samples == pytest.approx(batch_gamma[device], rel=1e-9)
+
+
+def test_a_sum_that_does_not_match_its_weighing_is_refused():
+    fed = _federation()
+    summed = fed.start_sum(fed.open(1))
+    summed.add("a", s=2, delta={"w": np.ones(2, dtype=np.float32)})
+    with pytest.raises(ConfigError, match="not the ones weighed"):
+        fed.close(fed.weigh(1, {"a": 3}), summed=summed)
+    with pytest.raises(ConfigError, match="not in the objective"):
+        summed.add("z", s=1, delta={"w": np.ones(2, dtype=np.float32)})
+    assert fed.completed_round == 0 and torch.equal(fed.params["w"], torch.zeros(2))
+    fed.close(fed.weigh(1, summed.s), summed=summed)
+    torch.testing.assert_close(fed.params["w"], torch.full((2,), 0.25 * 4 / 2))

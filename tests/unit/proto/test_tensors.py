@@ -27,6 +27,18 @@ def test_chunks_are_at_most_one_mib_and_join_back():
     assert list(wire.chunks(b"")) == [b""]
 
 
+def test_decode_returns_views_of_the_received_buffer_not_copies():
+    payload, data = wire.encode({"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, dtype=np.float32)})
+    received = wire.join(list(wire.chunks(data, size=7)), limit_bytes=len(data))  # one copy, writable
+    out = wire.decode(payload, received)
+    raw = np.frombuffer(received, dtype=np.uint8)
+    assert all(np.shares_memory(v, raw) for v in out.values())
+    assert all(v.flags.writeable for v in out.values())  # torch.from_numpy takes them without a warning
+    assert not wire.decode(payload, bytes(data))["w"].flags.writeable  # views of immutable bytes stay read-only
+    small = b"x" * 10
+    assert next(wire.chunks(small)) is small  # a payload of one chunk is not copied to be sent
+
+
 @pytest.fixture
 def encoded():
     return wire.encode({"w": np.zeros((2, 3), np.float32)})

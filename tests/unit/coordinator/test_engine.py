@@ -1,0 +1,136 @@
+"""The round engine without a network: who a push wakes, and the round it closes with summed updates."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.engine import RoundEngine
+from coordinator.metrics import read_metrics
+from coordinator.round import RulesConfig
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
+from workloads.federated import build_federated
+from workloads.partition_spec import PartitionSpec
+
+E = 3
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    cfg = CoordinatorConfig(
+        server=ServerConfig(fleet_token="t", pull_wait_s=60.0),  # parked pulls never time out in a test
+        partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(required_updates=E), run=RunConfig(rounds=2, deadline_s=60.0, min_devices=2),
+        output=OutputConfig(dir=str(tmp_path / "out")))
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    thread = threading.Thread(target=eng.run, daemon=True)
+    yield eng, thread
+    eng.stop()
+    if thread.is_alive():
+        thread.join(timeout=30)
+
+
+def _join(eng: RoundEngine, device_id: str) -> None:
+    eng.join(pb.JoinRequest(device_id=device_id, sample_count=50, protocol_version=1))
+
+
+def _answer(eng: RoundEngine, device_id: str, delta_value: float) -> None:
+    header, data = eng.pull(device_id, after_round=0, wait_s=5)
+    assert header.status == pb.RoundHeader.ROUND
+    eng.delivered(device_id, header.round_id, len(data))
+    delta = {n: np.full(p.shape, delta_value, dtype=np.float32) for n, p in eng.params.items()}
+    payload, body = wire.encode(delta)
+    eng.push(device_id, pb.UpdateHeader(device_id=device_id, round_id=header.round_id, updates_completed=E,
+                                        payload=payload), body)
+
+
+def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participants(engine):
+    eng, thread = engine
+    _join(eng, "a")
+    _join(eng, "b")
+    thread.start()
+    _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
+    # Ten devices join during round 1 (arrivals: they train from round 2) and park a PullRound each.
+    late = [f"late-{i}" for i in range(10)]
+    got: dict[str, pb.RoundHeader] = {}
+    for d in late:
+        _join(eng, d)
+    pullers = [threading.Thread(target=lambda d=d: got.__setitem__(d, eng.pull(d, after_round=0, wait_s=60)[0]))
+               for d in late]
+    for t in pullers:
+        t.start()
+    _wait_for(lambda: eng.parked() == len(late), "the late devices' pulls to park")
+    before = eng.pull_wakeups
+
+    _answer(eng, "a", 0.5)
+    assert eng.pull_wakeups == before  # a push notified none of the ten parked pulls
+    assert eng.current.round_id == 1 and not eng.current.closed  # the branch under test ran: b still owes
+    _answer(eng, "b", 0.5)  # the last answer closes round 1; round 2 opens for all twelve
+    for t in pullers:
+        t.join(timeout=30)
+    assert {d: h.status for d, h in got.items()} == {d: pb.RoundHeader.ROUND for d in late}
+    assert {h.round_id for h in got.values()} == {2}
+    assert eng.pull_wakeups == before + len(late)  # the opening woke each parked pull once
+
+
+def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_checkpoints(engine):
+    eng, thread = engine
+    _join(eng, "a")
+    _join(eng, "b")
+    start = {n: p.clone() for n, p in eng.params.items()}
+    thread.start()
+    for tau in (1, 2):
+        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _answer(eng, "a", 1.0)
+        _answer(eng, "b", 3.0)
+    thread.join(timeout=60)
+    assert eng.finished
+    # Two rounds, each w <- w + 0.5 * 1 + 0.5 * 3 (Scheme C, everyone complete, equal shares).
+    for n, p in eng.params.items():
+        torch.testing.assert_close(p, start[n] + 4.0)
+    rows = read_metrics(eng.out_dir / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(np.isfinite(r["test_acc"]) and r["close_reason"] == "all answered" for r in rows)
+    assert torch.load(eng.checkpoint_path, weights_only=True)["completed_round"] == 2
+
+
+def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
+    from coordinator.engine import _Stage
+
+    calls, release = [], threading.Event()
+
+    def work(items):
+        calls.append(list(items))
+        if items == [1]:
+            release.wait(30)  # the writer is slow: 2 and 3 queue up meanwhile
+        if 4 in items:
+            raise OSError("disk full")
+
+    stage = _Stage("test-stage", work, depth=2)
+    stage.put(1)
+    _wait_for(lambda: calls == [[1]], "the first item to be taken")
+    stage.put(2)
+    stage.put(3)
+    release.set()
+    stage.drain()
+    assert calls == [[1], [2, 3]]  # one catch-up call, in order (one fsync, the newest checkpoint)
+    stage.put(4)
+    stage.drain()
+    stage.put(5)  # dropped: nothing is written after a failed write
+    stage.drain()
+    stage.close()
+    assert calls == [[1], [2, 3], [4]] and isinstance(stage.error, OSError)
