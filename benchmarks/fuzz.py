@@ -91,11 +91,12 @@ def expected_model(cfg: CoordinatorConfig, updates: dict[str, tuple[int, dict[st
                                              for i, d in enumerate(members) if s[i] > 0) for name in w0}
     fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params={k: v.clone() for k, v in w0.items()})
     fed.apply_events(arrivals=[Arrival(d, SAMPLES[d]) for d in members])
-    fed.open(1)
-    weighing = fed.weigh(1, {d: updates[d][0] for d in members})
-    rows = weighing.contributors
-    deltas = {name: torch.stack([torch.from_numpy(updates[d][1][name]) for d in rows]) for name in w0}
-    return by_hand, fed.close(weighing, deltas=deltas, rows=rows).params
+    # The coordinator sums updates as they arrive: the same, in the order they were pushed.
+    summed = fed.start_sum(fed.open(1))
+    for d, (s_d, delta) in updates.items():
+        if s_d > 0:
+            summed.add(d, s=s_d, delta=delta)
+    return by_hand, fed.close(fed.weigh(1, summed.s), summed=summed).params
 
 
 def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: float = 64.0,

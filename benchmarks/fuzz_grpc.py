@@ -372,13 +372,23 @@ def send(target: Target, call) -> str:
     except grpc.FutureCancelledError:
         return "CANCELLED"
     except grpc.RpcError as exc:
+        if exc.code() is grpc.StatusCode.UNKNOWN and (exc.details() or "").startswith(_UNDECODABLE_DETAILS):
+            return UNDECODABLE
         return exc.code().name
+
+
+# grpc.aio answers a request it cannot parse with UNKNOWN and these details (the sync server
+# said INTERNAL); any other UNKNOWN would be a handler that raised something unmapped.
+_UNDECODABLE_DETAILS = "Unexpected <class 'google.protobuf.message.DecodeError'>"
+UNDECODABLE = "UNKNOWN (undecodable request)"
 
 
 def allowed(kind: str, code: str) -> bool:
     """May a call of `kind` end with status `code`?"""
     if kind == "tcp":
         return True
+    if code == UNDECODABLE:
+        return kind.startswith("raw:")
     c = Code[code] if code in Code.__members__ else None
     if c in TRANSPORT_CODES:
         return True

@@ -135,19 +135,26 @@ def test_second_coordinator_on_the_same_port_fails_with_one_line(workdir: Path) 
 
 def test_grpc_itself_refuses_a_second_server_on_a_port(tmp_path: Path, live_config) -> None:
     """The server option, not only the pre-check: gRPC's default SO_REUSEPORT would let both bind."""
+    import asyncio
+    from concurrent import futures
     from dataclasses import replace
 
-    from coordinator.server import build_server
+    from coordinator.server import start_server
     from flexfl.errors import ConfigError
 
     cfg = live_config()
-    first, port = build_server(cfg, engine=None, token=TOKEN)
-    try:
-        same = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}"))
-        with pytest.raises(ConfigError, match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
-            build_server(same, engine=None, token=TOKEN)
-    finally:
-        first.stop(None)
+
+    async def two_servers() -> None:
+        with futures.ThreadPoolExecutor(max_workers=1) as work:
+            first, port = await start_server(cfg, engine=None, token=TOKEN, work=work)
+            try:
+                same = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}"))
+                with pytest.raises(ConfigError, match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
+                    await start_server(same, engine=None, token=TOKEN, work=work)
+            finally:
+                await first.stop(None)
+
+    asyncio.run(two_servers())
 
 
 def test_agent_bad_inputs_give_one_line_and_exit_2(workdir: Path) -> None:

@@ -24,19 +24,20 @@ def crash_between_the_writes_of_round(monkeypatch):
 
     def guarded(kind, write):
         def wrapper(*args, **kwargs):
-            tau = args[-1]["round"] if kind == "metrics" else args[-1].completed_round
+            # The writer may put several rounds' rows in one write (it fell behind).
+            rounds = [r["round"] for r in args[-1]] if kind == "metrics" else [args[-1].completed_round]
             if state["dead"]:
                 raise Crash(f"{kind} write after the crash")
-            if tau == state["round"]:
+            if state["round"] in rounds:
                 if state["first_done"]:
                     state["dead"] = True
-                    raise Crash(f"killed before the {kind} write of round {tau}")
+                    raise Crash(f"killed before the {kind} write of round {state['round']}")
                 state["first_done"] = True
             return write(*args, **kwargs)
         return wrapper
 
     monkeypatch.setattr(engine_module, "save_checkpoint", guarded("checkpoint", engine_module.save_checkpoint))
-    monkeypatch.setattr(MetricsWriter, "write", guarded("metrics", MetricsWriter.write))
+    monkeypatch.setattr(MetricsWriter, "write_many", guarded("metrics", MetricsWriter.write_many))
 
     def arm(round_index: int) -> dict:
         state["round"] = round_index
@@ -65,8 +66,9 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
     out = first.coordinator.out_dir
     ckpt = load_checkpoint(out / "checkpoint.pt", expected=first.coordinator.engine.expected)
     rows_at_crash = [r["round"] for r in read_metrics(out / "metrics.jsonl")]
-    # Whichever write came first, the disk now holds round 3 in exactly one of the two files.
-    assert (ckpt.completed_round, rows_at_crash) in ((2, [1, 2, 3]), (3, [1, 2]))
+    # Whichever write came first, the disk now holds round 3 in exactly one of the two files
+    # (a writer that fell behind skips older checkpoints: the last one may be round 1's).
+    assert (ckpt.completed_round < 3 and rows_at_crash == [1, 2, 3]) or (ckpt.completed_round, rows_at_crash) == (3, [1, 2])
 
     state["round"], state["dead"] = None, False  # the restarted process writes normally
     with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
@@ -78,7 +80,9 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
             second.close()
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
-    assert "metrics hold rows of rounds [3] that the checkpoint does not: they run again" in caplog.text
+    redone = list(range(ckpt.completed_round + 1, 4)) if ckpt.completed_round < 3 else []
+    if redone:
+        assert f"metrics hold rows of rounds {redone} that the checkpoint does not: they run again" in caplog.text
 
 
 def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
