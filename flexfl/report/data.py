@@ -7,7 +7,9 @@ A folder is one of three kinds (`detect`):
   `coordinator.toml` and `agent-*.toml`, read with their own config loaders. A simulation folder of today (`rounds.csv` + `summary.json`) holds
   per-round aggregates only and is read too.
 - a sweep: `schemes_<dataset>_final.csv` (with the per-run CSVs in `runs/schemes_<dataset>/`),
-  or such a work folder of `<setting>_T<j>_seed<s>_<scheme>.json/.csv` files itself.
+  or such a work folder of `<setting>_T<j>_seed<s>_<scheme>.json/.csv` files itself; or the
+  Table 3 page's `table3_runs.csv` (one dataset per reading, per-run CSVs in
+  `runs/table3_<dataset>/<reading>_<setting>_T<j>_seed<s>_<scheme>.csv`).
 - a trace set: `manifest.json` (read by `trace_recorder.format`, its only reader).
 
 `read_run` is the adapter: every field of a round record goes through `_round_row`, so a
@@ -31,6 +33,7 @@ METRICS_FILES = ("metrics.jsonl", "coordinator/metrics.jsonl")
 SIM_ROUNDS_CSV = "rounds.csv"
 TRACE_MANIFEST = "manifest.json"
 SWEEP_FINAL_RE = re.compile(r"^schemes_(?P<dataset>[A-Za-z0-9]+)_final\.csv$")
+TABLE3_RUNS = "table3_runs.csv"  # written by simulator.table3.write_page
 SWEEP_RUN_RE = re.compile(r"^(?P<setting>[a-z]+)_T(?P<num_traces>\d+)_seed(?P<seed>\d+)_(?P<scheme>[A-Z])\.json$")
 
 
@@ -91,8 +94,22 @@ class Run:
 class SweepDataset:
     dataset: str
     final: tuple[dict, ...]  # {setting, num_traces, seed, scheme, final_acc, final_loss}
-    runs_dir: Path | None  # holds <setting>_T<j>_seed<s>_<scheme>.csv per-round files
+    runs_dir: Path | None  # holds <prefix><setting>_T<j>_seed<s>_<scheme>.csv per-round files
     notes_file: Path | None = None
+    reading: str | None = None  # Table 3's reading of the paper's setup (its runs' file prefix)
+
+    @property
+    def key(self) -> str:
+        """Unique among a sweep's datasets (an HTML anchor)."""
+        return self.dataset if self.reading is None else f"{self.dataset}-{self.reading}"
+
+    @property
+    def title(self) -> str:
+        return self.dataset.upper() if self.reading is None else f"{self.dataset.upper()} ({self.reading})"
+
+    @property
+    def run_prefix(self) -> str:
+        return "" if self.reading is None else f"{self.reading}_"
 
 
 @dataclass(frozen=True)
@@ -111,11 +128,12 @@ def detect(path: Path) -> str:
         return "run"
     if (path / TRACE_MANIFEST).is_file():
         return "traces"
-    if any(SWEEP_FINAL_RE.match(p.name) for p in path.iterdir()) or any(SWEEP_RUN_RE.match(p.name) for p in path.iterdir()):
+    if (path / TABLE3_RUNS).is_file() or any(SWEEP_FINAL_RE.match(p.name) or SWEEP_RUN_RE.match(p.name)
+                                             for p in path.iterdir()):
         return "sweep"
     raise ReportError(
         f"{path}: not a run (run.json, metrics.jsonl, coordinator/metrics.jsonl or rounds.csv), "
-        f"a sweep (schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json) "
+        f"a sweep ({TABLE3_RUNS}, schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json) "
         f"or a trace set (manifest.json)")
 
 
@@ -326,9 +344,9 @@ def natural_key(text: str) -> tuple:
 
 
 def read_sweep(path: Path) -> Sweep:
-    """A results folder (schemes_<dataset>_final.csv) or a sweep's work folder of per-run files."""
+    """A results folder (table3_runs.csv, schemes_<dataset>_final.csv) or a sweep's work folder of per-run files."""
     path = Path(path)
-    datasets = []
+    datasets = _read_table3_runs(path) if (path / TABLE3_RUNS).is_file() else []
     for final in sorted(path.glob("schemes_*_final.csv")):
         m = SWEEP_FINAL_RE.match(final.name)
         if not m:
@@ -357,25 +375,40 @@ def read_sweep(path: Path) -> Sweep:
     return Sweep(path=path, datasets=tuple(datasets))
 
 
-def _read_final_csv(path: Path) -> tuple[dict, ...]:
+def _read_table3_runs(path: Path) -> list[SweepDataset]:
+    """One SweepDataset per (dataset, reading) of the Table 3 page's per-run summary."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row, raw in _read_final_csv(path / TABLE3_RUNS, extra=("dataset", "reading")):
+        groups.setdefault((raw["dataset"], raw["reading"]), []).append(row)
+    notes = path / "table3.md"
+    return [SweepDataset(dataset=dataset, final=tuple(rows), reading=reading,
+                         runs_dir=path / "runs" / f"table3_{dataset}" if (path / "runs" / f"table3_{dataset}").is_dir()
+                         else None, notes_file=notes if notes.is_file() else None)
+            for (dataset, reading), rows in groups.items()]
+
+
+def _read_final_csv(path: Path, *, extra: tuple[str, ...] = ()) -> tuple:
+    """The rows of a per-run summary CSV; with `extra` columns, (row, raw row) pairs."""
     rows = []
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        missing = {"setting", "num_traces", "seed", "scheme", "final_acc"} - set(reader.fieldnames or ())
+        missing = {"setting", "num_traces", "seed", "scheme", "final_acc", *extra} - set(reader.fieldnames or ())
         if missing:
             raise ReportError(f"{path}:1: missing columns {sorted(missing)}")
-        for row in reader:
+        for raw in reader:
             where = f"{path}:{reader.line_num}"
-            rows.append({"setting": row["setting"], "num_traces": _number(row["num_traces"], int, where, "num_traces"),
-                         "seed": _number(row["seed"], int, where, "seed"), "scheme": row["scheme"],
-                         "final_acc": _number(row["final_acc"], float, where, "final_acc"),
-                         "final_loss": _number(row.get("final_loss"), float, where, "final_loss")})
+            row = {"setting": raw["setting"], "num_traces": _number(raw["num_traces"], int, where, "num_traces"),
+                   "seed": _number(raw["seed"], int, where, "seed"), "scheme": raw["scheme"],
+                   "final_acc": _number(raw["final_acc"], float, where, "final_acc"),
+                   "final_loss": _number(raw.get("final_loss"), float, where, "final_loss")}
+            rows.append((row, raw) if extra else row)
     return tuple(rows)
 
 
-def read_sweep_curve(runs_dir: Path, *, setting: str, num_traces: int, seed: int, scheme: str) -> list[float] | None:
+def read_sweep_curve(runs_dir: Path, *, setting: str, num_traces: int, seed: int, scheme: str,
+                     prefix: str = "") -> list[float] | None:
     """Test accuracy per round of one sweep run, or None if its CSV is not there."""
-    path = runs_dir / f"{setting}_T{num_traces}_seed{seed}_{scheme}.csv"
+    path = runs_dir / f"{prefix}{setting}_T{num_traces}_seed{seed}_{scheme}.csv"
     if not path.is_file():
         return None
     return [r.test_acc if r.test_acc is not None else math.nan for r in _read_rounds_csv(path)]

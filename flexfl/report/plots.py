@@ -217,15 +217,16 @@ def durations_plot(d: dict[str, list], deadline_s: float | None) -> str:
 # ---- sweeps -------------------------------------------------------------------------------
 
 
-def sweep_improvements(dataset: str, table) -> str:
+def sweep_improvements(dataset: str, table, *, title: str | None = None) -> str:
     """% improvement per |T| (B over A, C over B): ours (mean, min-max over seeds) beside the paper's."""
     from simulator.paper import PAPER_TABLE3
 
+    name = title or dataset.upper()
     with mpl.rc_context(RC):
         fig, axes = _figure(10, 2.8 * len(table.settings), nrows=len(table.settings), ncols=2)
         for row, setting in enumerate(table.settings):
             paper = PAPER_TABLE3.get((dataset, setting), [])
-            for col, title in enumerate(("B over A", "C over B")):
+            for col, comparison in enumerate(("B over A", "C over B")):
                 ax = axes[row, col]
                 js = [j for j in table.num_traces if (setting, j) in table.ours_values]
                 vals = [table.ours_values[(setting, j)][col] for j in js]
@@ -236,13 +237,14 @@ def sweep_improvements(dataset: str, table) -> str:
                 if paper:
                     ax.plot(range(1, len(paper) + 1), [p[col] for p in paper], "s--", color="tab:gray", label="paper")
                 ax.axhline(0, color="black", lw=0.6)
-                ax.set(xlabel="|T|", ylabel="% improvement", title=f"{dataset.upper()} {setting.upper()}: {title}")
+                ax.set(xlabel="|T|", ylabel="% improvement", title=f"{name} {setting.upper()}: {comparison}")
                 ax.set_xticks(table.num_traces)
                 ax.legend(fontsize=7)
     return svg_uri(fig)
 
 
-def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarray]]) -> str:
+def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarray]], *,
+                title: str | None = None) -> str:
     """One panel per |T|: test accuracy per round of Schemes A/B/C, mean over seeds with the min-max band."""
     with mpl.rc_context(RC):
         cols = min(4, len(curves))
@@ -263,7 +265,7 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
             ax.set_visible(False)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-        fig.suptitle(f"{dataset.upper()} {setting.upper()}: test accuracy per round (mean, band: min-max over seeds)")
+        fig.suptitle(f"{title or dataset.upper()} {setting.upper()}: test accuracy per round (mean, band: min-max over seeds)")
     return svg_uri(fig)
 
 

@@ -223,7 +223,7 @@ def sweep_curves(ds: SweepDataset, setting: str) -> dict[int, dict[str, np.ndarr
         if r["setting"] != setting:
             continue
         curve = read_sweep_curve(ds.runs_dir, setting=setting, num_traces=r["num_traces"], seed=r["seed"],
-                                 scheme=r["scheme"])
+                                 scheme=r["scheme"], prefix=ds.run_prefix)
         if curve:
             out.setdefault(r["num_traces"], {}).setdefault(r["scheme"], []).append(curve)
     result: dict[int, dict[str, np.ndarray]] = {}

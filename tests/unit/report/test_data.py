@@ -133,5 +133,34 @@ def test_a_results_folder_and_its_work_folder_read_the_same(sweep_dir):
     assert read_sweep_curve(from_results.runs_dir, setting="iid", num_traces=3, seed=1, scheme="B") is None
 
 
+def test_the_table3_page_reads_as_one_dataset_per_reading(tmp_path):
+    """results/ of `flexfl sim table3`: table3_runs.csv, curves in runs/table3_<dataset>/<reading>_...csv."""
+    root = tmp_path / "results"
+    runs = root / "runs" / "table3_synthetic"
+    runs.mkdir(parents=True)
+    rows = [{"dataset": "synthetic", "reading": reading, "setting": "iid", "num_traces": 2, "seed": 0,
+             "scheme": scheme, "final_acc": acc, "final_loss": 1.0, "wall_s": 1.0}
+            for reading in ("per-label", "scaled") for scheme, acc in zip("ABC", (0.5, 0.6, 0.7))]
+    with open(root / "table3_runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(runs / "scaled_iid_T2_seed0_C.csv", "w", newline="") as f:
+        f.write("scheme,round,test_acc,test_loss\nC,1,0.25,1\nC,2,0.5,1\n")
+    assert detect(root) == "sweep"
+    datasets = read_sweep(root).datasets
+    assert [(d.dataset, d.reading, d.key, d.title) for d in datasets] == [
+        ("synthetic", "per-label", "synthetic-per-label", "SYNTHETIC (per-label)"),
+        ("synthetic", "scaled", "synthetic-scaled", "SYNTHETIC (scaled)")]
+    scaled = datasets[1]
+    assert [r["final_acc"] for r in scaled.final] == [0.5, 0.6, 0.7] and scaled.runs_dir == runs
+    assert read_sweep_curve(runs, setting="iid", num_traces=2, seed=0, scheme="C",
+                            prefix=scaled.run_prefix) == pytest.approx([0.25, 0.5])
+    assert read_sweep_curve(runs, setting="iid", num_traces=2, seed=0, scheme="C") is None
+    (root / "table3_runs.csv").write_text("dataset,setting,num_traces,seed,scheme,final_acc\n")
+    with pytest.raises(ReportError, match=r"table3_runs.csv:1: missing columns \['reading'\]"):
+        read_sweep(root)
+
+
 def test_natural_order():
     assert sorted(["dev-10", "dev-2", "dev-1"], key=natural_key) == ["dev-1", "dev-2", "dev-10"]
