@@ -206,6 +206,10 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
                 harness.start_agent(f"agent-{i}", agent_cfgs[i], device=0 if (i == 0 and fleet) else None)
                 running.add(i)
 
+            def gone(i: int) -> bool:
+                """Its last process's exit has been reported (harness.exits): a new one may start."""
+                return i not in running
+
             for i in range(devices):
                 if i not in plan.arrivals:
                     start(i)
@@ -237,11 +241,12 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
                     elif name == "coordinator":  # a killed one is replaced in harness.procs, never reported
                         raise SoakFailure(f"the coordinator exited with {code} unasked; see {coordinator.log_path}")
                 for i, at in list(pending.items()):
-                    if now >= at and i not in running:
+                    if now >= at and gone(i):
                         del pending[i]
                         start(i)
                 for i, until in list(departed_until.items()):
-                    if completed >= until:
+                    # A departing agent tells the coordinator first; under load that can take rounds.
+                    if completed >= until and gone(i):
                         del departed_until[i]
                         figures["rejoins"] += 1
                         start(i)

@@ -46,9 +46,16 @@ def crash_between_the_writes_of_round(monkeypatch):
     return arm
 
 
-def _run_agents(fleet: Fleet, n: int) -> None:
-    for i in range(n):
-        fleet.start_agent(i)
+def _train(cfg, *, resume: bool = False, agents: int = 3) -> Fleet:
+    """A coordinator and `agents` agents run to the end (or to the coordinator's "crash")."""
+    fleet = Fleet(cfg, resume=resume)
+    try:
+        for i in range(agents):
+            fleet.start_agent(i)
+        assert fleet.coordinator.wait(timeout=60)
+    finally:
+        fleet.close()
+    return fleet
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the "killed" engine thread
@@ -56,12 +63,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
                                                                   monkeypatch, caplog):
     cfg = live_config(rounds=5, n_devices=3, min_devices=3, deadline_s=5.0)
     state = crash_between_the_writes_of_round(3)
-    first = Fleet(cfg)
-    try:
-        _run_agents(first, 3)
-        assert first.coordinator.wait(timeout=60)
-    finally:
-        first.close()
+    first = _train(cfg)
     assert state["dead"], "the crash point was never reached"
     out = first.coordinator.out_dir
     ckpt = load_checkpoint(out / "checkpoint.pt", expected=first.coordinator.engine.expected)
@@ -72,12 +74,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
 
     state["round"], state["dead"] = None, False  # the restarted process writes normally
     with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
-        second = Fleet(cfg, resume=True)
-        try:
-            _run_agents(second, 3)
-            assert second.coordinator.wait(timeout=60)
-        finally:
-            second.close()
+        _train(cfg, resume=True)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
     redone = list(range(ckpt.completed_round + 1, 4)) if ckpt.completed_round < 3 else []
@@ -87,12 +84,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
 
 def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
     cfg = live_config(rounds=2, n_devices=3, min_devices=3, deadline_s=5.0)
-    fleet = Fleet(cfg)
-    try:
-        _run_agents(fleet, 3)
-        assert fleet.coordinator.wait(timeout=60)
-    finally:
-        fleet.close()
+    fleet = _train(cfg)
     metrics = fleet.coordinator.out_dir / "metrics.jsonl"
     MetricsWriter.rewrite(metrics, [r for r in read_metrics(metrics) if r["round"] != 1])  # as a crash used to
     with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
@@ -106,12 +98,7 @@ def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_c
     from flexfl.proto import fleet_pb2 as pb
 
     cfg = live_config(rounds=2, n_devices=4, min_devices=3, deadline_s=5.0)
-    fleet = Fleet(cfg)
-    try:
-        _run_agents(fleet, 3)
-        assert fleet.coordinator.wait(timeout=60)
-    finally:
-        fleet.close()
+    _train(cfg)
     resumed = with_changes(cfg, run={"rounds": 4, "resume_wait_s": 60.0})
     engine = Fleet(resumed, resume=True)  # nobody reconnects: it waits for its fleet
     try:
