@@ -316,10 +316,17 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
         if plan.squeeze and fleet is not None:
             lo, hi = figures.get("squeeze-on", 0), figures.get("squeeze-off", 0)
             figures["squeezed_rounds"] = [lo, hi]
-            squeezed = [r["s"].get("dev-0") for r in rows if lo < r["round"] <= hi and "dev-0" in r["s"]]
-            free = [r["s"].get("dev-0") for r in rows if r["round"] > hi + 2 and "dev-0" in r["s"]]
-            figures["dev0_zero_share_squeezed"] = float(np.mean([s == 0 for s in squeezed])) if squeezed else None
-            figures["dev0_zero_share_after"] = float(np.mean([s == 0 for s in free])) if free else None
+            def zero_share(first: int, last: float) -> float | None:
+                s0 = [r["s"]["dev-0"] for r in rows if first <= r["round"] <= last and "dev-0" in r["s"]]
+                return float(np.mean([s == 0 for s in s0])) if s0 else None
+
+            before, after = zero_share(1, lo), zero_share(hi + 3, np.inf)
+            figures["dev0_zero_share_before"] = before
+            figures["dev0_zero_share_squeezed"] = zero_share(lo + 1, hi)
+            figures["dev0_zero_share_after"] = after
+            if before is not None and after is not None and after > before + 0.5:
+                raise SoakFailure(f"dev-0 stayed idle after its link was unshaped: s = 0 in {after:.0%} of its "
+                                  f"rounds after round {hi + 2}, {before:.0%} before the squeeze")
     finally:
         if fleet is not None:
             fleet.down()

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.RESOURCE_EXHAUSTED}
+# Factor applied to the upload-time estimate in each round that sends no update (nothing to
+# measure): a device kept idle by a slow stretch of link tries again within a few rounds.
+UNMEASURED_UPLOAD_DECAY = 0.5
 
 
 class AgentError(FlexFLError):
@@ -322,8 +325,13 @@ class EdgeAgent:
                              local_loss=loss if np.isfinite(loss) else 0.0, payload=payload)
         t0 = time.monotonic()
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
-        if body:  # an empty (s = 0) push says nothing about how long a real upload takes
+        if body:
             self._upload_s = time.monotonic() - t0
+        elif self._upload_s:
+            # An empty (s = 0) push measures nothing, so an estimate too long for the deadline
+            # would never be measured again and one slow stretch of link would idle the device
+            # for good (seen in the soak). Each unmeasured round shrinks it until it tries again.
+            self._upload_s *= UNMEASURED_UPLOAD_DECAY
         self.rounds_done.append({"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
                                  "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate})
         log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s", self.cfg.device_id, header.round_id, s, E,

@@ -57,9 +57,12 @@ class Fleet:
             participation=kw.pop("participation", ParticipationConfig()), **kw,
         )
 
-    def start_agent(self, index: int, **kw) -> EdgeAgent:
+    def start_agent(self, index: int, *, before_run=None, **kw) -> EdgeAgent:
+        """Run agent `index` in a thread; `before_run(agent)` may set its state first."""
         cfg = self.agent_config(index, **kw)
         agent = EdgeAgent(cfg)
+        if before_run is not None:
+            before_run(agent)
         thread = threading.Thread(target=agent.run, name=cfg.device_id, daemon=True)
         thread.start()
         self.agents[cfg.device_id] = (agent, thread)

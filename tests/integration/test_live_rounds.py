@@ -44,6 +44,24 @@ def test_rounds_complete_and_accuracy_rises(live_config, fleet_factory):
     assert (fleet.coordinator.out_dir / "checkpoint.pt").exists()
 
 
+def test_a_device_idled_by_a_slow_upload_tries_again(live_config, fleet_factory):
+    """One slow stretch of link must not idle a device for good (found by the soak): an upload
+    estimate too long for the deadline makes the device send s = 0, which measures nothing, so
+    the estimate decays each such round until the device trains and measures again."""
+    fleet = fleet_factory(live_config(rounds=8, n_devices=2, min_devices=2, deadline_s=2.0))
+
+    def after_a_slow_upload(agent):
+        agent._upload_s = 16.0  # as if its last upload had taken 16 s
+
+    fleet.start_agent(0, before_run=after_a_slow_upload)
+    fleet.start_agent(1)
+    assert fleet.coordinator.wait(timeout=60)
+    s0 = [r["s"].get("dev-0", 0) for r in _metrics(fleet)]
+    assert s0[0] == 0, s0  # the estimate kept it from training
+    # 16 -> 8 -> 4 -> 2 -> 1 s: from round 5 it fits the 2 s deadline again.
+    assert all(s > 0 for s in s0[5:]), s0
+
+
 def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for):
     schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
     cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, scheme="C")
