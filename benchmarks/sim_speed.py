@@ -50,6 +50,7 @@ from edge_agent.trainer import device_rng, step_plan, train_local
 from simulator.fast_trainer import FastTrainer
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model
+from workloads.partition_spec import PartitionSpec
 
 MLP_PARAMS = 199_210
 MLP_BACKWARD_READ = 200 * 200 + 10 * 200  # fc2 and fc3 weights, read for input gradients
@@ -76,8 +77,8 @@ class Workload:
 def build_workload(name: str, *, participation: str, seed: int) -> Workload:
     n_devices = {"mnist": 100, "synthetic": 50}[name]
     d = DEFAULTS[name]
-    data = build_federated(name, n_devices=n_devices, iid=False, seed=seed,
-                           alpha=1.0 if name == "synthetic" else 0.0, beta=1.0 if name == "synthetic" else 0.0)
+    skew = {"alpha": 1.0, "beta": 1.0} if name == "synthetic" else {}
+    data = build_federated(PartitionSpec(dataset=name, n_devices=n_devices, iid=False, seed=seed, **skew))
     torch.manual_seed(seed)
     model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
     E = 20

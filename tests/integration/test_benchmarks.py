@@ -1,4 +1,4 @@
-"""The coordinator benchmark's machinery on a small fleet: light agents in two processes, real coordinator."""
+"""Benchmarks' machinery: the coordinator bench's light agents on a small fleet, and the simulator benchmark."""
 
 from __future__ import annotations
 
@@ -19,3 +19,22 @@ def test_light_agents_in_two_processes_answer_every_round_with_a_full_size_zero_
     assert all(model_bytes <= v < 1.2 * model_bytes for r in run.rows for v in r["bytes_in"].values())
     assert len(run.periods()) == 1 and run.periods()[0] > 0
     assert all(r["overhead_s"] is not None for r in run.rows[1:])
+
+
+def test_the_simulator_benchmark_runs_and_its_variants_agree():
+    """benchmarks.sim_speed (make performance) on its smallest setting: it runs, prints the
+    ratio line, and its fast and sequential aggregates agree (a broken import once left
+    results/performance.md with a traceback)."""
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "benchmarks.sim_speed", "--reps", "1", "--workloads", "synthetic"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"fast/sequential: min [\d.]+x", out.stdout), out.stdout
+    m = re.search(r"max \|variant - sequential\|: fast ([\d.e+-]+), plain ([\d.e+-]+) \(max \|sequential\| ([\d.e+-]+)\)",
+                  out.stdout)
+    assert m, out.stdout
+    fast, plain, scale = map(float, m.groups())
+    assert fast <= 1e-3 * scale and plain <= 1e-5 * scale, m.group(0)
