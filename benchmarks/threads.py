@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -71,8 +72,20 @@ def main(argv: list[str] | None = None) -> None:
             proc = ctx.Process(target=worker, args=(threads, q, results), daemon=True)
             proc.start()
             pools[threads].append((proc, q))
+    workers = [proc for pool in pools.values() for proc, _ in pool]
+
+    def result():
+        """The next worker's answer; exits with an error if a worker died (its traceback is above)."""
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in workers if p.exitcode is not None]
+                if dead:
+                    sys.exit(f"benchmarks.threads: a worker exited with code {dead[0].exitcode}")
+
     for _ in range(3):
-        results.get()
+        result()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.reps} reps of {args.rounds} rounds")
 
     def measure(config: str, trainer: str) -> float:
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         for q in queues:
             q.put((trainer, args.rounds))
-        done = [results.get() for _ in queues]
+        done = [result() for _ in queues]
         return sum(steps for steps, _ in done) / (time.perf_counter() - t0)
 
     rates: dict[tuple[str, str, bool], list[float]] = {}
