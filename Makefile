@@ -161,7 +161,7 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; minutes)
 	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
 
-test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 21-23 min cold)
+test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 17-23 min cold)
 	$(BIN)/python -m pytest -m "provision and arm64" tests/ansible
 
 # Debian's qemu-user-static and binfmt-support (apt) bring the interpreter and its binfmt
