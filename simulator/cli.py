@@ -293,7 +293,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     import json
 
     from simulator.executors import executor_for
-    from simulator.table3 import READINGS, elapsed, run_table3, write_page
+    from simulator.table3 import READINGS, elapsed, run_table3, wall_time, write_page
 
     readings = list(READINGS) if args.readings == "all" else [r.strip() for r in args.readings.split(",") if r.strip()]
     unknown = [r for r in readings if r not in READINGS]
@@ -307,12 +307,18 @@ def cmd_table3(args: argparse.Namespace) -> int:
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     started = time.perf_counter()
     if not args.report_only:
-        run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces, work_dir=work_dirs[args.dataset],
-                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-        timing[args.dataset] = (f"{elapsed(started)} for `flexfl sim table3 --dataset {args.dataset} "
-                                f"--readings {args.readings} --seeds {args.seeds}` (this run)")
-        args.out.mkdir(parents=True, exist_ok=True)
-        timing_path.write_text(json.dumps(timing, indent=1))
+        summaries = run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces,
+                               work_dir=work_dirs[args.dataset],
+                               executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+        computed = sum(not s.get("cached") for s in summaries)
+        cached = len(summaries) - computed
+        part = (f"{elapsed(started)} for `flexfl sim table3 --dataset {args.dataset} --readings {args.readings} "
+                f"--seeds {args.seeds}` ({computed} runs computed, {cached} cached)")
+        statement = wall_time(timing.get(args.dataset), part, computed=computed, cached=cached)
+        if statement is not None:
+            timing[args.dataset] = statement
+            args.out.mkdir(parents=True, exist_ok=True)
+            timing_path.write_text(json.dumps(timing, indent=1))
     page = write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
                       timing=timing, plots=lambda ds, info: _table3_plots(args.out, ds, info))
     print(f"Table 3 page: {page}")

@@ -179,6 +179,17 @@ def elapsed(started: float) -> str:
     return f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.2f} h"
 
 
+def wall_time(earlier: str | None, part: str, *, computed: int, cached: int) -> str | None:
+    """The wall-time statement after a sweep that took `part`; None: keep `earlier` (nothing computed).
+
+    A resumed sweep's time covers only the runs it computed, so it is added to the earlier
+    parts' statement, never put in its place; a sweep that found nothing cached starts anew.
+    """
+    if not computed:
+        return None
+    return f"{earlier}; then {part}" if earlier and cached else part
+
+
 # ---- the page ----------------------------------------------------------------------------------
 
 

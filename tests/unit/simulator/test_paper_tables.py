@@ -2,6 +2,7 @@
 
 import pytest
 
+from simulator.table3 import wall_time
 from simulator.table4 import recoveries
 from simulator.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy, choose_c
 
@@ -34,3 +35,12 @@ def test_auto_accuracy_and_the_chosen_constant():
     c, acc = choose_c(deps)
     assert acc == 1.0 and 5 / 20 ** 0.5 < c <= 10 / 20 ** 0.5
     assert auto_accuracy([_dep(None)], 1.0) == pytest.approx(2 / 7)  # no estimate: include
+
+
+def test_a_resumed_sweeps_time_is_added_to_the_earlier_parts_not_put_in_their_place() -> None:
+    first = wall_time(None, "1.3 h for seeds 0-1 (96 runs computed, 0 cached)", computed=96, cached=0)
+    assert first == "1.3 h for seeds 0-1 (96 runs computed, 0 cached)"
+    resumed = wall_time(first, "31 min for seeds 0-2 (48 runs computed, 96 cached)", computed=48, cached=96)
+    assert resumed == f"{first}; then 31 min for seeds 0-2 (48 runs computed, 96 cached)"
+    assert wall_time(resumed, "0.1 min (0 runs computed, 144 cached)", computed=0, cached=144) is None
+    assert wall_time(resumed, "2 h anew (144 runs computed, 0 cached)", computed=144, cached=0) == "2 h anew (144 runs computed, 0 cached)"
