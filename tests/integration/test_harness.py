@@ -23,13 +23,14 @@ from .conftest import make_config
 TOKEN = "harness-token"
 
 
-def _configs(tmp_path: Path, *, rounds: int = 2) -> tuple[Path, str]:
+def _configs(tmp_path: Path, *, rounds: int = 2, start_grace_s: float = 0.0) -> tuple[Path, str]:
     (tmp_path / "token").write_text(TOKEN)
     address = f"127.0.0.1:{free_port()}"
     cfg = make_config(tmp_path, n_devices=2, min_devices=2, rounds=rounds, deadline_s=5.0)
     cfg = cfg.__class__(server=cfg.server.__class__(listen=address, fleet_token_file=str(tmp_path / "token"),
                                                     pull_wait_s=0.5),
-                        partition=cfg.partition, rules=cfg.rules, run=RunConfig(rounds=rounds, deadline_s=5.0, min_devices=2),
+                        partition=cfg.partition, rules=cfg.rules, run=RunConfig(rounds=rounds, deadline_s=5.0, min_devices=2,
+                                                         start_grace_s=start_grace_s),
                         output=OutputConfig(dir=str(tmp_path / "out")))
     write_config(tmp_path / "c.toml", cfg)
     for i in range(2):
@@ -39,7 +40,9 @@ def _configs(tmp_path: Path, *, rounds: int = 2) -> tuple[Path, str]:
 
 
 def test_harness_waits_through_status_and_reports_exits(tmp_path: Path) -> None:
-    config, address = _configs(tmp_path)
+    # Two rounds of this size take well under a poll of the harness: the grace keeps the joined
+    # devices visible long enough for wait_joined to see them before the run ends.
+    config, address = _configs(tmp_path, start_grace_s=2.0)
     with Harness(tmp_path / "logs") as h:
         h.start_coordinator(config, address=address, token=TOKEN)
         st = h.wait_ready(timeout_s=120)

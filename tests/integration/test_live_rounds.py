@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from dataclasses import replace
 from pathlib import Path
 
+from coordinator import server
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
 from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
@@ -62,7 +65,20 @@ def test_a_device_idled_by_a_slow_upload_tries_again(live_config, fleet_factory)
     assert all(s > 0 for s in s0[5:]), s0
 
 
-def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for):
+@pytest.mark.parametrize("inline_uploads, worker", [(server.INLINE_UPLOADS, "grpc-server"), (0, "upload")])
+def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for,
+                                                                      monkeypatch, inline_uploads, worker):
+    """Also for both places an upload is summed: the event loop (few uploads in progress, the
+    default here) and the work threads (what a busier server uses)."""
+    monkeypatch.setattr(server, "INLINE_UPLOADS", inline_uploads)
+    threads = []
+    push = server.FleetServicer._push
+
+    def recording_push(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return push(self, *args, **kwargs)
+
+    monkeypatch.setattr(server.FleetServicer, "_push", recording_push)
     schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
     cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, scheme="C")
     fleet = fleet_factory(cfg)
@@ -78,6 +94,7 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
     rows = _metrics(fleet)
     assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+    assert len(threads) == 12 and all(name.startswith(worker) for name in threads), threads
 
 
 @pytest.mark.parametrize("policy", ["exclude", "include"])
