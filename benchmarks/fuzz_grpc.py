@@ -1,4 +1,4 @@
-"""Property-based fuzzing of a live coordinator's gRPC surface (Join, Leave, PullRound, PushUpdate, Status).
+"""Property-based fuzzing of a live coordinator's gRPC surface (Join, Leave, PullRound, PushUpdate, Session, Status).
 
 The target is a real `flexfl coordinator` process on loopback (flexfl.harness) with one
 round open: two honest devices ("honest-a", "honest-b") and one hostile but registered
@@ -287,8 +287,23 @@ def push_call(draw, target: Target):
 
 
 @st.composite
+def session_call(draw, target: Target):
+    """A Session stream: a defective update (push_call's) after a pull, or in its place.
+
+    Evil has had the round's model, so its session is offered nothing more: the coordinator
+    must refuse a stream that does not open with a pull, and otherwise answer WAIT while the
+    client's time limit runs out (DEADLINE_EXCEEDED); the update's checks are PushUpdate's.
+    """
+    _, who, (messages, _, defects), extra = draw(push_call(target))
+    pull = pb.UpdateChunk(pull=pb.PullRequest(device_id=who["device"], wait_s=draw(_floats)))
+    if draw(st.booleans()):
+        messages = [pull, *messages]
+    return "Session", who, (messages, None, defects), extra
+
+
+@st.composite
 def raw_call(draw, target: Target):
-    method = draw(st.sampled_from(["Join", "Leave", "PullRound", "PushUpdate", "Status", "Nope"]))
+    method = draw(st.sampled_from(["Join", "Leave", "PullRound", "PushUpdate", "Session", "Status", "Nope"]))
     # Not as evil where bytes may decode to a legitimate call: b"" is LeaveRequest(), a departure
     # evil may announce; some bytes decode to a valid s = 0 update.
     who = draw(identity(allow_evil=method not in ("Leave", "PushUpdate")))
@@ -301,7 +316,7 @@ def tcp_garbage(draw, target: Target):
     return "tcp", {}, preface + draw(st.binary(max_size=300)), []
 
 
-KINDS = {"push": push_call, "join": join_call, "leave": leave_call, "pull": pull_call, "status": status_call,
+KINDS = {"push": push_call, "session": session_call, "join": join_call, "leave": leave_call, "pull": pull_call, "status": status_call,
          "raw": raw_call, "tcp": tcp_garbage}
 
 
@@ -310,8 +325,8 @@ def calls(target: Target, only: tuple[str, ...] = ()):
     if only:
         return st.one_of(*(KINDS[k](target) for k in only))
     # Updates are the richest surface: a third of the calls.
-    return st.one_of(push_call(target), push_call(target), push_call(target), join_call(target), leave_call(target),
-                     pull_call(target), status_call(target), raw_call(target), tcp_garbage(target))
+    return st.one_of(push_call(target), push_call(target), push_call(target), session_call(target), join_call(target),
+                     leave_call(target), pull_call(target), status_call(target), raw_call(target), tcp_garbage(target))
 
 
 # ---- sending -----------------------------------------------------------------------------
@@ -340,6 +355,9 @@ def send(target: Target, call) -> str:
             elif kind.endswith("PullRound"):
                 for _ in c.channel.unary_stream(method)(body, metadata=md, timeout=5):
                     pass
+            elif kind.endswith("Session"):
+                for _ in c.channel.stream_stream(method)(iter([body, body[::-1]]), metadata=md, timeout=0.5):
+                    pass
             else:
                 c.channel.unary_unary(method)(body, metadata=md, timeout=5)
             return "OK"
@@ -366,6 +384,11 @@ def send(target: Target, call) -> str:
         if kind == "PullRound":
             for _ in c.stub.PullRound(body, metadata=md, timeout=10):
                 pass
+            return "OK"
+        if kind == "Session":
+            for reply in c.stub.Session(iter(body[0]), metadata=md, timeout=0.5):
+                if reply.WhichOneof("kind") == "reply":
+                    return "OK (update accepted)"  # never allowed: every update has a defect
             return "OK"
         getattr(c.stub, kind)(body, metadata=md, timeout=10)
         return "OK"
@@ -397,6 +420,10 @@ def allowed(kind: str, code: str) -> bool:
         return c in DOMAIN_CODES | {Code.OK, Code.INTERNAL, Code.UNIMPLEMENTED}
     if kind == "PushUpdate":
         return c in DOMAIN_CODES  # every fuzzed update has a defect
+    if kind == "Session":
+        # Refused (a defect the opening shows), WAITs until the client's limit, or OK for a stream
+        # that asked nothing; never an accepted update (send() says "OK (update accepted)").
+        return c in DOMAIN_CODES | {Code.OK}
     return c in DOMAIN_CODES | {Code.OK}
 
 
@@ -413,7 +440,7 @@ def fuzz_grpc(target: Target, examples: int, *, random_seed: int = 0, check_ever
         kind = call[0]
         code = send(target, call)
         target.tally[(kind, code)] += 1
-        assert allowed(kind, code), f"{kind} ended with {code}: {call[2][2] if kind == 'PushUpdate' else call}"
+        assert allowed(kind, code), f"{kind} ended with {code}: {call[2][2] if kind in ('PushUpdate', 'Session') else call}"
         done[0] += 1
         if done[0] % check_every == 0 and on_check is not None:
             on_check(done[0])

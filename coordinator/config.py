@@ -28,7 +28,7 @@ class ServerConfig:
     tls_key: str = path_field()
     tls_client_ca: str = path_field()
     max_update_mib: float = 64.0
-    pull_wait_s: float = 5.0  # longest a PullRound call is held before answering WAIT
+    pull_wait_s: float = 5.0  # longest a pull (PullRound or a Session's) is held before answering WAIT
 
     def __post_init__(self) -> None:
         split_host_port(self.listen, what="server.listen", allow_port_zero=True)  # port 0: pick a free one

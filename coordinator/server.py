@@ -5,7 +5,11 @@ by inheritance; the reason travels as trailing metadata (proto/options.py) so th
 act on code and reason, never on message text. Under mutual TLS a call may only claim the
 device its client certificate names (coordinator/identity.py).
 
-The server is grpc.aio on one event-loop thread: a PullRound parked until its device's next
+Agents take their rounds on one long-lived Session stream each (PullRound and PushUpdate on
+one call, proto/fleet.proto), so a round sets up no call; the two calls stay for agents from
+before it, and share their code with it.
+
+The server is grpc.aio on one event-loop thread: a pull parked until its device's next
 round holds a coroutine and a callback in the engine (RoundEngine.offer), not a thread, so
 a thousand long polls cost little; and no message hops between a polling thread and a
 handler thread. What takes CPU per upload (checksum, checks, adding the delta to the round's
@@ -49,6 +53,9 @@ log = logging.getLogger(__name__)
 # calls for at most a few ms; a busier server uses the pool, where the work runs in parallel.
 INLINE_UPLOADS = 8
 INLINE_MAX_BYTES = 4 << 20
+# A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
+# server.pull_wait_s when that is shorter.
+SESSION_MIN_WAIT_S = 1.0
 
 Code = grpc.StatusCode
 ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
@@ -135,6 +142,43 @@ class FleetServicer(pb_grpc.FleetServicer):
         async with _mapped(context):
             caller = self._caller(context)
             header, chunks = await self._pull(caller, wait_s=request.wait_s)
+        async for message in self._offer(caller, header, chunks):
+            yield message
+
+    async def Session(self, request_iterator: AsyncIterator[pb.UpdateChunk],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
+        """PullRound and PushUpdate on one stream (proto/fleet.proto): the device's rounds until FINISHED."""
+        requests = aiter(request_iterator)
+        async with _mapped(context):
+            caller = self._caller(context)
+            opening = await anext(requests, None)
+            if opening is None:
+                return
+            if opening.WhichOneof("kind") != "pull":
+                raise UpdateRejected(f"a session's first message must be a pull request, not {_kind(opening)}")
+        asked = opening.pull.wait_s
+        wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
+        while True:
+            async with _mapped(context):
+                header, chunks = await self._pull(caller, wait_s=wait_s)
+            async for message in self._offer(caller, header, chunks):
+                yield message
+            if header.status == pb.RoundHeader.FINISHED:
+                return
+            if header.status != pb.RoundHeader.ROUND:
+                continue
+            async with _mapped(context):
+                first = await anext(requests, None)
+                if first is None:  # the device closed its side (stopping)
+                    return
+                if first.WhichOneof("kind") != "header":
+                    raise UpdateRejected(f"round {header.round_id}: expected the update's header, got {_kind(first)}")
+                reply = await self._take_update(caller, first, requests, to_end=False)
+            yield pb.RoundChunk(reply=reply)
+
+    async def _offer(self, caller: str, header: pb.RoundHeader,
+                     chunks: tuple[pb.RoundChunk, ...]) -> AsyncIterator[pb.RoundChunk]:
+        """The messages of one offer: the header, then (a round) the model, which then counts as delivered."""
         first = pb.RoundChunk(header=header)
         yield first
         if header.status != pb.RoundHeader.ROUND:
@@ -173,47 +217,65 @@ class FleetServicer(pb_grpc.FleetServicer):
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         async with _mapped(context):
             caller = self._caller(context)
-            first = await anext(aiter(request_iterator), None)
-            if first is None or not first.HasField("header"):
+            requests = aiter(request_iterator)
+            first = await anext(requests, None)
+            if first is None or first.WhichOneof("kind") != "header":
                 raise UpdateRejected("the first message of an update must be its header")
-            header = first.header
-            self._same(caller, header.device_id, "update header")
+            return await self._take_update(caller, first, requests, to_end=True)
+
+    async def _take_update(self, caller: str, first: pb.UpdateChunk, rest: AsyncIterator[pb.UpdateChunk], *,
+                           to_end: bool) -> pb.PushReply:
+        """Receive, check and sum one update whose header is `first`; its data follows in `rest`.
+
+        to_end: the data runs to the end of the stream (PushUpdate); else it is exactly the
+        declared payload (Session, where the stream goes on).
+        """
+        header = first.header
+        self._same(caller, header.device_id, "update header")
+        try:
+            self.engine.check_push_header(caller, header)
+            self._uploads += 1
             try:
-                self.engine.check_push_header(caller, header)
-                self._uploads += 1
-                try:
-                    pieces, message_bytes = await self._receive(header, first, request_iterator)
-                    push = functools.partial(self._push, caller, header, pieces, message_bytes=message_bytes)
-                    if self._uploads <= INLINE_UPLOADS and header.payload.total_bytes <= INLINE_MAX_BYTES:
-                        return push()
-                    return await asyncio.get_running_loop().run_in_executor(self._work, push)
-                finally:
-                    self._uploads -= 1
-            except UpdateRejected as exc:
-                if not isinstance(exc, WrongRoundState):
-                    # The text, not the exception: a log record that keeps the exception keeps its
-                    # traceback's frames and the upload they hold (pytest's log capture does).
-                    log.warning("rejected update from %s: %s", caller, str(exc))
-                    self.engine.note_rejection(caller, header.round_id, str(exc))
-                raise
+                pieces, message_bytes = await self._receive(header, first.ByteSize(), rest, to_end=to_end)
+                push = functools.partial(self._push, caller, header, pieces, message_bytes=message_bytes)
+                if self._uploads <= INLINE_UPLOADS and header.payload.total_bytes <= INLINE_MAX_BYTES:
+                    return push()
+                return await asyncio.get_running_loop().run_in_executor(self._work, push)
+            finally:
+                self._uploads -= 1
+        except UpdateRejected as exc:
+            if not isinstance(exc, WrongRoundState):
+                # The text, not the exception: a log record that keeps the exception keeps its
+                # traceback's frames and the upload they hold (pytest's log capture does).
+                log.warning("rejected update from %s: %s", caller, str(exc))
+                self.engine.note_rejection(caller, header.round_id, str(exc))
+            raise
 
     def _push(self, caller: str, header: pb.UpdateHeader, pieces: list[bytes], *, message_bytes: int) -> pb.PushReply:
         """On a work thread: join, check and sum the update (copies and checksums off the event loop)."""
         data = wire.join(pieces, limit_bytes=self.max_update_bytes)
         return self.engine.push(caller, header, data, message_bytes=message_bytes)
 
-    async def _receive(self, header: pb.UpdateHeader, first: pb.UpdateChunk,
-                       rest: AsyncIterator[pb.UpdateChunk]) -> tuple[list[bytes], int]:
-        """The payload, refused as soon as it exceeds the limit or its declared size (never buffered past either)."""
+    async def _receive(self, header: pb.UpdateHeader, first_bytes: int, rest: AsyncIterator[pb.UpdateChunk], *,
+                       to_end: bool) -> tuple[list[bytes], int]:
+        """The payload, refused as soon as it exceeds the limit or its declared size (never buffered past either).
+
+        to_end: read to the end of the stream; else exactly the declared size.
+        """
         declared = header.payload.total_bytes
         if declared > self.max_update_bytes:
             raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
-        pieces, received, message_bytes = [], 0, first.ByteSize()
+        pieces, received, message_bytes = [], 0, first_bytes
         chunk = piece = None
         try:
-            async for chunk in rest:
-                if chunk.HasField("header"):
-                    raise UpdateRejected("a second header arrived inside the update stream")
+            while to_end or received < declared:
+                chunk = await anext(rest, None)
+                if chunk is None:
+                    if to_end:
+                        break
+                    raise UpdateRejected(f"the stream ended after {received} of the update's {declared} bytes")
+                if chunk.WhichOneof("kind") not in ("data", None):
+                    raise UpdateRejected(f"a {_kind(chunk)} message arrived inside the update's data")
                 piece = chunk.data  # each access copies
                 received += len(piece)
                 if received > declared:
@@ -229,6 +291,11 @@ class FleetServicer(pb_grpc.FleetServicer):
             chunk = piece = None
             raise
         return pieces, message_bytes
+
+
+def _kind(message: pb.UpdateChunk) -> str:
+    """What an update-stream message is, for errors: 'header', 'data', 'pull' or 'empty'."""
+    return message.WhichOneof("kind") or "empty"
 
 
 async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,

@@ -1,5 +1,9 @@
 """The edge agent: learn the partition, load its shard, join; then pull a round, train, upload; repeat.
 
+Rounds and updates travel on one long-lived Session stream (proto/fleet.proto), reopened
+after any error; against a coordinator without it (UNIMPLEMENTED) the agent makes a
+PullRound and a PushUpdate call per round instead.
+
 Deadline rule: after receiving the model the agent has `deadline_s`. Before each local
 update it checks that the time left covers one more update plus the upload (both
 estimated from what it measured so far) plus a small margin; otherwise it stops and
@@ -11,6 +15,7 @@ error reason (proto/options.py), never on message text.
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 import time
@@ -50,6 +55,49 @@ class AgentError(FlexFLError):
     """The agent cannot go on (its token or partition is refused, ...)."""
 
 
+class _Session:
+    """One Session call: this device's rounds and its answers, in order, on one stream.
+
+    The request side is fed from a queue, so that the agent's thread writes an update when
+    it has one; gRPC's RpcError surfaces from the reads (the call's status and reason).
+    """
+
+    def __init__(self, stub: pb_grpc.FleetStub, metadata: list[tuple[str, str]], pull: pb.PullRequest) -> None:
+        self._outbox: queue.SimpleQueue[pb.UpdateChunk | None] = queue.SimpleQueue()
+        self._outbox.put(pb.UpdateChunk(pull=pull))
+        self._call = stub.Session(iter(self._outbox.get, None), metadata=metadata)
+
+    def next_round(self) -> tuple[pb.RoundHeader, bytes]:
+        """The next header (WAIT after the pull's wait_s, FINISHED, or a ROUND with its model's bytes)."""
+        header = self._read("header").header
+        if header.status != pb.RoundHeader.ROUND:
+            return header, b""
+        return header, wire.join(self._data(header.payload.total_bytes), limit_bytes=header.payload.total_bytes)
+
+    def push(self, update: Iterator[pb.UpdateChunk]) -> pb.PushReply:
+        for message in update:
+            self._outbox.put(message)
+        return self._read("reply").reply
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._call.cancel()
+
+    def _data(self, total: int) -> Iterator[bytes]:
+        received = 0
+        while received < total:
+            piece = self._read("data").data
+            received += len(piece)
+            yield piece
+
+    def _read(self, kind: str) -> pb.RoundChunk:
+        message = next(self._call, None)
+        got = "the end of the stream" if message is None else message.WhichOneof("kind")
+        if got != kind:
+            raise AgentError(f"the coordinator's session stream sent {got} where a {kind} message belongs")
+        return message
+
+
 def hardware_facts() -> pb.HardwareFacts:
     """CPU, memory and OS facts (loadgen.hostinfo, from psutil and platform), sent when joining."""
     f = host_facts()
@@ -83,6 +131,8 @@ class EdgeAgent:
         self._samplers: dict[tuple, object] = {}
         self._channel = self._make_channel()
         self._stub = pb_grpc.FleetStub(self._channel)
+        self._session: _Session | None = None
+        self.per_round_calls = False  # the coordinator has no Session: a PullRound and a PushUpdate per round
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -119,10 +169,12 @@ class EdgeAgent:
                 if leave_after and header.round_id >= leave_after:
                     log.info("%s: leaving after round %d as scripted", self.cfg.device_id, header.round_id)
                     self.stop(announce=True)
+            self._end_session()
             if self._leave_on_stop:
                 self._leave()
             return 0
         finally:
+            self._end_session()
             self._channel.close()
 
     # ---- RPCs ------------------------------------------------------------------------
@@ -251,19 +303,8 @@ class EdgeAgent:
                         exc.code().name)
 
     def _pull(self, after_round: int) -> tuple[pb.RoundHeader | None, bytes]:
-        def call():
-            stream = self._stub.PullRound(
-                pb.PullRequest(device_id=self.cfg.device_id, after_round=after_round, wait_s=self.cfg.pull_wait_s),
-                metadata=self._metadata(), timeout=self.cfg.pull_wait_s + self.cfg.rpc_timeout_s)
-            first = next(stream)
-            if first.header.status != pb.RoundHeader.ROUND:
-                stream.cancel()
-                return first.header, b""
-            data = wire.join((c.data for c in stream), limit_bytes=first.header.payload.total_bytes)
-            return first.header, data
-
         try:
-            return self._retrying("pull", call)
+            return self._retrying("pull", lambda: self._call_pull(self._pull_request(after_round)))
         except grpc.RpcError as exc:
             if error_reason(exc) == ErrorReason.UNKNOWN_DEVICE:
                 # The coordinator lost us (fresh start without --resume): join again.
@@ -274,6 +315,37 @@ class EdgeAgent:
             if self._stop.is_set():
                 return None, b""
             raise self._refused("pull", exc) from None
+
+    def _pull_request(self, after_round: int) -> pb.PullRequest:
+        return pb.PullRequest(device_id=self.cfg.device_id, after_round=after_round, wait_s=self.cfg.pull_wait_s)
+
+    def _call_pull(self, request: pb.PullRequest) -> tuple[pb.RoundHeader, bytes]:
+        """The next offer: from the session stream (opened if need be), or by a PullRound call."""
+        if not self.per_round_calls:
+            fresh = self._session is None
+            if fresh:
+                self._session = _Session(self._stub, self._metadata(), request)
+            try:
+                return self._session.next_round()
+            except grpc.RpcError as exc:
+                self._end_session()
+                if not (fresh and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
+                    raise
+                log.info("%s: coordinator %s has no Session stream; a PullRound and a PushUpdate call per round",
+                         self.cfg.device_id, self.cfg.coordinator)
+                self.per_round_calls = True
+        stream = self._stub.PullRound(request, metadata=self._metadata(),
+                                      timeout=self.cfg.pull_wait_s + self.cfg.rpc_timeout_s)
+        first = next(stream)
+        if first.header.status != pb.RoundHeader.ROUND:
+            stream.cancel()
+            return first.header, b""
+        return first.header, wire.join((c.data for c in stream), limit_bytes=first.header.payload.total_bytes)
+
+    def _end_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     # ---- one round -------------------------------------------------------------------
 
@@ -345,10 +417,13 @@ class EdgeAgent:
                     yield pb.UpdateChunk(data=piece)
 
         try:
-            reply = self._stub.PushUpdate(messages(), metadata=self._metadata(), timeout=timeout)
-            return reply.message
+            if self._session is not None:
+                return self._session.push(messages()).message
+            return self._stub.PushUpdate(messages(), metadata=self._metadata(), timeout=timeout).message
         except grpc.RpcError as exc:
-            # A late or rejected update is this round's loss, not the agent's end.
+            # A late or rejected update is this round's loss, not the agent's end. A refusal ends
+            # the session stream: the next pull opens a new one.
+            self._end_session()
             return f"rejected: {exc.code().name}: {exc.details()}"
 
     def _ensure_model(self, desc: pb.ModelDescription) -> torch.nn.Module:

@@ -169,12 +169,14 @@ class RoundHeader(_message.Message):
     def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ..., trace_sampling: _Optional[str] = ..., s_rule: _Optional[str] = ...) -> None: ...
 
 class RoundChunk(_message.Message):
-    __slots__ = ("header", "data")
+    __slots__ = ("header", "data", "reply")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
     header: RoundHeader
     data: bytes
-    def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    reply: PushReply
+    def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., reply: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload")
@@ -197,12 +199,14 @@ class UpdateHeader(_message.Message):
     def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
-    __slots__ = ("header", "data")
+    __slots__ = ("header", "data", "pull")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     header: UpdateHeader
     data: bytes
-    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    pull: PullRequest
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("round_id", "accepted", "message")

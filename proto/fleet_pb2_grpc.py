@@ -54,6 +54,11 @@ class FleetStub:
                 request_serializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
                 response_deserializer=flexfl_dot_proto_dot_fleet__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/flexfl.v1.Fleet/Session',
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.RoundChunk.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/flexfl.v1.Fleet/Status',
                 request_serializer=flexfl_dot_proto_dot_fleet__pb2.StatusRequest.SerializeToString,
@@ -92,6 +97,19 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """PullRound and PushUpdate on one long-lived stream, what agents use: the device sends one
+        `pull` first; then for every ROUND the coordinator sends (header, then the model) the
+        device sends its update (header, then exactly payload.total_bytes of data) and the
+        coordinator answers with a `reply`. WAIT headers come every pull wait_s while no round is
+        due (at least 1 s apart); FINISHED ends the stream. A refused update ends it with the status code and reason
+        PushUpdate would give (the device opens a new one). Two RPCs per device and round fewer;
+        a coordinator without it answers UNIMPLEMENTED and agents fall back to the two calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """The coordinator's state: rounds, devices, partition (operators, the process harness).
         """
@@ -121,6 +139,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.PushUpdate,
                     request_deserializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.FromString,
                     response_serializer=flexfl_dot_proto_dot_fleet__pb2.PushReply.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.RoundChunk.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -236,6 +259,33 @@ class Fleet:
             '/flexfl.v1.Fleet/PushUpdate',
             flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
             flexfl_dot_proto_dot_fleet__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/flexfl.v1.Fleet/Session',
+            flexfl_dot_proto_dot_fleet__pb2.UpdateChunk.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.RoundChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,10 @@ def test_a_fuzzed_coordinator_still_serves_an_exact_round_without_growing():
     assert summary["by_kind"].get("PushUpdate", 0) > 50  # updates are the richest surface
     assert "OK" not in {code for kind_code in summary["by_kind_and_code"] for code in [kind_code.split(" -> ")[1]]
                         if kind_code.startswith("PushUpdate ->")}
+    codes = {kind_code.split(" -> ")[1] for kind_code in summary["by_kind_and_code"]
+             if kind_code.startswith("Session ->")}
+    assert summary["by_kind"].get("Session", 0) > 5 and "INVALID_ARGUMENT" in codes  # refusals on the stream
+    assert "OK (update accepted)" not in codes
     assert summary["rss_grown_mib"] < 64
     assert summary["rejections_recorded_for_evil"] >= 1
 
