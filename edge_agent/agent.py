@@ -55,29 +55,50 @@ class AgentError(FlexFLError):
     """The agent cannot go on (its token or partition is refused, ...)."""
 
 
+class _Silent(grpc.RpcError):
+    """The coordinator sent nothing on a session for longer than a call of the same kind may take."""
+
+    def __init__(self, what: str, limit_s: float) -> None:
+        super().__init__(what)
+        self._details = f"the coordinator sent no {what} on the session stream for {limit_s:g} s"
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+
 class _Session:
     """One Session call: this device's rounds and its answers, in order, on one stream.
 
     The request side is fed from a queue, so that the agent's thread writes an update when
-    it has one; gRPC's RpcError surfaces from the reads (the call's status and reason).
+    it has one; gRPC's RpcError surfaces from the reads (the call's status and reason). A
+    wait for the next header or for a reply is bounded like the call it replaces (the
+    coordinator sends WAIT every pull wait_s): past it the stream is cancelled and the read
+    raises DEADLINE_EXCEEDED, which the agent retries like any call that timed out.
     """
 
     def __init__(self, stub: pb_grpc.FleetStub, metadata: list[tuple[str, str]], pull: pb.PullRequest) -> None:
         self._outbox: queue.SimpleQueue[pb.UpdateChunk | None] = queue.SimpleQueue()
         self._outbox.put(pb.UpdateChunk(pull=pull))
         self._call = stub.Session(iter(self._outbox.get, None), metadata=metadata)
+        self._expired = threading.Event()
 
-    def next_round(self) -> tuple[pb.RoundHeader, bytes]:
+    def next_round(self, *, limit_s: float) -> tuple[pb.RoundHeader, bytes]:
         """The next header (WAIT after the pull's wait_s, FINISHED, or a ROUND with its model's bytes)."""
-        header = self._read("header").header
+        header = self._read("header", limit_s=limit_s).header
         if header.status != pb.RoundHeader.ROUND:
             return header, b""
         return header, wire.join(self._data(header.payload.total_bytes), limit_bytes=header.payload.total_bytes)
 
-    def push(self, update: Iterator[pb.UpdateChunk]) -> pb.PushReply:
+    def push(self, update: Iterator[pb.UpdateChunk], *, limit_s: float) -> pb.PushReply:
         for message in update:
             self._outbox.put(message)
-        return self._read("reply").reply
+        return self._read("reply", limit_s=limit_s).reply
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -90,12 +111,29 @@ class _Session:
             received += len(piece)
             yield piece
 
-    def _read(self, kind: str) -> pb.RoundChunk:
-        message = next(self._call, None)
+    def _read(self, kind: str, *, limit_s: float | None = None) -> pb.RoundChunk:
+        timer = None
+        if limit_s is not None:
+            timer = threading.Timer(limit_s, self._expire)
+            timer.daemon = True
+            timer.start()
+        try:
+            message = next(self._call, None)
+        except grpc.RpcError:
+            if self._expired.is_set():
+                raise _Silent(kind, limit_s) from None
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         got = "the end of the stream" if message is None else message.WhichOneof("kind")
         if got != kind:
             raise AgentError(f"the coordinator's session stream sent {got} where a {kind} message belongs")
         return message
+
+    def _expire(self) -> None:
+        self._expired.set()
+        self._call.cancel()
 
 
 def hardware_facts() -> pb.HardwareFacts:
@@ -326,7 +364,7 @@ class EdgeAgent:
             if fresh:
                 self._session = _Session(self._stub, self._metadata(), request)
             try:
-                return self._session.next_round()
+                return self._session.next_round(limit_s=self.cfg.pull_wait_s + self.cfg.rpc_timeout_s)
             except grpc.RpcError as exc:
                 self._end_session()
                 if not (fresh and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
@@ -418,7 +456,7 @@ class EdgeAgent:
 
         try:
             if self._session is not None:
-                return self._session.push(messages()).message
+                return self._session.push(messages(), limit_s=timeout).message
             return self._stub.PushUpdate(messages(), metadata=self._metadata(), timeout=timeout).message
         except grpc.RpcError as exc:
             # A late or rejected update is this round's loss, not the agent's end. A refusal ends

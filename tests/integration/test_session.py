@@ -3,6 +3,7 @@ status and changes nothing; agents fall back to per-round calls against a coordi
 
 from __future__ import annotations
 
+import asyncio
 import queue
 
 import grpc
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from coordinator import server
-from edge_agent.agent import EdgeAgent
+from edge_agent.agent import AgentError, EdgeAgent
 from edge_agent.config import ParticipationConfig
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
@@ -167,3 +168,20 @@ def test_agents_fall_back_to_per_round_calls_and_train_the_same_model(tmp_path, 
     assert [len(a.rounds_done) for a in agents] == [3, 3, 3]
     for name in on_session:  # updates are summed in arrival order: equal up to float32 rounding
         torch.testing.assert_close(per_round[name], on_session[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_silent_session_times_out_like_the_call_it_replaces(live_config, fleet_factory, monkeypatch):
+    """A coordinator that accepts the stream and then says nothing (not even WAIT) does not hold
+    the agent: the wait is bounded by pull_wait_s + rpc_timeout_s, as a PullRound's was."""
+
+    async def silent(self, request_iterator, context):
+        await asyncio.sleep(3600)
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(server.FleetServicer, "Session", silent)
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1))
+    agent = EdgeAgent(fleet.agent_config(0, rpc_timeout_s=0.5, give_up_after_s=2.5))  # pull_wait_s 0.5: 1 s per try
+    with pytest.raises(AgentError, match=r"gave up after \d+ s .* pull to coordinator .* keeps failing: no answer "
+                                         r"within the call's time limit \(the coordinator sent no header on the "
+                                         r"session stream for 1 s\)"):
+        agent.run()
