@@ -101,10 +101,11 @@ class FleetServicer:
         """PullRound and PushUpdate on one long-lived stream, what agents use: the device sends one
         `pull` first; then for every ROUND the coordinator sends (header, then the model) the
         device sends its update (header, then exactly payload.total_bytes of data) and the
-        coordinator answers with a `reply`. WAIT headers come every pull wait_s while no round is
-        due (at least 1 s apart); FINISHED ends the stream. A refused update ends it with the status code and reason
-        PushUpdate would give (the device opens a new one). Two RPCs per device and round fewer;
-        a coordinator without it answers UNIMPLEMENTED and agents fall back to the two calls.
+        coordinator answers with a `reply`. WAIT headers come every pull wait_s (raised to 1 s,
+        capped at server.pull_wait_s) while no round is due; FINISHED ends the stream. A refused
+        update ends it with the status code and reason PushUpdate would give (the device opens a
+        new one). Two RPCs per device and round fewer; a coordinator without it answers
+        UNIMPLEMENTED and agents fall back to the two calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
