@@ -8,8 +8,8 @@ Session did): read the model, check it (wire.decode: size, SHA-256, finite value
 s = E with a zero delta of the model's size, as the edge agent's no_train mode does, without
 loading data, torch or a trainer. The zero delta is encoded once per process
 (--encode-every-round: every round). That is what lets one 2-core box hold a thousand of
-them beside the coordinator. Exits when the coordinator says FINISHED; the exit code is the number of agents
-that failed (0: all finished).
+them beside the coordinator. Exits when the coordinator says FINISHED; the exit code is the
+number of agents that failed (0: all finished).
 """
 
 from __future__ import annotations
