@@ -316,8 +316,8 @@ def tcp_garbage(draw, target: Target):
     return "tcp", {}, preface + draw(st.binary(max_size=300)), []
 
 
-KINDS = {"push": push_call, "session": session_call, "join": join_call, "leave": leave_call, "pull": pull_call, "status": status_call,
-         "raw": raw_call, "tcp": tcp_garbage}
+KINDS = {"push": push_call, "session": session_call, "join": join_call, "leave": leave_call, "pull": pull_call,
+         "status": status_call, "raw": raw_call, "tcp": tcp_garbage}
 
 
 def calls(target: Target, only: tuple[str, ...] = ()):
@@ -440,7 +440,8 @@ def fuzz_grpc(target: Target, examples: int, *, random_seed: int = 0, check_ever
         kind = call[0]
         code = send(target, call)
         target.tally[(kind, code)] += 1
-        assert allowed(kind, code), f"{kind} ended with {code}: {call[2][2] if kind in ('PushUpdate', 'Session') else call}"
+        shown = call[2][2] if kind in ("PushUpdate", "Session") else call
+        assert allowed(kind, code), f"{kind} ended with {code}: {shown}"
         done[0] += 1
         if done[0] % check_every == 0 and on_check is not None:
             on_check(done[0])

@@ -109,7 +109,8 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
                     fragment = fragment.replace("'evil'", repr(dev.device_id))
                     dev.push(h, d)
                 elif label == "update before the pull":
-                    code, fragment = grpc.StatusCode.INVALID_ARGUMENT, "first message must be a pull request, not header"
+                    code = grpc.StatusCode.INVALID_ARGUMENT
+                    fragment = "first message must be a pull request, not header"
                     dev.read()
                 else:
                     dev.pull()
@@ -118,10 +119,12 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
                         code, fragment = grpc.StatusCode.INVALID_ARGUMENT, "expected the update's header, got data"
                         dev.send(pb.UpdateChunk(data=d))
                     elif label == "pull inside the data":
-                        code, fragment = grpc.StatusCode.INVALID_ARGUMENT, "a pull message arrived inside the update's data"
+                        code = grpc.StatusCode.INVALID_ARGUMENT
+                        fragment = "a pull message arrived inside the update's data"
                         dev.send(pb.UpdateChunk(header=h), pb.UpdateChunk(pull=pb.PullRequest()))
                     else:
-                        code, fragment = grpc.StatusCode.INVALID_ARGUMENT, f"stream ended after 100 of the update's {len(d)} bytes"
+                        code = grpc.StatusCode.INVALID_ARGUMENT
+                        fragment = f"stream ended after 100 of the update's {len(d)} bytes"
                         dev.send(pb.UpdateChunk(header=h), pb.UpdateChunk(data=d[:100]), close=True)
                     dev.read()
             assert err.value.code() == code, (label, err.value.details())
@@ -146,8 +149,8 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
 
 def _train(fleet, n: int) -> tuple[list[EdgeAgent], dict[str, torch.Tensor]]:
     # Ragged s, fixed per device and round, so that both runs train the same model.
-    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple((i + r) % 5 + 1 for r in range(3))))
-              for i in range(n)]
+    schedules = [tuple((i + r) % 5 + 1 for r in range(3)) for i in range(n)]
+    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=s)) for i, s in enumerate(schedules)]
     assert fleet.coordinator.wait(timeout=120)
     return agents, {k: v.clone() for k, v in fleet.coordinator.engine.params.items()}
 
