@@ -1,11 +1,15 @@
 """The local trainer: plain SGD for s local updates, returning the model delta.
 
 One local update is one minibatch SGD step (paper eq. (1)); `unit="epoch"` makes one update
-a full pass over the local data instead. Minibatches follow a *batch plan* drawn from a
-numpy Generator: consecutive batches of independent random permutations of the local
-indices. The plan for s updates is a prefix of the plan for E updates, so a device that is
-stopped early (deadline) has trained on exactly the first s batches a full round would use,
-and the simulator's batched trainer can replay the same plan.
+a pass over the local data instead: ceil(n_k / B) steps (steps_per_update), so a device's
+steps per round are proportional to its samples. Minibatches follow a *batch plan* drawn
+from a numpy Generator: consecutive batches of independent random permutations of the local
+indices, in both units (an epoch is the next ceil(n_k / B) batches of that stream: exactly
+one permutation when B divides n_k; otherwise its last batch runs into the next
+permutation, so each sample is seen once per permutation and no batch is short). The plan
+for s updates is a prefix of the plan for E updates, so a device that is stopped early
+(deadline) has trained on exactly the first batches a full round would use, and the
+simulator's trainers replay the same plan from a step count alone.
 """
 
 from __future__ import annotations
@@ -74,10 +78,19 @@ def step_plan(n_samples: int, *, batch_size: int, steps: int, rng: np.random.Gen
     return np.concatenate(perms)[:needed].reshape(steps, batch_size)
 
 
-def epoch_batches(n_samples: int, *, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One full pass: a fresh permutation cut into ceil(n / B) batches (the last may be short)."""
-    order = rng.permutation(n_samples)
-    return [order[i : i + batch_size] for i in range(0, n_samples, batch_size)]
+def steps_per_update(n_samples: int, *, batch_size: int, unit: Unit | str) -> int:
+    """SGD steps in one local update: 1 for a step, ceil(n_k / B) for an epoch (at least 1)."""
+    unit = _unit(unit)
+    if n_samples < 1 or batch_size < 1:
+        raise ConfigError(f"need n_samples >= 1 and batch_size >= 1, got {n_samples}, {batch_size}")
+    return 1 if unit is Unit.STEP else -(-n_samples // batch_size)
+
+
+def _unit(unit: Unit | str) -> Unit:
+    try:
+        return Unit(unit)
+    except ValueError:
+        raise ConfigError(f"unknown local update unit {unit!r}; use 'step' or 'epoch'") from None
 
 
 def train_local(
@@ -97,10 +110,7 @@ def train_local(
     early (the edge agent's deadline check); the result reports the updates completed.
     The delta is taken against the model's parameters at entry.
     """
-    try:
-        unit = Unit(unit)
-    except ValueError:
-        raise ConfigError(f"unknown local update unit {unit!r}; use 'step' or 'epoch'") from None
+    unit = _unit(unit)
     if updates < 0:
         raise ConfigError(f"updates must be >= 0, got {updates}")
     if not (math.isfinite(lr) and lr > 0):
@@ -109,14 +119,15 @@ def train_local(
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     x_all = torch.from_numpy(data.x)
     y_all = torch.from_numpy(data.y)
-    stream = step_batches(len(data), batch_size=batch_size, rng=rng) if unit is Unit.STEP else None
+    stream = step_batches(len(data), batch_size=batch_size, rng=rng)
+    per_update = steps_per_update(len(data), batch_size=batch_size, unit=unit)
     loss_fn = nn.CrossEntropyLoss()
     done = steps = samples = 0
     loss_sum = 0.0
     model.train()
     while done < updates and (keep_going is None or keep_going(done)):
-        batches = [next(stream)] if stream is not None else epoch_batches(len(data), batch_size=batch_size, rng=rng)
-        for idx in batches:
+        for _ in range(per_update):
+            idx = next(stream)
             index = torch.from_numpy(idx)
             loss = loss_fn(model(scaled(x_all[index])), y_all[index])
             model.zero_grad(set_to_none=True)

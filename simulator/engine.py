@@ -30,7 +30,7 @@ from coordinator.aggregation import stack_deltas
 from coordinator.metrics import round_row
 from coordinator.objective import DeparturePolicy
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
-from edge_agent.trainer import Unit, device_rng, train_local
+from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError
 from simulator.fast_trainer import FastTrainer
@@ -48,7 +48,8 @@ DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
 
 class TrainerKind(StrEnum):
     """fast: all devices of a round together (simulator.fast_trainer); plain: edge_agent.trainer per
-    device (the reference the fast one must equal); auto: fast unless updates are epochs."""
+    device (the reference the fast one must equal); auto: fast. Both count updates in either
+    unit: an epoch is ceil(n_k / B) steps of the same batch stream (edge_agent.trainer)."""
 
     AUTO = "auto"
     FAST = "fast"
@@ -151,14 +152,10 @@ class SimConfig:
         if self.traces.num_traces < 1:
             raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
         self.schedule.check(self.partition.n_devices, self.rounds)
-        if self.rules.unit is Unit.EPOCH and self.trainer is TrainerKind.FAST:
-            raise ConfigError("the fast trainer counts updates as SGD steps; use trainer = plain with unit = epoch")
 
     @property
     def trainer_kind(self) -> TrainerKind:
-        if self.trainer is not TrainerKind.AUTO:
-            return self.trainer
-        return TrainerKind.FAST if self.rules.unit is Unit.STEP else TrainerKind.PLAIN
+        return TrainerKind.FAST if self.trainer is TrainerKind.AUTO else self.trainer
 
 
 def device_id(shard: int) -> str:
@@ -189,7 +186,7 @@ class SimResult:
     records: list[RoundRecord] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # per round, coordinator.metrics.round_row schema
     trace_assignment: list[str] = field(default_factory=list)
-    device_updates: int = 0  # local updates actually computed, over all devices and rounds
+    device_updates: int = 0  # local SGD steps actually computed, over all devices and rounds (= updates in unit step)
     wall_s: float = 0.0
     final_params: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -367,7 +364,7 @@ class _RoundWork:
     weighing: Weighing
     rows: list[str]  # contributors, in the order of shards/steps
     shards: list[int]
-    steps: list[int]
+    steps: list[int]  # SGD steps: s x steps_per_update of the device
 
 
 class _Run:
@@ -386,6 +383,8 @@ class _Run:
         self.fed.apply_events(arrivals=[Arrival(device_id(k), int(data.sample_counts[k]))
                                         for k in range(n) if k not in late])
         self.shard = {device_id(k): k for k in range(n)}
+        batch = cfg.rules.batch_size_for(cfg.partition.dataset)
+        self.steps_per_update = [steps_per_update(len(d), batch_size=batch, unit=cfg.rules.unit) for d in data.train]
         self.result = SimResult(config=cfg, trace_assignment=list(getattr(participation, "trace_names", [])))
 
     def begin(self, tau: int) -> _RoundWork:
@@ -393,8 +392,9 @@ class _Run:
         s = {d: self.participation.draw(self.shard[d], tau) for d in opening.participants}
         weighing = self.fed.weigh(tau, s)
         rows = weighing.contributors  # only these change the model: train just them
-        return _RoundWork(opening=opening, s=s, weighing=weighing, rows=rows, shards=[self.shard[d] for d in rows],
-                          steps=[s[d] for d in rows])
+        shards = [self.shard[d] for d in rows]
+        return _RoundWork(opening=opening, s=s, weighing=weighing, rows=rows, shards=shards,
+                          steps=[s[d] * self.steps_per_update[k] for d, k in zip(rows, shards)])
 
     def end(self, work: _RoundWork, deltas: Mapping[str, torch.Tensor], losses: np.ndarray, *,
             train_s: float) -> RoundRecord:
@@ -422,7 +422,7 @@ class _Run:
         if not math.isfinite(loss):
             raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {work.opening.lr:g} "
                               "is too high for this setup")
-        self.result.device_updates += sum(s[d] for d in rows)
+        self.result.device_updates += sum(work.steps)
         coef = {d: c for d, c in zip(weighing.devices, weighing.coefficients.values)}
         w = np.array([coef[d] for d in rows])
         record = RoundRecord(
@@ -455,7 +455,7 @@ class _Trainer:
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,
               round_index: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-        """Deltas stacked in `shards` order and each row's mean minibatch loss."""
+        """Deltas stacked in `shards` order (row i: steps[i] SGD steps) and each row's mean minibatch loss."""
         if not shards:
             return {}, np.array([])
         rngs = [device_rng(self.cfg.seed, round_index, k) for k in shards]
@@ -469,8 +469,9 @@ class _Trainer:
             with torch.no_grad():
                 for name, p in self.model.named_parameters():
                     p.copy_(params[name])
+            # `steps` already counts epochs as their steps (same stream: edge_agent.trainer).
             res = train_local(self.model, self.data.train[k], updates=s, lr=lr, batch_size=self.batch_size, rng=rng,
-                              unit=self.cfg.rules.unit)
+                              unit="step")
             deltas.append(res.delta)
             losses.append(res.mean_loss)
         return stack_deltas(deltas), np.array(losses)

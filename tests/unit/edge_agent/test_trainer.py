@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.trainer import epoch_batches, step_batches, step_plan, train_local
+from edge_agent.trainer import step_batches, step_plan, steps_per_update, train_local
 from flexfl.errors import ConfigError
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
@@ -43,10 +43,20 @@ def test_step_plan_is_a_prefix_of_longer_plans():
     assert sorted(long.reshape(-1)[:23]) == list(range(23))
 
 
-def test_epoch_batches_cover_data_once():
-    batches = epoch_batches(23, batch_size=10, rng=np.random.default_rng(0))
-    assert [len(b) for b in batches] == [10, 10, 3]
-    assert sorted(np.concatenate(batches)) == list(range(23))
+def test_an_epoch_is_ceil_n_over_b_steps():
+    assert steps_per_update(23, batch_size=10, unit="epoch") == 3
+    assert steps_per_update(20, batch_size=10, unit="epoch") == 2
+    assert steps_per_update(4, batch_size=10, unit="epoch") == 1  # a device smaller than a batch still steps
+    assert steps_per_update(23, batch_size=10, unit="step") == 1
+    with pytest.raises(ConfigError, match="unit"):
+        steps_per_update(23, batch_size=10, unit="hour")
+
+
+def test_an_epoch_sees_every_sample_once_when_b_divides_n():
+    plan = step_plan(30, batch_size=10, steps=3 * steps_per_update(30, batch_size=10, unit="epoch"),
+                     rng=np.random.default_rng(0))
+    for epoch in plan.reshape(3, -1):
+        assert sorted(epoch) == list(range(30))
 
 
 def test_train_local_runs_s_steps_and_returns_delta():
@@ -79,7 +89,24 @@ def test_keep_going_stops_early_and_early_stop_is_a_prefix():
 
 def test_epoch_unit_makes_full_passes():
     res = train_local(_model(), _data(n=25), updates=2, lr=0.1, batch_size=10, rng=np.random.default_rng(0), unit="epoch")
-    assert res.updates_completed == 2 and res.steps_completed == 6 and res.samples_used == 50
+    assert res.updates_completed == 2 and res.steps_completed == 6 and res.samples_used == 60
+
+
+def test_epochs_are_the_step_stream_so_step_counts_replay_them():
+    """s epochs train exactly as s * ceil(n/B) steps: the simulator's trainers need only step counts."""
+    data = _data(n=25)
+    by_epoch, by_step = _model(), _model()
+    a = train_local(by_epoch, data, updates=3, lr=0.1, batch_size=10, rng=np.random.default_rng(4), unit="epoch")
+    b = train_local(by_step, data, updates=9, lr=0.1, batch_size=10, rng=np.random.default_rng(4), unit="step")
+    assert a.updates_completed == 3 and b.updates_completed == 9 and a.steps_completed == b.steps_completed == 9
+    for n in a.delta:
+        torch.testing.assert_close(a.delta[n], b.delta[n], rtol=0, atol=0)
+
+
+def test_keep_going_counts_epochs():
+    res = train_local(_model(), _data(n=25), updates=5, lr=0.1, batch_size=10, rng=np.random.default_rng(0),
+                      unit="epoch", keep_going=lambda done: done < 2)
+    assert res.updates_completed == 2 and res.steps_completed == 6
 
 
 def test_training_reduces_loss():
