@@ -312,7 +312,7 @@ class RoundEngine:
                 log.info("device %s announced departure (%s); policy %s", device_id, reason or "no reason",
                          self.cfg.rules.departure_policy)
             self._cond.notify_all()
-            return str(self.cfg.rules.departure_policy)  # "auto" is decided when the round closes (metrics)
+            return str(self.cfg.rules.departure_policy)  # auto, threshold: decided when the round closes (metrics)
 
     def pull_wait_s(self, wait_s: float) -> float:
         """How long a PullRound asking for `wait_s` may be held (server.pull_wait_s at most)."""

@@ -9,21 +9,30 @@ first round after a shift at tau_0 uses eta_0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
 
+from coordinator.gamma import GammaEstimates
 from flexfl.errors import ConfigError
 
 
 class DeparturePolicy(StrEnum):
     """include: keep a departed device's p^k (it contributes nothing); exclude: drop and renormalise;
-    auto: decide per departure by Corollary 4.3 (AutoDeparture)."""
+    auto: decide per departure by Corollary 4.3 (AutoDeparture); threshold: by the time left
+    alone (ThresholdDeparture)."""
 
     INCLUDE = "include"
     EXCLUDE = "exclude"
     AUTO = "auto"
+    THRESHOLD = "threshold"
+
+    @property
+    def decided_at_departure(self) -> bool:
+        """auto and threshold are rules, resolved to include or exclude when the departure takes effect."""
+        return self in (DeparturePolicy.AUTO, DeparturePolicy.THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -31,9 +40,10 @@ class AutoDeparture:
     """Corollary 4.3: exclude a device departing at tau_0 when T - tau_0 >= c * sqrt(Gamma_l * tau_0).
 
     T is the run's last round; Gamma_l = F_l(w*) - F_l* measures how non-IID the departing
-    device is, estimated by `Objective.gamma` (see there). The corollary fixes the rule up
-    to the constant c, which FlexFL chose on part of the Table 5 grid
-    (results/departure_auto.md): without a Gamma estimate (the device never trained) it includes.
+    device is, estimated by `Objective.gamma` (coordinator.gamma). The corollary fixes the
+    rule up to the constant c, chosen on the Table 5 grid (results/table5.md, `flexfl sim
+    table5`); c depends on the estimate's scale, so it must be chosen again whenever the
+    estimate changes. Without a Gamma estimate (fewer than two contributing rounds) it includes.
     """
 
     c: float
@@ -47,6 +57,25 @@ class AutoDeparture:
             return DeparturePolicy.INCLUDE
         return (DeparturePolicy.EXCLUDE if horizon - tau0 >= self.c * np.sqrt(max(gamma, 0.0) * tau0)
                 else DeparturePolicy.INCLUDE)
+
+
+@dataclass(frozen=True)
+class ThresholdDeparture:
+    """Exclude a device departing at tau_0 iff T - tau_0 >= k: the time left alone, no Gamma.
+
+    The baseline the auto rule must beat: if knowing how non-IID the device is (Gamma_l) is
+    worth anything, auto decides better than this rule, which ignores it. k is chosen on the
+    Table 5 grid, like auto's c (simulator/table5.py, results/table5.md).
+    """
+
+    k: float
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.k) and self.k >= 0):
+            raise ConfigError(f"the threshold departure rule's k must be a number >= 0, got {self.k!r}")
+
+    def decide(self, *, tau0: int, horizon: int) -> DeparturePolicy:
+        return DeparturePolicy.EXCLUDE if horizon - tau0 >= self.k else DeparturePolicy.INCLUDE
 
 
 @dataclass(frozen=True)
@@ -104,31 +133,19 @@ class Objective:
     departed_included: set[str] = field(default_factory=set)
     arrivals: dict[str, int] = field(default_factory=dict)  # device -> round of its arrival shift
     shift_round: int = 0
-    grad_sq: dict[str, list[float]] = field(default_factory=dict)  # device -> recent ||g_l||^2 samples
+    gammas: GammaEstimates = field(default_factory=GammaEstimates)
 
-    GAMMA_ROUNDS = 5  # Gamma_l is averaged over the device's last rounds with local updates
-
-    def note_update(self, device_id: str, *, delta_sq: float, lr: float, steps: int) -> None:
-        """Record one update of a device: ||delta||^2 of its s local SGD steps at rate lr."""
-        if device_id in self.sample_counts and steps > 0 and lr > 0 and np.isfinite(delta_sq):
-            samples = self.grad_sq.setdefault(device_id, [])
-            samples.append(float(delta_sq) / (lr * steps) ** 2)
-            del samples[:-self.GAMMA_ROUNDS]
+    def note_round(self, devices: Sequence[str], dissimilarity: np.ndarray) -> None:
+        """Record a round's dissimilarity sketches (coordinator.gamma.dissimilarities), row i devices[i]'s."""
+        self.gammas.note_round(devices, dissimilarity)
 
     def gamma(self, device_id: str) -> float | None:
-        """Estimate of Gamma_l = F_l(w*) - F_l* for a device (None before it trained).
+        """Estimate of Gamma_l = F_l(w*) - F_l* for a device (None before its second contributing round).
 
-        What a coordinator can know is the update itself: delta_l = -lr (g_1 + ... + g_s), so
-        ||delta_l|| / (lr s) is the norm of the device's mean local gradient, taken near the
-        global model. For the paper's mu-strongly convex, L-smooth F_l, Gamma_l lies between
-        ||grad F_l(w*)||^2 / (2L) and ||grad F_l(w*)||^2 / (2 mu), and grad F_l(w*) is zero
-        for a device whose data look like everyone's (IID) and large for a non-IID one. The
-        estimate is half that squared norm (units with L = 1; the rule's c absorbs L),
-        averaged over the device's last GAMMA_ROUNDS updates; minibatch noise adds a floor
-        that is the same for every device of the same batch size.
+        Half the mean product of the device's gradient dissimilarity g_k - g_bar in
+        consecutive contributing rounds, which has no minibatch-noise floor; see coordinator.gamma.
         """
-        samples = self.grad_sq.get(device_id)
-        return float(np.mean(samples)) / 2 if samples else None
+        return self.gammas.value(device_id)
 
     def add_initial(self, device_id: str, n_samples: int) -> None:
         """A device present from the start: no shift."""
@@ -147,11 +164,11 @@ class Objective:
         if device_id not in self.sample_counts:
             raise ConfigError(f"device {device_id!r} is not in the objective")
         policy = DeparturePolicy(policy)
-        if policy is DeparturePolicy.AUTO:
-            raise ConfigError("resolve the auto departure policy (AutoDeparture.decide) before applying it")
+        if policy.decided_at_departure:
+            raise ConfigError(f"resolve the {policy} departure policy (Federation.departure_policy) before applying it")
         if policy is DeparturePolicy.EXCLUDE:
             del self.sample_counts[device_id]
-            self.grad_sq.pop(device_id, None)
+            self.gammas.forget(device_id)
             self.departed_included.discard(device_id)
             self.arrivals.pop(device_id, None)
             self.shift_round = max(self.shift_round, round_index)
@@ -197,7 +214,7 @@ class Objective:
             "departed_included": sorted(self.departed_included),
             "arrivals": dict(self.arrivals),
             "shift_round": self.shift_round,
-            "grad_sq": {d: list(v) for d, v in self.grad_sq.items()},
+            "gammas": self.gammas.to_dict(),
         }
 
     @classmethod
@@ -208,7 +225,8 @@ class Objective:
                 departed_included=set(map(str, d["departed_included"])),
                 arrivals={str(k): int(v) for k, v in d["arrivals"].items()},
                 shift_round=int(d["shift_round"]),
-                grad_sq={str(k): [float(x) for x in v] for k, v in d.get("grad_sq", {}).items()},
+                # A checkpoint from before coordinator.gamma holds "grad_sq" instead: a fresh start.
+                gammas=GammaEstimates.from_dict(d.get("gammas", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"objective state is malformed: {exc!r}") from exc

@@ -9,6 +9,7 @@ Round tau under the rules (paper Sections 4.1-4.3):
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
             c_k   = scheme(s, E, p)                                (coordinator.aggregation)
             w    <- w + sum_k c_k delta_k
+            the contributors' (c_k > 0) updates feed the Gamma estimate (coordinator.gamma)
             then the membership events that took effect during tau change the objective:
             arrivals join it, departures leave it under their policy (include / exclude);
             a shift sets tau_0 = tau for the next rounds' learning rate.
@@ -23,12 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from coordinator.aggregation import Coefficients, RunningAggregate, Scheme, apply_update, coefficients
-from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective
+from coordinator.gamma import UpdateSketch, dissimilarities
+from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
+                                   ThresholdDeparture)
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -38,8 +42,12 @@ from workloads.partition_spec import Dataset
 
 # The constant of the auto departure rule: chosen on seeds 0-2 of the Table 5 grid (the grid
 # value that picked the better policy most often) and evaluated on seeds 3-4; see
-# results/table5.md and `flexfl sim table5`.
+# results/table5.md and `flexfl sim table5`. Chosen with FlexFL's earlier Gamma estimate
+# (||g_k||^2, not coordinator.gamma's dissimilarity, which is smaller): choose it again
+# with the current estimate (the Table 5 sweep does) before relying on `auto`.
 AUTO_C = 23.7137
+# The threshold rule's k (exclude iff T - tau_0 >= k): chosen on the Table 5 grid likewise.
+THRESHOLD_K = 40.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class RulesConfig:
     fast_reboot_decay_power: float = 2.0
     departure_policy: DeparturePolicy = DeparturePolicy.EXCLUDE
     auto_c: float = AUTO_C  # departure_policy = auto: exclude when T - tau_0 >= auto_c sqrt(Gamma_l tau_0)
+    threshold_k: float = THRESHOLD_K  # departure_policy = threshold: exclude when T - tau_0 >= threshold_k
     trace_sampling: Sampling = Sampling.IID
     s_rule: SRule = SRule.ROUND
 
@@ -74,6 +83,8 @@ class RulesConfig:
             raise ConfigError(f"rules.batch_size must be >= 1 (or left out for the paper's value), got {self.batch_size}")
         FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)  # validates
         AutoDeparture(c=self.auto_c)
+        if not (np.isfinite(self.threshold_k) and self.threshold_k >= 0):
+            raise ConfigError(f"rules.threshold_k (rounds left) must be a number >= 0, got {self.threshold_k!r}")
 
     def eta0_for(self, dataset: Dataset) -> float:
         return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
@@ -143,27 +154,24 @@ class RoundSum:
 
     p is fixed when the round opens (membership events wait for its close), so each update
     enters the sum at its final weight up to the scheme's round-wide factor; see
-    coordinator.aggregation.RunningAggregate.
+    coordinator.aggregation.RunningAggregate. An update that enters the sum (arrival weight
+    > 0: a contributor) is also sketched for the Gamma estimate (coordinator.gamma).
     """
 
     round_index: int
     p: dict[str, float]  # base weight of every objective member, fast-reboot boost included
     running: RunningAggregate
+    sketch: UpdateSketch
     s: dict[str, int] = field(default_factory=dict)
-    delta_sq: dict[str, float] = field(default_factory=dict)  # ||delta||^2 per device, for Objective.gamma
+    sketches: dict[str, np.ndarray] = field(default_factory=dict)  # contributor -> C delta, float64 [m]
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
         if device not in self.p:
             raise ConfigError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
-        self.running.add(device, s=s, p=self.p[device], delta=delta)
+        if self.running.add(device, s=s, p=self.p[device], delta=delta) > 0:
+            self.sketches[device] = self.sketch.of(delta)
         self.s[device] = int(s)
-        self.delta_sq[device] = sum(float(np.square(np.asarray(d), dtype=np.float64).sum()) for d in delta.values())
-
-
-def squared_norms(stacked: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """||delta_k||^2 over all tensors for each row k of {name: [K, n]} (float64)."""
-    return sum(torch.linalg.vector_norm(d, dim=1, dtype=torch.float64) ** 2 for d in stacked.values())
 
 
 @dataclass
@@ -181,6 +189,11 @@ class Federation:
     def E(self) -> int:
         return self.rules.required_updates
 
+    @cached_property
+    def sketch(self) -> UpdateSketch:
+        """The Gamma estimate's sketch of this model's updates (the same for every run of the model)."""
+        return UpdateSketch(self.params)
+
     def learning_rate(self, round_index: int) -> float:
         return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,
                                                                    shift_round=self.objective.shift_round)
@@ -197,7 +210,8 @@ class Federation:
         devices = self.objective.members()
         p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
         return RoundSum(round_index=opening.round_index, p=dict(zip(devices, p.tolist())),
-                        running=RunningAggregate(scheme=self.rules.scheme, E=self.E, like=self.params))
+                        running=RunningAggregate(scheme=self.rules.scheme, E=self.E, like=self.params),
+                        sketch=self.sketch)
 
     def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
         """p and the scheme's coefficients for the updates counts `s` (a member not in `s`: 0)."""
@@ -218,33 +232,37 @@ class Federation:
         The updates come either stacked or summed. Stacked: `deltas[name]` is [K, *shape]
         with row i the update of device rows[i]; it must hold (at least) every contributor of
         `weighing` (with none, pass rows=() and deltas={}: the model stays). Summed: a
-        RoundSum of this round, whose s `weighing` was made from. Each update's norm also
-        feeds Objective.gamma (how non-IID a device is: the auto departure rule).
+        RoundSum of this round, whose s `weighing` was made from. The contributors' updates
+        also feed Objective.gamma (how non-IID a device is: the auto departure rule), the
+        same ones either way (other rows are ignored).
         """
         tau = weighing.round_index
         lr = self.learning_rate(tau)
+        contributors = weighing.contributors
         if summed is not None:
             if deltas is not None or rows:
                 raise ConfigError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
             self._check_sum(weighing, summed)
-            for device, sq in summed.delta_sq.items():
-                self.objective.note_update(device, delta_sq=sq, lr=lr, steps=summed.s[device])
+            sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
             self.params = summed.running.apply(global_state=self.params, n_devices=len(weighing.devices))
         else:
             index = {d: i for i, d in enumerate(weighing.devices)}
-            missing = set(weighing.contributors) - set(rows)
+            missing = set(contributors) - set(rows)
             if missing:
                 raise ConfigError(f"round {tau}: no update given for contributors {sorted(missing)}")
             try:
                 device_rows = [index[d] for d in rows]
             except KeyError as exc:
                 raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
-            if device_rows:
-                stacked = {name: d.reshape(len(rows), -1) for name, d in deltas.items()}
-                for device, k, sq in zip(rows, device_rows, squared_norms(stacked).tolist()):
-                    self.objective.note_update(device, delta_sq=sq, lr=lr, steps=int(weighing.s[k]))
-                self.params = apply_update(global_state=self.params, deltas=deltas or {},
-                                           coefficients=weighing.coefficients, rows=device_rows)
+            params = self.params
+            if device_rows:  # apply_update checks the deltas before they are sketched
+                params = apply_update(global_state=self.params, deltas=deltas or {},
+                                      coefficients=weighing.coefficients, rows=device_rows)
+            row_of = {d: i for i, d in enumerate(rows)}
+            sketches = np.array([self.sketch.of({name: d[row_of[c]] for name, d in deltas.items()})
+                                 for c in contributors], dtype=np.float64)
+            self.params = params
+        self._note_gamma(weighing, contributors, sketches, lr=lr)
         self.completed_round = tau
         shifted_before = self.objective.shift_round
         for a in arrivals:
@@ -264,13 +282,24 @@ class Federation:
                             departures=tuple(applied), shifted=self.objective.shift_round != shifted_before,
                             departure_gammas=gammas)
 
+    def _note_gamma(self, weighing: Weighing, contributors: list[str], sketches: np.ndarray, *, lr: float) -> None:
+        """Feed the contributors' update sketches (row i: contributors[i]) to the Gamma estimate."""
+        if len(contributors) < 2:
+            return  # a lone contributor is its own aggregate direction (coordinator.gamma)
+        s = {d: int(v) for d, v in zip(weighing.devices, weighing.s)}
+        x = dissimilarities(sketches=sketches, s=[s[d] for d in contributors], lr=lr,
+                            p=[self.objective.sample_counts[d] for d in contributors])  # n_k: p^k unboosted
+        self.objective.note_round(contributors, x)
+
     def departure_policy(self, departure: Departure, *, tau0: int) -> DeparturePolicy:
-        """The policy a departure at the close of round tau0 gets: its own, else the rules'; auto resolved."""
+        """The policy a departure at the close of round tau0 gets: its own, else the rules'; rules resolved."""
         policy = DeparturePolicy(departure.policy or self.rules.departure_policy)
-        if policy is not DeparturePolicy.AUTO:
+        if not policy.decided_at_departure:
             return policy
         if self.horizon is None:
-            raise ConfigError("the auto departure policy needs the run's last round (Federation.horizon)")
+            raise ConfigError(f"the {policy} departure policy needs the run's last round (Federation.horizon)")
+        if policy is DeparturePolicy.THRESHOLD:
+            return ThresholdDeparture(k=self.rules.threshold_k).decide(tau0=tau0, horizon=self.horizon)
         return AutoDeparture(c=self.rules.auto_c).decide(tau0=tau0, horizon=self.horizon,
                                                          gamma=self.objective.gamma(departure.device))
 

@@ -89,18 +89,39 @@ def test_auto_departure_rule_follows_corollary_4_3():
         AutoDeparture(c=0.0)
 
 
-def test_gamma_estimate_is_half_the_mean_squared_local_gradient_and_survives_a_checkpoint():
+def test_threshold_departure_rule_looks_at_the_time_left_only():
+    from coordinator.objective import ThresholdDeparture
+
+    rule = ThresholdDeparture(k=30)
+    assert rule.decide(tau0=40, horizon=70) == "exclude"  # 30 rounds left
+    assert rule.decide(tau0=41, horizon=70) == "include"
+    assert ThresholdDeparture(k=0).decide(tau0=70, horizon=70) == "exclude"
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="k must be a number >= 0"):
+            ThresholdDeparture(k=bad)
+
+
+def test_gamma_estimate_is_half_the_mean_product_of_consecutive_dissimilarities_and_survives_a_checkpoint():
     obj = Objective()
     obj.add_initial("a", 10)
+    obj.add_initial("b", 10)
     assert obj.gamma("a") is None
-    # ||delta||^2 / (lr s)^2: a mean gradient of norm 2, 1, 0, 3, 2, 1 over six rounds.
-    for norm, lr, s in [(2, 0.1, 4), (1, 0.5, 2), (0, 1.0, 1), (3, 0.2, 5), (2, 0.1, 1), (1, 1.0, 3)]:
-        obj.note_update("a", delta_sq=(norm * lr * s) ** 2, lr=lr, steps=s)
-    assert obj.gamma("a") == pytest.approx((1 + 0 + 9 + 4 + 1) / 5 / 2)  # the last five, halved
-    assert Objective.from_dict(obj.to_dict()).gamma("a") == pytest.approx(obj.gamma("a"))
-    obj.note_update("stranger", delta_sq=1.0, lr=1.0, steps=1)
-    obj.note_update("a", delta_sq=float("nan"), lr=1.0, steps=1)
-    obj.note_update("a", delta_sq=1.0, lr=1.0, steps=0)
-    assert obj.gamma("stranger") is None and obj.gamma("a") == pytest.approx(1.5)
-    with pytest.raises(ConfigError, match="resolve the auto departure policy"):
-        obj.depart("a", round_index=3, policy="auto")
+    # x_a: (2, 0) in every round (a stable dissimilarity); x_b: (0, +-1) alternating (noise only).
+    for r in range(7):
+        obj.note_round(["a", "b"], np.array([[2.0 + (r == 6), 0.0], [0.0, (-1.0) ** r]]))
+    # a: products 4, 4, 4, 4, then 6 with the last round; the last five, halved.
+    assert obj.gamma("a") == pytest.approx((4 + 4 + 4 + 4 + 6) / 5 / 2)
+    assert obj.gamma("b") == 0.0  # mean product -1: noise around an IID device's 0
+    assert Objective.from_dict(obj.to_dict()) == obj
+    obj.note_round(["a"], np.array([[100.0, 0.0]]))  # a lone contributor: nothing to compare with
+    obj.note_round(["a", "b"], np.array([[np.nan, 0.0], [0.0, 1.0]]))  # a diverged update is skipped
+    assert obj.gamma("a") == pytest.approx(2.2)
+    # A checkpoint from before coordinator.gamma (squared norms) starts the estimate afresh.
+    old = {**obj.to_dict(), "grad_sq": {"a": [1.0]}}
+    del old["gammas"]
+    assert Objective.from_dict(old).gamma("a") is None
+    obj.depart("a", round_index=3, policy="exclude")
+    assert obj.gamma("a") is None and "a" not in obj.gammas.last
+    for policy in ("auto", "threshold"):
+        with pytest.raises(ConfigError, match=f"resolve the {policy} departure policy"):
+            obj.depart("b", round_index=3, policy=policy)

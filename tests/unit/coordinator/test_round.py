@@ -69,36 +69,53 @@ def test_bad_rounds_are_refused():
 
 
 def test_auto_departures_follow_the_gamma_estimate_and_the_horizon():
-    fed = _federation(departure_policy="auto", auto_c=1.0)
+    fed = _federation(departure_policy="auto", auto_c=1.0)  # a: 10 samples, b: 30
     fed.horizon = 50
-    # Rounds 1-3 at lr = 1/tau: a's 4 steps move it by 4 * lr * 2 (a mean gradient of norm 2),
-    # b's by 4 * lr * 0.1 (nearly IID).
-    for tau in (1, 2, 3):
-        lr = fed.learning_rate(tau)
-        d = torch.tensor([[4 * lr * 2.0, 0.0], [0.0, 4 * lr * 0.1]])
-        fed.close(fed.weigh(tau, {"a": 4, "b": 4}), deltas={"w": d}, rows=["a", "b"])
-    assert fed.objective.gamma("a") == pytest.approx(2.0) and fed.objective.gamma("b") == pytest.approx(0.005)
-    # At tau_0 = 4: a needs 50 - 4 >= sqrt(2.0 * 4) = 2.8: exclude.
+    # Rounds 1-3 at lr = 1/tau: a's mean local gradient is (2, 0), b's (0, 0), at any s. The
+    # aggregate direction is 0.25 (2, 0), so x_a = (1.5, 0) and x_b = (-0.5, 0) every round.
+    for tau, s in zip((1, 2, 3), ({"a": 4, "b": 1}, {"a": 1, "b": 4}, {"a": 2, "b": 3})):
+        d = torch.tensor([[-fed.learning_rate(tau) * s["a"] * 2.0, 0.0], [0.0, 0.0]])
+        fed.close(fed.weigh(tau, s), deltas={"w": d}, rows=["a", "b"])
+    assert fed.objective.gamma("a") == pytest.approx(1.5 ** 2 / 2) and fed.objective.gamma("b") == pytest.approx(0.125)
+    # At tau_0 = 4: a needs 50 - 4 >= sqrt(1.125 * 4) = 2.1: exclude.
     assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"
     fed.rules = RulesConfig(required_updates=4, eta0=1.0, departure_policy="auto", auto_c=30.0)
-    # With c = 30: a needs 46 >= 30 * 2.83 = 85: include; b needs 46 >= 30 * 0.14 = 4.2: exclude.
+    # Round 4's zero updates add products 0: Gamma_a = (2.25 + 2.25 + 0) / 3 / 2 = 0.75, Gamma_b = 0.083.
+    # With c = 30: a needs 46 >= 30 sqrt(0.75 * 4) = 52: include; b needs 46 >= 30 sqrt(0.083 * 4) = 17: exclude.
     out = fed.close(fed.weigh(4, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
                     departures=[Departure("a"), Departure("b")])
     assert out.departures == (("a", "include"), ("b", "exclude"))
-    assert out.departure_gammas["a"] == pytest.approx((4 + 4 + 4 + 0) / 4 / 2)  # round 4 zero update counts
+    assert out.departure_gammas == pytest.approx({"a": 0.75, "b": 0.25 * 2 / 3 / 2})
     assert fed.objective.members() == ["a"] and fed.objective.departed_included == {"a"}
+
+
+def test_threshold_departures_follow_the_time_left():
+    fed = _federation(departure_policy="threshold", threshold_k=46)
+    fed.horizon = 50
+    assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"  # 46 rounds left
+    assert fed.departure_policy(Departure("a"), tau0=5) == "include"
+    out = fed.close(fed.weigh(1, {}), deltas={}, rows=[], departures=[Departure("a"), Departure("b", "threshold")])
+    assert out.departures == (("a", "exclude"), ("b", "exclude"))  # 49 rounds left
+    with pytest.raises(ConfigError, match="threshold_k"):
+        RulesConfig(threshold_k=-1)
 
 
 @pytest.mark.parametrize("scheme", ["A", "B", "C"])
 def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
-    """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds."""
+    """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds.
+
+    Also the same Gamma estimates: both feed the contributors' updates only, so Scheme A's
+    incomplete updates, which the live coordinator receives (and which the stacked close is
+    given here), count on neither side.
+    """
     batch, live = _federation(scheme=scheme), _federation(scheme=scheme)
     g = torch.Generator().manual_seed(0)
     # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
     # complete (Scheme A discards it); in round 5 only the boosted newcomer answers.
     plan = {1: {"a": 4, "b": 2}, 2: {"a": 1, "b": 4}, 3: {"a": 3, "b": 0, "c": 2}, 4: {"a": 4, "b": 4, "c": 4},
-            5: {"c": 3}}
+            5: {"c": 3}, 6: {"b": 4, "c": 4}, 7: {"b": 2, "c": 4}, 8: {"b": 4, "c": 1}}
     events = {1: dict(arrivals=[Arrival("c", 40)]), 4: dict(departures=[Departure("a")])}
+    fed_incomplete = 0  # incomplete updates given to the stacked close but not contributing
     for tau, s in plan.items():
         deltas = {d: torch.randn(2, generator=g) for d in s}
         opening = live.open(tau)
@@ -109,23 +126,28 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
         w_live, w_batch = live.weigh(tau, summed.s), batch.weigh(tau, s)
         np.testing.assert_array_equal(w_live.coefficients.values, w_batch.coefficients.values)
         rows = list(s)
+        fed_incomplete += sum(0 < s[d] and d not in w_batch.contributors for d in rows)
         out_live = live.close(w_live, summed=summed, **events.get(tau, {}))
         out_batch = batch.close(w_batch, deltas={"w": torch.stack([deltas[d] for d in rows])}, rows=rows,
                                 **events.get(tau, {}))
         assert (out_live.arrivals, out_live.departures, out_live.shifted) == \
             (out_batch.arrivals, out_batch.departures, out_batch.shifted)
+        assert out_live.departure_gammas == pytest.approx(out_batch.departure_gammas)
         torch.testing.assert_close(live.params["w"], batch.params["w"], rtol=1e-6, atol=1e-6)
         if tau == 2:
             assert w_live.p[2] == pytest.approx(3 * 40 / 80)  # fast-reboot boost entered the sum's weights
         if tau == 3 and scheme == "A":
             assert w_live.coefficients.discarded
+    assert fed_incomplete > 0 if scheme == "A" else fed_incomplete == 0
     live_objective, batch_objective = live.objective.to_dict(), batch.objective.to_dict()
-    # The Gamma samples come from the same updates, summed in a different order.
-    live_gamma, batch_gamma = live_objective.pop("grad_sq"), batch_objective.pop("grad_sq")
+    # The Gamma state comes from the same updates, summed in a different order.
+    live_gamma, batch_gamma = live_objective.pop("gammas"), batch_objective.pop("gammas")
     assert live_objective == batch_objective
-    assert live_gamma.keys() == batch_gamma.keys() and live_gamma
-    for device, samples in live_gamma.items():
-        assert samples == pytest.approx(batch_gamma[device], rel=1e-9)
+    assert live_gamma["products"].keys() == batch_gamma["products"].keys() == {"b", "c"}
+    for part in ("last", "products"):
+        for device, values in live_gamma[part].items():
+            assert values == pytest.approx(batch_gamma[part][device], rel=1e-9, abs=1e-12)
+    assert live.objective.gamma("b") == pytest.approx(batch.objective.gamma("b"), rel=1e-9)
 
 
 def test_a_sum_that_does_not_match_its_weighing_is_refused():
