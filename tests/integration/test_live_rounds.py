@@ -100,7 +100,8 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
 @pytest.mark.parametrize("policy", ["exclude", "include"])
 def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_config, fleet_factory, wait_for,
                                                                          policy):
-    """Agents follow traces; dev-4 arrives (fast-reboot), dev-0 departs: the simulator ends with the same model."""
+    """Agents follow traces; dev-4 arrives (fast-reboot), dev-0 departs: the simulator ends with the same model
+    and the same Gamma estimate for dev-0."""
     n, rounds = 5, 8
     cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C", departure_policy=policy,
                       total_samples=2000, seed=3)
@@ -130,6 +131,9 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
         for key in ("p", "coefficients"):
             assert live_row[key] == pytest.approx(sim_row[key]), (key, live_row["round"])
         assert live_row["lr"] == pytest.approx(sim_row["lr"])
+        # The departed device's Gamma estimate: from updates summed as they arrived, and stacked.
+        assert live_row["departure_gammas"] == pytest.approx(sim_row["departure_gammas"], rel=1e-3, abs=1e-9)
+    assert rows[departure - 1]["departure_gammas"]["dev-0"] is not None  # dev-0 contributed in rounds 1-5
     assert any(0 < s < cfg.rules.required_updates for r in rows for s in r["s"].values())  # incomplete work
     # ... and the same global model.
     live = fleet.coordinator.engine.params
