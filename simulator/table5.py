@@ -14,7 +14,10 @@ The auto policy (coordinator.objective.AutoDeparture, Corollary 4.3) excludes wh
 T - tau_0 >= c sqrt(Gamma_l tau_0). Its constant c is chosen on seeds TUNE_SEEDS of this
 grid and evaluated on the other seeds: at each remaining horizon T - tau_0 in HORIZONS, the
 better policy is the one with the lower test loss at round T (each on its own test set, as
-the paper compares them), and auto is right when it picks that one.
+the paper compares them), and auto is right when it picks that one. Its baseline is the
+threshold policy (ThresholdDeparture), which excludes when T - tau_0 >= k and knows nothing
+of Gamma; both are also scored leave-one-seed-out: for each seed, c and k are chosen on the
+other seeds and scored on it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from coordinator.aggregation import Scheme
-from coordinator.objective import AutoDeparture, DeparturePolicy
+from coordinator.gamma import GAMMA_ROUNDS
+from coordinator.objective import AutoDeparture, DeparturePolicy, ThresholdDeparture
 from coordinator.round import AUTO_C, RulesConfig
 from simulator.curves import rounds_until_cross
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
@@ -45,6 +49,8 @@ POLICIES = ("include", "exclude", "auto")
 HORIZONS = (2, 5, 10, 20, 40, 80, 150)  # T - tau_0 at which auto is judged
 TUNE_SEEDS = (0, 1, 2)
 C_GRID = tuple(float(c) for c in np.round(np.logspace(-2, 2, 33), 4))
+# Every distinct threshold decision over HORIZONS: exclude from horizon h on, or never (ROUNDS).
+K_GRID = tuple(float(k) for k in (*HORIZONS, ROUNDS))
 
 
 def _ab(ab: tuple[float, float]) -> str:
@@ -123,6 +129,13 @@ def auto_accuracy(departures: Sequence[Departure], c: float) -> float:
     return float(np.mean(hits)) if hits else float("nan")
 
 
+def threshold_accuracy(departures: Sequence[Departure], k: float) -> float:
+    """Share of (departure, horizon) cases where "exclude iff T - tau_0 >= k" picks the better policy."""
+    hits = [ThresholdDeparture(k=k).decide(tau0=d.tau0, horizon=d.tau0 + h) == d.better(h)
+            for d in departures for h in HORIZONS if d.tau0 + h <= ROUNDS]
+    return float(np.mean(hits)) if hits else float("nan")
+
+
 def baseline_accuracy(departures: Sequence[Departure], policy: str) -> float:
     hits = [d.better(h) == policy for d in departures for h in HORIZONS if d.tau0 + h <= ROUNDS]
     return float(np.mean(hits)) if hits else float("nan")
@@ -133,6 +146,68 @@ def choose_c(departures: Sequence[Departure]) -> tuple[float, float]:
     scored = [(auto_accuracy(departures, c), -c) for c in C_GRID]
     best, neg_c = max(scored)
     return -neg_c, best
+
+
+def choose_k(departures: Sequence[Departure]) -> tuple[float, float]:
+    """The k of K_GRID with the best threshold accuracy on `departures` (the smallest of equals) and that accuracy."""
+    scored = [(threshold_accuracy(departures, k), -k) for k in K_GRID]
+    best, neg_k = max(scored)
+    return -neg_k, best
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One leave-one-seed-out fold: c and k chosen on the other seeds, accuracies on `seed`."""
+
+    seed: int
+    c: float
+    auto: float
+    k: float
+    threshold: float
+    include: float  # always include, on `seed`
+    exclude: float
+
+
+def leave_one_seed_out(departures: Sequence[Departure]) -> list[Fold]:
+    """Per seed: auto's c and threshold's k chosen on the other seeds' departures, both scored on this seed's."""
+    seeds = sorted({d.seed for d in departures})
+    if len(seeds) < 2:
+        raise ConfigError(f"leave-one-seed-out needs departures of two seeds or more, got seeds {seeds}")
+    folds = []
+    for seed in seeds:
+        train = [d for d in departures if d.seed != seed]
+        held = [d for d in departures if d.seed == seed]
+        c, _ = choose_c(train)
+        k, _ = choose_k(train)
+        folds.append(Fold(seed=seed, c=c, auto=auto_accuracy(held, c), k=k, threshold=threshold_accuracy(held, k),
+                          include=baseline_accuracy(held, "include"), exclude=baseline_accuracy(held, "exclude")))
+    return folds
+
+
+def loso_section(departures: Sequence[Departure]) -> str:
+    """The page's "auto vs threshold, leave-one-seed-out" section (Markdown)."""
+    folds = leave_one_seed_out(departures)
+    lines = ["| held-out seed | auto: c | auto right | threshold: k | threshold right | always include "
+             "| always exclude |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {f.seed} | {f.c:g} | {f.auto:.1%} | {f.k:g} | {f.threshold:.1%} | {f.include:.1%} | {f.exclude:.1%} |"
+              for f in folds]
+    mean = {name: float(np.mean([getattr(f, name) for f in folds]))
+            for name in ("auto", "threshold", "include", "exclude")}
+    lines.append(f"| mean | | **{mean['auto']:.1%}** | | **{mean['threshold']:.1%}** | {mean['include']:.1%} "
+                 f"| {mean['exclude']:.1%} |")
+    verdict = ("auto, which knows Gamma_l, beats the threshold rule, which does not"
+               if mean["auto"] > mean["threshold"] else
+               "auto does no better than the threshold rule: the Gamma estimate adds nothing here")
+    return f"""## auto vs threshold, leave-one-seed-out
+
+For each seed, auto's c (of C_GRID) and the threshold rule's k (exclude iff T - tau_0 >= k,
+k in {list(int(k) for k in K_GRID)}) are chosen on the other seeds, the smallest of equally
+good values; "right" is the share of that seed's (departure, horizon) cases where the rule
+picks the policy with the lower test loss at T.
+
+Mean over the {len(folds)} folds: {verdict}.
+
+""" + "\n".join(lines) + "\n"
 
 
 def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str):
@@ -186,10 +261,12 @@ below include's (1 = one round after the shift); "never" = not within the {ROUND
 
 `departure_policy = "auto"` (coordinator/objective.py AutoDeparture): exclude when
 T - tau_0 >= c sqrt(Gamma_l tau_0). Gamma_l is estimated from what the coordinator receives,
-the updates: ||delta_l||^2 / (lr s)^2 is the squared norm of the device's mean local
-gradient near the global model, which brackets Gamma_l for the paper's strongly convex,
-smooth objectives; half of it, averaged over the device's last 5 updates
-(coordinator.objective.Objective.gamma). Median Gamma estimate at the departure:
+the updates (coordinator/gamma.py): the device's mean local gradient g_l = -delta_l / (lr s)
+minus the round's p-weighted mean of those of all contributors is its gradient
+dissimilarity, grad F_l - grad F, whose square near w* brackets Gamma_l for the paper's
+strongly convex, smooth objectives. Half the product of two consecutive rounds' values,
+which unlike the square has no minibatch-noise floor (it would grow as 1/s), averaged over
+the device's last {GAMMA_ROUNDS} pairs. Median Gamma estimate at the departure:
 {", ".join(f"({ab[0]:g},{ab[1]:g}): {np.median(g):.3f}" for ab, g in gammas.items() if g)}.
 
 - c chosen on seeds {list(TUNE_SEEDS)} (the grid C_GRID, {len(C_GRID)} values from 0.01 to 100): **c = {c:g}**
@@ -201,7 +278,8 @@ smooth objectives; half of it, averaged over the device's last 5 updates
   {", ".join(f"{h}: {v:.0%}" for h, v in oracle_by_h.items())}.
 - The auto runs of the grid (T = {ROUNDS}, so T - tau_0 >= 150): excluded in
   {", ".join(f"({ab[0]:g},{ab[1]:g}): {auto_runs[ab]}/{sum(1 for d in deps if d.ab == ab)}" for ab in ALPHA_BETA)}.
-"""
+
+{loso_section(deps) if n_seeds > 1 else ""}"""
     from simulator.report import write_csv_atomic
 
     write_csv_atomic(out_dir / "table5_runs.csv", [

@@ -1,0 +1,76 @@
+"""Table 5's analysis on hand-made departures: the threshold rule, and auto vs threshold leave-one-seed-out."""
+
+import pytest
+
+from flexfl.errors import ConfigError
+from simulator.table5 import (ROUNDS, Departure, choose_k, leave_one_seed_out, loso_section, threshold_accuracy)
+
+
+def _dep(gamma, *, crossing_after, seed, tau0=20):
+    """Exclude is worse for `crossing_after` rounds after tau0, then better."""
+    include = {r: 1.0 for r in range(1, ROUNDS + 1)}
+    exclude = {r: (1.5 if tau0 < r < tau0 + crossing_after else 0.9) for r in range(1, ROUNDS + 1)}
+    return Departure(ab=(1.0, 1.0), tau0=tau0, seed=seed, include=include, exclude=exclude, include_active=include,
+                     gamma=gamma, auto_choice="exclude")
+
+
+def _grid(seeds=(0, 1, 2)):
+    """Per seed an IID departure (exclude pays off after 5 rounds) and a non-IID one (after 80).
+
+    Horizons 2, 5, 10, 20, 40, 80, 150. With tau_0 = 20, auto (exclude iff T - tau_0 >=
+    c sqrt(20 Gamma)) is right everywhere for c in (4.47, 8.94]; no single k is: k = 5 is
+    wrong for the non-IID device at 5-40, k = 80 for the IID one at 5-40 (10 of 14 right).
+    """
+    return [d for s in seeds for d in (_dep(0.01, crossing_after=5, seed=s), _dep(4.0, crossing_after=80, seed=s))]
+
+
+def test_the_threshold_rule_and_its_k():
+    deps = _grid(seeds=(0,))
+    assert threshold_accuracy(deps, 5) == pytest.approx(10 / 14)
+    assert threshold_accuracy(deps, 80) == pytest.approx(10 / 14)
+    assert threshold_accuracy(deps, 20) == pytest.approx(10 / 14)  # every k from 5 to 80 ties
+    assert threshold_accuracy(deps, ROUNDS) == pytest.approx(6 / 14)  # never exclude
+    assert choose_k(deps) == (5.0, pytest.approx(10 / 14))  # the smallest of equals
+    assert choose_k([_dep(0.01, crossing_after=5, seed=0)]) == (5.0, 1.0)
+
+
+def test_leave_one_seed_out_chooses_on_the_other_seeds_and_scores_the_held_out_one():
+    deps = _grid()
+    # Seed 2's IID device pays off only after 20 rounds. Trained on with seed 0 or 1, it makes
+    # k = 20 the best threshold (22 of 28 cases) and leaves c where it was (26 of 28); held
+    # out, both rules exclude it too early (at 5 and 10).
+    deps[-2] = _dep(0.01, crossing_after=20, seed=2)
+    folds = leave_one_seed_out(deps)
+    assert [f.seed for f in folds] == [0, 1, 2]
+    assert all(4.47 < f.c <= 8.94 for f in folds) and [f.k for f in folds] == [20.0, 20.0, 5.0]
+    assert [f.auto for f in folds] == [1.0, 1.0, pytest.approx(12 / 14)]
+    assert [f.threshold for f in folds] == [pytest.approx(10 / 14)] * 2 + [pytest.approx(8 / 14)]
+    assert folds[0].include == pytest.approx(6 / 14) and folds[0].exclude == pytest.approx(8 / 14)
+    with pytest.raises(ConfigError, match="two seeds or more"):
+        leave_one_seed_out(_grid(seeds=(0,)))
+
+
+def test_the_page_section_gives_each_fold_and_the_mean():
+    text = loso_section(_grid())
+    assert text.startswith("## auto vs threshold, leave-one-seed-out")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == ["| 0 | 5.6234 | 100.0% | 5 | 71.4% | 42.9% | 57.1% |",
+                        "| 1 | 5.6234 | 100.0% | 5 | 71.4% | 42.9% | 57.1% |",
+                        "| 2 | 5.6234 | 100.0% | 5 | 71.4% | 42.9% | 57.1% |",
+                        "| mean | | **100.0%** | | **71.4%** | 42.9% | 57.1% |"]
+    assert "auto, which knows Gamma_l, beats the threshold rule" in text
+    # When every device pays off after 5 rounds, k = 5 is always right and no c is (the
+    # non-IID device's Gamma makes auto wait): the page says so.
+    same = [_dep(g, crossing_after=5, seed=s) for s in (0, 1) for g in (0.01, 4.0)]
+    assert "auto does no better than the threshold rule" in loso_section(same)
+
+
+def test_write_page_puts_the_section_on_the_table5_page(tmp_path, monkeypatch):
+    import simulator.table5 as table5
+
+    deps = [d for s in (3, 4) for d in (_dep(0.01, crossing_after=5, seed=s), _dep(4.0, crossing_after=80, seed=s))]
+    monkeypatch.setattr(table5, "collect", lambda *, seeds, work_dir: deps)
+    path, _, _ = table5.write_page(tmp_path, work_dir=tmp_path, seeds=(3, 4), timing="1 min")
+    page = path.read_text()
+    assert "## auto vs threshold, leave-one-seed-out" in page
+    assert "| 3 | 5.6234 | 100.0% | 5 | 71.4% |" in page and "| mean | | **100.0%** | | **71.4%** |" in page
