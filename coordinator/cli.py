@@ -30,8 +30,14 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
                     help="boost an arriving device's weight (default on)")
     fr.add_argument("--no-fast-reboot", dest=dest("fast_reboot"), action="store_false", help="no boost on arrival")
     g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float, help="fast-reboot boost at arrival (default 3)")
-    g.add_argument("--departure-policy", dest=dest("departure_policy"), choices=["include", "exclude"],
-                   help="what a departure does to the objective (default exclude)")
+    g.add_argument("--departure-policy", dest=dest("departure_policy"),
+                   choices=["include", "exclude", "auto", "threshold"],
+                   help="what a departure does to the objective (default exclude); auto and threshold decide "
+                        "include or exclude per departure")
+    g.add_argument("--auto-c", dest=dest("auto_c"), type=float,
+                   help="auto: exclude when T - tau_0 >= c sqrt(Gamma_l tau_0) (default: chosen on Table 5)")
+    g.add_argument("--threshold-k", dest=dest("threshold_k"), type=float,
+                   help="threshold: exclude when T - tau_0 >= k rounds (default: chosen on Table 5)")
     g.add_argument("--sampling", dest=dest("trace_sampling"), choices=["iid", "replay"],
                    help="s per round: drawn i.i.d. from the device's trace (default) or in order")
     g.add_argument("--s-rule", dest=dest("s_rule"), choices=["round", "floor"], help="trace fraction -> s (default round)")
