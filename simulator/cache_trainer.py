@@ -1,0 +1,137 @@
+"""Cache-resident local training: each row (a device in a run) trains alone, its weights in cache.
+
+`CacheTrainer(model, shards, batch_size=B).train(start, shard_of_row=, steps=, lr=, rngs=,
+start_of_row=, out=, mu=)` takes the arguments of `simulator.fast_trainer.FastTrainer.train`
+and returns what it returns: the deltas {name: [R, *shape]} (trained - start, row order as
+given) and each row's mean minibatch loss (float64 [R], nan for 0 steps). The batches are the
+same (`simulator.rows.batch_plan`: edge_agent.trainer.step_plan per row, rows that share a
+Generator object share its batches), and so is the arithmetic up to float32 rounding:
+row i equals `edge_agent.trainer.train_local(unit="step")` on its shard with rngs[i] to float
+tolerance (tests/unit/simulator/test_cache_trainer.py). `mu` > 0 adds FedProx's proximal
+term mu * (w - w_start) to every gradient.
+
+How it differs from FastTrainer (MLP and logistic regression, chains of Linear + ReLU):
+- One row at a time, all its steps: the MLP's 0.8 MB of weights (logistic regression's
+  2.4 KB) stay in the core's cache from the first step to the last, and a row costs only its
+  own steps, however ragged the steps of a round are (no padding to the longest row).
+- A step runs inside numba-compiled loops (simulator.row_kernels), no Python per step and no
+  autograd: forward, softmax cross-entropy by hand (clamped at -40 as FastTrainer), input
+  gradients, and the SGD update fused into the weight-gradient product (w is read and written
+  once per step). Each row trains in place in its slice of the delta buffer.
+The CNN has no kernel here: its rows go to FastTrainer, which trains them one by one through
+autograd (a CNN step is ~0.75 GFLOP of convolutions; cache residency does not change that).
+
+The first train() of a process loads the kernels from numba's cache, or compiles them
+(~10 s) where the cache is missing or the CPU differs. One thread, the caller's.
+Speed: python -m benchmarks.sim_speed --variants cache,fast,sequential,torchloop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from flexfl.errors import ConfigError
+from simulator import row_kernels
+from simulator.fast_trainer import FastTrainer
+from simulator.rows import batch_plan, check_rows, delta_buffers, mean_losses, row_arguments
+from workloads.datasets import ArrayDataset, scaled
+from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
+
+LAYERS = {
+    MnistMLP: [("fc1.weight", "fc1.bias"), ("fc2.weight", "fc2.bias"), ("fc3.weight", "fc3.bias")],
+    LogisticRegression: [("linear.weight", "linear.bias")],
+}
+
+
+class CacheTrainer:
+    """Trains rows (devices x runs) one after another, each in cache through all its steps."""
+
+    def __init__(self, model: nn.Module, shards: Sequence[ArrayDataset], *, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if not shards:
+            raise ConfigError("CacheTrainer needs at least one shard")
+        self.batch_size = batch_size
+        self.model = model
+        self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self._cnn: FastTrainer | None = None
+        if isinstance(model, EmnistCNN):
+            self._cnn = FastTrainer(model, shards, batch_size=batch_size)
+            return
+        layers = LAYERS.get(type(model))
+        if layers is None:
+            raise ConfigError(f"CacheTrainer has no kernel for {type(model).__name__}; use the plain trainer")
+        self._layers = layers
+        self.sizes = np.array([len(d) for d in shards], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        # All shards in one flat array; a row's batch is gathered by global index.
+        self.x = np.ascontiguousarray(scaled(np.concatenate([d.x.reshape(len(d), -1) for d in shards])),
+                                      dtype=np.float32)
+        self.y = np.concatenate([d.y for d in shards]).astype(np.int64)
+        num_classes = self.shapes[layers[-1][1]][0]
+        if len(self.y) and (int(self.y.max()) >= num_classes or int(self.y.min()) < 0):
+            raise ConfigError(f"labels span {int(self.y.min())}..{int(self.y.max())} but the model has "
+                              f"{num_classes} classes")
+        # Activations h[l] [B, width] (h[0] the batch) and output gradients g[l] of layer l, reused by every call.
+        widths = [self.shapes[w][1] for w, _ in layers] + [num_classes]
+        self._h = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths)
+        self._g = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths[1:])
+
+    def train(
+        self,
+        start: dict[str, torch.Tensor],
+        *,
+        shard_of_row: Sequence[int] | np.ndarray,
+        steps: Sequence[int] | np.ndarray,
+        lr: float | Sequence[float] | np.ndarray,
+        rngs: Sequence[np.random.Generator],
+        start_of_row: Sequence[int] | np.ndarray | None = None,
+        out: dict[str, torch.Tensor] | None = None,
+        mu: float = 0.0,
+    ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+        """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
+
+        The arguments are FastTrainer.train's: `start` one global dict or {name: [G, *shape]}
+        chosen by `start_of_row` (default G = R, row i from its own); `out` receives the deltas
+        in its first R rows; `mu` > 0 adds FedProx's mu * (w - w_start) to every gradient (the
+        reported loss stays the minibatch cross-entropy).
+        """
+        if self._cnn is not None:
+            return self._cnn.train(start, shard_of_row=shard_of_row, steps=steps, lr=lr, rngs=rngs,
+                                   start_of_row=start_of_row, out=out, mu=mu)
+        shard_of_row, steps, lrs, source = row_arguments(shard_of_row, steps, lr, start_of_row)
+        n_rows = len(steps)
+        check_rows(self.shapes, len(self.sizes), start, shard_of_row, steps, lrs, rngs, source,
+                   given_sources=start_of_row is not None, mu=mu)
+        # Start models as [G, *shape] arrays: a global start is one model (G = 1) that every row
+        # starts from; a global parameter beside stacked ones is repeated per row.
+        stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
+        if not any(stacked.values()):
+            source = np.zeros(n_rows, dtype=np.int64)
+        starts = {}
+        for n, shape in self.shapes.items():
+            t = start[n].detach().to(torch.float32)
+            if not stacked[n]:
+                t = t.unsqueeze(0) if not any(stacked.values()) else t.expand(n_rows, *shape)
+            starts[n] = t.contiguous().numpy()
+        deltas = delta_buffers(self.shapes, n_rows, out)
+
+        # Sorted by steps, descending, as batch_plan needs (rows sharing a Generator: the longest draws).
+        order = np.argsort(-steps, kind="stable")
+        training = order[: int(np.count_nonzero(steps))]
+        plan = batch_plan(training, steps[training], shard_of_row, rngs, sizes=self.sizes, offsets=self.offsets,
+                          batch_size=self.batch_size)
+        for d in deltas.values():
+            d[torch.from_numpy(order[len(training):])] = 0.0
+        loss_sum = np.zeros(n_rows)
+        buffers = {n: d.numpy() for n, d in deltas.items()}
+        row_kernels.train_rows(
+            self.x, self.y, plan, training, steps[training], lrs[training], float(mu), source[training],
+            tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
+            tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),
+            self._h, self._g, loss_sum)
+        return deltas, mean_losses(steps, loss_sum)
