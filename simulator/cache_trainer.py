@@ -80,6 +80,8 @@ class CacheTrainer:
         widths = [self.shapes[w][1] for w, _ in layers] + [num_classes]
         self._h = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths)
         self._g = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths[1:])
+        self._w_work = tuple(np.empty(self.shapes[w], dtype=np.float32) for w, _ in layers)
+        self._b_work = tuple(np.empty(self.shapes[b], dtype=np.float32) for _, b in layers)
 
     def train(
         self,
@@ -132,6 +134,7 @@ class CacheTrainer:
         row_kernels.train_rows(
             self.x, self.y, plan, training, steps[training], lrs[training], float(mu), source[training],
             tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
+            self._w_work, self._b_work,
             tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),
             self._h, self._g, loss_sum)
         return deltas, mean_losses(steps, loss_sum)

@@ -168,15 +168,23 @@ def softmax_xent(z: np.ndarray, y: np.ndarray, idx: np.ndarray, scale: np.float3
     return loss / batch
 
 
+@njit(**_KERNEL)
+def difference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out = a - b, in one pass (flat arrays)."""
+    for k in range(a.shape[0]):
+        out[k] = a[k] - b[k]
+
+
 @njit(cache=True, nogil=True)
-def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_out, b_out, h, g,
+def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work, b_work, w_out, b_out, h, g,
                loss_sum) -> None:  # pragma: no cover - compiled
     """Train plan column i's row rows[i] for steps[i] steps from model source[i]; w_out/b_out[l][row] get the delta.
 
     x [N, in] float32, y [N] int64: every shard's samples; plan [T, columns, B]: global sample
     indices; lr float64 per column; mu: FedProx's weight; w_start[l] [G, out, in],
-    b_start[l] [G, out]: start models; w_out[l] [R, out, in], b_out[l] [R, out]: a row's weights
-    are trained in place there (the row alone: they stay in cache), then become its delta.
+    b_start[l] [G, out]: start models; w_work[l] [out, in], b_work[l] [out]: the weights being
+    trained, the same memory for every row so that it stays in cache; w_out[l] [R, out, in],
+    b_out[l] [R, out] receive the deltas.
     h[l] [B, width l] (h[0] the batch, h[l + 1] layer l's output) and g[l] [B, width l + 1]
     (lr * dLoss/d(layer l's output)) are scratch; loss_sum[row] gets the sum of step losses.
     """
@@ -185,8 +193,8 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_out,
     for i in range(len(rows)):
         row, src = rows[i], source[i]
         for layer in range(n_layers):
-            w_out[layer][row][:] = w_start[layer][src]
-            b_out[layer][row][:] = b_start[layer][src]
+            w_work[layer][:] = w_start[layer][src]
+            b_work[layer][:] = b_start[layer][src]
         scale = np.float32(lr[i] / batch)  # lr folded into the output gradient, as FastTrainer does
         prox = np.float32(lr[i] * mu)
         total = 0.0
@@ -197,10 +205,10 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_out,
                 x_batch[b] = x[idx[b]]
             for layer in range(n_layers):
                 z = h[layer + 1]
-                bias = b_out[layer][row]
+                bias = b_work[layer]
                 for b in range(batch):
                     z[b] = bias
-                forward_add(w_out[layer][row], h[layer], z)
+                forward_add(w_work[layer], h[layer], z)
                 if layer < n_layers - 1:
                     for b in range(batch):
                         zb = z[b]
@@ -209,7 +217,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_out,
                                 zb[k] = 0
             total += softmax_xent(h[n_layers], y, idx, scale, g[n_layers - 1])
             for layer in range(n_layers - 1, -1, -1):
-                w, bias, grad = w_out[layer][row], b_out[layer][row], g[layer]
+                w, bias, grad = w_work[layer], b_work[layer], g[layer]
                 if layer:  # input gradient with the weights before their update; ReLU passes where h > 0
                     g_in, h_in = g[layer - 1], h[layer]
                     input_grad(grad, w, g_in)
@@ -225,5 +233,5 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_out,
                     bias -= grad[b]
         loss_sum[row] = total
         for layer in range(n_layers):
-            w_out[layer][row] -= w_start[layer][src]
-            b_out[layer][row] -= b_start[layer][src]
+            difference(w_work[layer].reshape(-1), w_start[layer][src].reshape(-1), w_out[layer][row].reshape(-1))
+            difference(b_work[layer], b_start[layer][src], b_out[layer][row])
