@@ -11,16 +11,22 @@ paper's trace set (8 traces) as `flexfl sim` does and trains the devices with s 
 Variants, timed in the same process, in rotating order within every repetition
 (A B C, B C A, ...), all on the same batch plans (edge_agent.trainer.step_plan), each
 ending with the round's aggregate sum_k c_k delta_k (c_k = n_k / n over the trained devices):
-- fast:       simulator.fast_trainer.FastTrainer (all devices together), its deltas written
-              into a buffer kept across rounds, then a tensordot with c
+- cache:      simulator.cache_trainer.CacheTrainer (one device after another, each in cache,
+              numba loops), its deltas written into a buffer kept across rounds, then a
+              tensordot with c
+- fast:       simulator.fast_trainer.FastTrainer (all devices together), the same buffer and
+              tensordot
 - sequential: one nn.Module, global weights copied in, torch.optim.SGD, each delta
               accumulated into the aggregate (the loop a researcher writes by hand)
+- torchloop:  one device after another with torch ops and no autograd: the backward pass
+              written out, the SGD update fused into the weight-gradient matmul (addmm_),
+              buffers reused, each delta accumulated (the best a hand-written torch loop does)
 - plain:      edge_agent.trainer.train_local per device (the engine's reference trainer), stacked
 It prints device-steps/s per variant (min/median/max over repetitions), the per-repetition
-ratios fast/other (min/median/max), each variant's largest difference from the sequential
-aggregate (they train the same thing; at SYNTHETIC's eta = 1 float32 rounding grows over 20
-steps: per device, both train_local and the fast trainer sit ~5e-3 from a float64 run),
-and, measured in the same repetitions:
+ratios cache/other and fast/other (min/median/max, and each repetition's for cache), each
+variant's largest difference from the sequential aggregate (they train the same thing; at
+SYNTHETIC's eta = 1 float32 rounding grows over 20 steps: per device, both train_local and
+the fast trainer sit ~5e-3 from a float64 run), and, measured in the same repetitions:
 - memory bandwidth: `a.add_(b)` on two 256 MiB float32 tensors (3 x 256 MiB moved);
 - the MLP step's memory roofline: bandwidth / bytes per device-step, where one SGD step that
   streams its weights moves 4 bytes x (3 x 199,210 parameters: read in the forward pass,
@@ -30,7 +36,7 @@ and, measured in the same repetitions:
   chunk of devices' weights in cache through all their steps, so it may pass this line;
 - the compute roofline: a single 1024^3 sgemm's FLOP rate / FLOPs per MLP device-step
   (2 x 10 x 199,210 forward, the same for the weight gradients, 2 x 10 x 42,000 for the
-  input gradients of fc2 and fc3: 8,808,400).
+  input gradients of fc2 and fc3: 8,808,400), and each variant's fraction of it.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ from torch import nn
 
 from coordinator.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, step_plan, train_local
+from simulator.cache_trainer import LAYERS, CacheTrainer
 from simulator.fast_trainer import FastTrainer
+from workloads.datasets import scaled
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model
 from workloads.partition_spec import PartitionSpec
@@ -57,7 +65,7 @@ MLP_BACKWARD_READ = 200 * 200 + 10 * 200  # fc2 and fc3 weights, read for input 
 MLP_STEP_BYTES = 4 * (3 * MLP_PARAMS + MLP_BACKWARD_READ) + 4 * 10 * 784
 MLP_STEP_FLOPS = 2 * 10 * MLP_PARAMS * 2 + 2 * 10 * MLP_BACKWARD_READ
 BANDWIDTH_FLOATS = 64 * 2**20  # 256 MiB per tensor
-VARIANTS = ("fast", "sequential", "plain")
+VARIANTS = ("cache", "fast", "sequential", "torchloop", "plain")
 
 
 @dataclass
@@ -122,6 +130,59 @@ def sequential_loop(w: Workload, rngs: list[np.random.Generator]) -> dict[str, t
     return aggregate
 
 
+def torch_loop(w: Workload) -> Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]:
+    """One device after another in torch ops without autograd: the backward pass written out, buffers reused."""
+    params = dict(w.model.named_parameters())
+    names = LAYERS[type(w.model)]
+    layers = [(params[wn], params[bn]) for wn, bn in names]
+    last = len(layers) - 1
+    b = w.batch_size
+    widths = [weight.shape[1] for weight, _ in layers] + [layers[-1][0].shape[0]]
+    z = [torch.empty(b, n) for n in widths[1:]]  # z[l]: output of layer l
+    g_in = [torch.empty(b, n) for n in widths[:-1]]  # g_in[l]: gradient at layer l's input
+    target = torch.empty(b, widths[-1])
+    x_batch = torch.empty(b, widths[0])
+    shards = [(torch.from_numpy(scaled(d.x.reshape(len(d), -1))), torch.from_numpy(d.y)) for d in w.data.train]
+
+    def run(rngs):
+        aggregate = {n: torch.zeros_like(p) for n, p in w.start.items()}
+        with torch.no_grad():
+            for k, s, c, rng in zip(w.rows, w.steps, w.coef.tolist(), rngs):
+                x, y = shards[k]
+                for (weight, bias), (wn, bn) in zip(layers, names):
+                    weight.copy_(w.start[wn])
+                    bias.copy_(w.start[bn])
+                losses = torch.empty(int(s))
+                for t, idx in enumerate(torch.from_numpy(step_plan(len(y), batch_size=b, steps=int(s), rng=rng))):
+                    torch.index_select(x, 0, idx, out=x_batch)
+                    labels = y.index_select(0, idx).unsqueeze(1)
+                    h = x_batch
+                    for layer, (weight, bias) in enumerate(layers):
+                        h = torch.addmm(bias, h, weight.t(), out=z[layer])
+                        if layer < last:
+                            h.relu_()
+                    logits = h.sub_(h.amax(dim=1, keepdim=True))  # softmax cross-entropy as the trainers do it
+                    e = logits.clamp_min(-40.0).exp_()
+                    total = e.sum(dim=1, keepdim=True)
+                    losses[t] = (total.log().squeeze(1) - logits.gather(1, labels).squeeze(1)).mean()
+                    g = e.div_(total).sub_(target.zero_().scatter_(1, labels, 1.0)).mul_(w.lr / b)
+                    for layer in range(last, -1, -1):
+                        weight, bias = layers[layer]
+                        h_in = z[layer - 1] if layer else x_batch
+                        if layer:
+                            grad_in = torch.mm(g, weight, out=g_in[layer])
+                            torch.ops.aten.threshold_backward.grad_input(grad_in, h_in, 0, grad_input=grad_in)
+                        weight.addmm_(g.t(), h_in, alpha=-1.0)
+                        bias.sub_(g.sum(dim=0))
+                        g = grad_in if layer else g
+                for (weight, bias), (wn, bn) in zip(layers, names):
+                    aggregate[wn].add_(weight - w.start[wn], alpha=c)
+                    aggregate[bn].add_(bias - w.start[bn], alpha=c)
+        return aggregate
+
+    return run
+
+
 def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
     """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
     fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
@@ -148,10 +209,22 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np
     chunked = {v: fast_with(FastTrainer(w.model, w.data.train, batch_size=w.batch_size, chunk_rows=int(v[5:])))
                for v in variants if v.startswith("fast@")}
     return chunked | {
+        "cache": fast_with(CacheTrainer(w.model, w.data.train, batch_size=w.batch_size)),
         "fast": fast_with(fast),
         "sequential": lambda rngs: sequential_loop(w, rngs),
+        "torchloop": torch_loop(w),
         "plain": plain,
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name and family (as lscpu shows them), from /proc/cpuinfo."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line)
+    except OSError:
+        return "unknown CPU"
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def add_bandwidth_gbs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -203,11 +276,13 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> Non
                   f"{max(float(t.abs().max()) for t in ref.values()):.1e})")
     for v in variants:
         print(f"{v:>10}: device-steps/s  {spread(wall[v])}   (per CPU-second: {spread(cpu[v])})")
-    if "fast" in variants:
+    for lead in [v for v in ("cache", "fast") if v in variants]:
         for v in variants:
-            if v != "fast":
-                print(f"  fast/{v}: {spread([f / o for f, o in zip(wall['fast'], wall[v])], '{:.2f}x')}   "
-                      f"(CPU time: {spread([f / o for f, o in zip(cpu['fast'], cpu[v])], '{:.2f}x')})")
+            if v != lead and not (lead == "fast" and v == "cache"):
+                ratios = [f / o for f, o in zip(wall[lead], wall[v])]
+                each = f"   [each: {' '.join(f'{r:.2f}' for r in ratios)}]" if lead == "cache" else ""
+                print(f"  {lead}/{v}: {spread(ratios, '{:.2f}x')}   "
+                      f"(CPU time: {spread([f / o for f, o in zip(cpu[lead], cpu[v])], '{:.2f}x')}){each}")
     if roofline:
         roof = [bw * 1e9 / MLP_STEP_BYTES for bw in bandwidth]
         comp = [g * 1e9 / MLP_STEP_FLOPS for g in gflops]
@@ -215,9 +290,9 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> Non
         print(f"memory roofline at {MLP_STEP_BYTES:,} bytes per MLP device-step: device-steps/s {spread(roof)}")
         print(f"sgemm 1024^3: {spread(gflops, '{:.1f} GFLOP/s')}")
         print(f"compute roofline at {MLP_STEP_FLOPS:,} FLOPs per MLP device-step: device-steps/s {spread(comp)}")
-        if "fast" in variants:
-            print(f"  fast / memory roofline: {spread([f / r for f, r in zip(wall['fast'], roof)], '{:.2f}')}")
-            print(f"  fast / compute roofline: {spread([f / r for f, r in zip(wall['fast'], comp)], '{:.2f}')}")
+        for v in variants:
+            print(f"  {v} / memory roofline: {spread([f / r for f, r in zip(wall[v], roof)], '{:.2f}')}   "
+                  f"/ compute roofline: {spread([f / r for f, r in zip(wall[v], comp)], '{:.2f}')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
+    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}, participation {args.participation}, {args.reps} reps")
     for name in [n for n in args.workloads.split(",") if n]:
         if name not in ("mnist", "synthetic"):

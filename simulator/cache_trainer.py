@@ -17,7 +17,8 @@ How it differs from FastTrainer (MLP and logistic regression, chains of Linear +
 - A step runs inside numba-compiled loops (simulator.row_kernels), no Python per step and no
   autograd: forward, softmax cross-entropy by hand (clamped at -40 as FastTrainer), input
   gradients, and the SGD update fused into the weight-gradient product (w is read and written
-  once per step). Each row trains in place in its slice of the delta buffer.
+  once per step). Every row trains in the same work buffer, which stays in cache from row to
+  row; only its delta goes to memory (that took a row's fixed cost from 145 to 90 us on MNIST).
 The CNN has no kernel here: its rows go to FastTrainer, which trains them one by one through
 autograd (a CNN step is ~0.75 GFLOP of convolutions; cache residency does not change that).
 
