@@ -22,8 +22,9 @@ How it differs from FastTrainer (MLP and logistic regression, chains of Linear +
 The CNN has no kernel here: its rows go to FastTrainer, which trains them one by one through
 autograd (a CNN step is ~0.75 GFLOP of convolutions; cache residency does not change that).
 
-The first train() of a process loads the kernels from numba's cache, or compiles them
-(~10 s) where the cache is missing or the CPU differs. One thread, the caller's.
+The first train() of a process loads the kernels from numba's cache (0.4 s), or compiles them
+where the cache is missing or the CPU differs (7 s for the MLP and logistic regression
+together, measured with an empty NUMBA_CACHE_DIR). One thread, the caller's.
 Speed: python -m benchmarks.sim_speed --variants cache,fast,sequential,torchloop.
 """
 
