@@ -12,6 +12,7 @@ import torch
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
+from coordinator.objective import Objective
 from coordinator.round import RulesConfig
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
@@ -105,7 +106,11 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     rows = read_metrics(eng.out_dir / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2]
     assert all(np.isfinite(r["test_acc"]) and r["close_reason"] == "all answered" for r in rows)
-    assert torch.load(eng.checkpoint_path, weights_only=True)["completed_round"] == 2
+    saved = torch.load(eng.checkpoint_path, weights_only=True)
+    assert saved["completed_round"] == 2
+    # The Gamma state (sketches as tensors) survives a weights-only load: a resumed run keeps it.
+    assert Objective.from_dict(saved["objective"]).gammas == eng.objective.gammas
+    assert eng.objective.gamma("a") is not None  # two contributing rounds: one product each
 
 
 def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
