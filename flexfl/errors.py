@@ -57,5 +57,9 @@ class ReportError(FlexFLError):
     """A folder given to `flexfl report` is not a run, sweep or trace set, or its files are malformed."""
 
 
+class DivergenceError(FlexFLError):
+    """Training diverged: the loss became NaN or infinite (a learning rate too high for the setup)."""
+
+
 class SweepError(FlexFLError):
     """Some runs of a sweep failed; the others' results are saved and a rerun resumes."""

@@ -10,7 +10,7 @@ evaluation on the objective's test set (workloads.federated.FederatedData.test_f
 A run is a pure function of its config: data, initial model, trace assignment, s draws
 and minibatches are seeded per (seed, device, round), so runs that differ only in a policy
 (scheme, fast-reboot, departure policy) are paired. `run_paired` runs such configs in
-lock-step and trains the rows of all of them in one FastTrainer call per round.
+lock-step and trains the rows of all of them in one row-trainer call per round (cache or fast).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from coordinator.objective import DeparturePolicy
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
 from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, DivergenceError
+from simulator.cache_trainer import CacheTrainer
 from simulator.fast_trainer import FastTrainer
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
@@ -47,11 +48,13 @@ DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
 
 
 class TrainerKind(StrEnum):
-    """fast: all devices of a round together (simulator.fast_trainer); plain: edge_agent.trainer per
-    device (the reference the fast one must equal); auto: fast. Both count updates in either
-    unit: an epoch is ceil(n_k / B) steps of the same batch stream (edge_agent.trainer)."""
+    """cache: each device alone, its weights in cache, numba kernels (simulator.cache_trainer);
+    fast: all devices of a round together (simulator.fast_trainer); plain: edge_agent.trainer per
+    device (the reference both must equal); auto: cache. All count updates in either unit: an
+    epoch is ceil(n_k / B) steps of the same batch stream (edge_agent.trainer)."""
 
     AUTO = "auto"
+    CACHE = "cache"
     FAST = "fast"
     PLAIN = "plain"
 
@@ -155,7 +158,15 @@ class SimConfig:
 
     @property
     def trainer_kind(self) -> TrainerKind:
-        return TrainerKind.FAST if self.trainer is TrainerKind.AUTO else self.trainer
+        return TrainerKind.CACHE if self.trainer is TrainerKind.AUTO else self.trainer
+
+    @property
+    def batched(self) -> bool:
+        """Trained by a row trainer (cache or fast), which paired runs share; not the plain per-device loop."""
+        return self.trainer_kind in ROW_TRAINERS
+
+
+ROW_TRAINERS = {TrainerKind.CACHE: CacheTrainer, TrainerKind.FAST: FastTrainer}
 
 
 def device_id(shard: int) -> str:
@@ -286,9 +297,10 @@ def run_paired(
         if cfg.partition != first.partition:
             raise ConfigError(f"run_paired: config {i} has partition {cfg.partition.describe()}, config 0 has "
                               f"{first.partition.describe()}; paired runs share their data")
-        if cfg.trainer_kind is not TrainerKind.FAST:
-            raise ConfigError(f"run_paired: config {i} uses the {cfg.trainer_kind} trainer; paired runs train "
-                              "together in the fast trainer (run it alone with run_simulation)")
+        if cfg.trainer_kind is not first.trainer_kind or not cfg.batched:
+            raise ConfigError(f"run_paired: config {i} uses the {cfg.trainer_kind} trainer, config 0 the "
+                              f"{first.trainer_kind}; paired runs train together in one row trainer (cache or fast; "
+                              "run the plain one alone with run_simulation)")
         if cfg.rules.batch_size_for(cfg.partition.dataset) != first.rules.batch_size_for(first.partition.dataset):
             raise ConfigError(f"run_paired: config {i} has batch size {cfg.rules.batch_size_for(cfg.partition.dataset)}, "
                               f"config 0 {first.rules.batch_size_for(first.partition.dataset)}; one trainer call needs one")
@@ -306,7 +318,8 @@ def run_paired(
         if key not in draws:
             draws[key] = _SharedDraws(TraceParticipation(sets[cfg.traces.set], cfg))
         runs.append(_Run(cfg, data, draws[key]))
-    fast = FastTrainer(runs[0].model, data.train, batch_size=first.rules.batch_size_for(first.partition.dataset))
+    fast = ROW_TRAINERS[first.trainer_kind](runs[0].model, data.train,
+                                            batch_size=first.rules.batch_size_for(first.partition.dataset))
     n = len(data.train)
     out = {name: torch.empty((n * len(runs), *p.shape)) for name, p in runs[0].fed.params.items()}
     for tau in range(1, max(c.rounds for c in configs) + 1):
@@ -420,7 +433,7 @@ class _Run:
                       else [self.shard[d] for d in fed.objective.active_members()])
             extra[str(name)] = dict(zip(("acc", "loss"), evaluate(self.model, fed.params, self.data.test_for(shards))))
         if not math.isfinite(loss):
-            raise ConfigError(f"round {tau}: test loss became {loss}; the learning rate {work.opening.lr:g} "
+            raise DivergenceError(f"round {tau}: test loss became {loss}; the learning rate {work.opening.lr:g} "
                               "is too high for this setup")
         self.result.device_updates += sum(work.steps)
         coef = {d: c for d, c in zip(weighing.devices, weighing.coefficients.values)}
@@ -449,8 +462,7 @@ class _Trainer:
         self.model = model
         self.data = data
         self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
-        self.fast = (FastTrainer(model, data.train, batch_size=self.batch_size)
-                     if cfg.trainer_kind is TrainerKind.FAST else None)
+        self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train, batch_size=self.batch_size) if cfg.batched else None
         self._out: dict[str, torch.Tensor] | None = None  # delta buffers kept from round to round
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,

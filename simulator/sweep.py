@@ -4,7 +4,7 @@ A sweep is a list of `Group`s. A group is a set of `Run`s (a stable name + a Sim
 that share their data (one PartitionSpec) and differ only in what they compare (scheme,
 fast-reboot, departure policy, seed of the model, |T|, ...). A group is the unit of work:
 one worker builds its data once and runs its configs paired (simulator.engine.run_paired:
-one FastTrainer call per round for all of them), or one by one where they cannot be paired
+one row-trainer call per round for all of them), or one by one where they cannot be paired
 (the plain trainer).
 
 Where results live: the driver (the process that calls run_sweep) owns the work folder.
@@ -43,7 +43,7 @@ import numpy as np
 from flexfl.config import from_dict, to_dict
 from flexfl.errors import ConfigError, FlexFLError, SweepError
 from flexfl.files import atomic_file
-from simulator.engine import SimConfig, SimResult, TrainerKind, records_as_rows
+from simulator.engine import SimConfig, SimResult, records_as_rows
 from trace_recorder.format import TraceSet, read_trace_set
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,8 @@ def compute_group(task: GroupTask) -> list[RunOutput]:
             _DATA.clear()
             _DATA[partition] = load_data(configs[0])  # e.g. DatasetNotFoundError on a node without MNIST
         data = _DATA[partition]
-        pairable = len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1 and all(
-            c.trainer_kind is TrainerKind.FAST for c in configs)
+        pairable = (len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1
+                    and len({c.trainer_kind for c in configs}) == 1 and configs[0].batched)
         if pairable:
             results = run_paired(configs, data=data, traces=task.trace_sets)
         else:
@@ -263,14 +263,19 @@ def run_sweep(
     work_dir: Path,
     executor: Executor | None = None,
     report: Callable[[str], None] = print,
+    failures: str = "raise",
 ) -> list[dict]:
     """Compute every run not yet finished in `work_dir`; returns each run's summary, in sweep order.
 
     `executor` is a simulator.executors executor (default: LocalExecutor(jobs=1)). Each
     summary dict is the run's JSON plus "cached" (True when it was already on disk).
     Runs that fail (e.g. a learning rate that makes the loss diverge) are reported; the
-    others finish and are saved, then SweepError names the failed ones.
+    others finish and are saved, then SweepError names the failed ones; with
+    failures="return" a failed run's entry is {"name", "error", "labels"...} instead (not
+    saved: a rerun tries it again), for sweeps where failing is a result (a rate that diverges).
     """
+    if failures not in ("raise", "return"):
+        raise ConfigError(f"run_sweep: failures must be 'raise' or 'return', got {failures!r}")
     from simulator.executors import LocalExecutor
 
     runs = [r for g in groups for r in g.runs]
@@ -329,7 +334,10 @@ def run_sweep(
     elapsed = time.perf_counter() - started
     report(f"sweep: {total} runs in {_minutes(elapsed)}: {computed - len(failed)} computed, {cached} cached, "
            f"{len(failed)} failed; results in {work_dir}")
-    if failed:
+    if failed and failures == "return":
+        by_name = {r.name: r for r in runs}
+        summaries.update({n: {"name": n, **by_name[n].labels, "error": e, "cached": False} for n, e in failed.items()})
+    elif failed:
         raise SweepError(f"{len(failed)} of {total} runs failed (the others are saved in {work_dir}): "
                          + "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:5]))
     return [summaries[n] for n in names]

@@ -40,10 +40,11 @@ def test_short_run_is_deterministic_for_a_seed():
     assert any(not torch.equal(a.final_params[n], c.final_params[n]) for n in a.final_params)
 
 
+@pytest.mark.parametrize("kind", [TrainerKind.CACHE, TrainerKind.FAST])
 @pytest.mark.parametrize("scheme", ["A", "B", "C"])
-def test_fast_simulation_equals_plain_trainer(scheme):
-    cfg = small(rules={"scheme": scheme})
-    assert cfg.trainer_kind is TrainerKind.FAST
+def test_row_trainer_simulation_equals_plain_trainer(scheme, kind):
+    cfg = small(rules={"scheme": scheme}, trainer=kind)
+    assert small().trainer_kind is TrainerKind.CACHE  # auto
     data = load_data(cfg)
     fast = run_simulation(cfg, data=data)
     slow = run_simulation(replace(cfg, trainer=TrainerKind.PLAIN), data=data)
@@ -53,10 +54,10 @@ def test_fast_simulation_equals_plain_trainer(scheme):
     assert fast.device_updates == slow.device_updates
 
 
-def test_epoch_unit_runs_on_the_fast_trainer_and_equals_plain():
+def test_epoch_unit_runs_on_the_cache_trainer_and_equals_plain():
     """E in epochs: each device trains s x ceil(n_k / B) steps (ragged under Pareto sizes), on the fast path."""
     cfg = small(rules={"unit": "epoch", "required_updates": 2}, rounds=2)
-    assert cfg.trainer_kind is TrainerKind.FAST
+    assert cfg.trainer_kind is TrainerKind.CACHE
     data = load_data(cfg)
     sizes = np.array([len(d) for d in data.train])
     assert len(set(np.ceil(sizes / 20))) >= 2  # ragged: devices' steps per epoch differ (3 and 38 here)
