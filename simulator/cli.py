@@ -56,6 +56,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_sweep_flags(t5, seeds="0-4")
     t5.set_defaults(func=cmd_table5)
 
+    op = sim_sub.add_parser("operating-point", help="the operating-point protocol: eta_0 for a dataset and E's unit, "
+                                                    "chosen on full-participation FedAvg (simulator/operating_point.py)")
+    op.add_argument("--dataset", choices=["synthetic", "mnist"], required=True)
+    op.add_argument("--unit", choices=["step", "epoch"], required=True, help="what one of the E = 20 updates is")
+    add_sweep_flags(op)
+    op.add_argument("--out", type=Path, default=Path("results"),
+                    help="where operating_point.md/.toml/_runs.csv go (default results)")
+    op.add_argument("--work-dir", type=Path, default=None,
+                    help="per-run files, reused when rerun (default <out>/runs/operating_point_<dataset>)")
+    op.set_defaults(func=cmd_operating_point)
+
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
     fig.set_defaults(func=cmd_arrivals_figure)
@@ -96,9 +107,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
                    help="|T|: devices draw from the first |T| traces (default 8)")
-    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "fast", "plain"],
-                   help="fast (all devices together), plain (edge_agent.trainer per device, the reference), "
-                        "or auto (default: fast unless --unit epoch)")
+    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "cache", "fast", "plain"],
+                   help="cache (each device alone in numba kernels, the fastest), fast (all devices together in "
+                        "batched torch), plain (edge_agent.trainer per device, the reference), or auto (default: cache)")
     p.add_argument("--arrive", action="append", default=[], metavar="K@R",
                    help="device K is absent until it arrives during round R (trains from R+1); repeatable")
     p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
@@ -419,4 +430,22 @@ def cmd_arrivals_figure(args: argparse.Namespace) -> int:
 
     page = _paper_sweep(args, figure_arrivals, "figure_arrivals", "flexfl sim arrivals-figure")
     print(f"multi-arrival figure: {page}")
+    return 0
+
+
+def cmd_operating_point(args: argparse.Namespace) -> int:
+    from simulator import operating_point
+    from simulator.executors import executor_for
+    from simulator.table3 import elapsed
+
+    started = time.perf_counter()
+    work_dir = args.work_dir or args.out / "runs" / f"operating_point_{args.dataset}"
+    best, cands, summaries = operating_point.run_protocol(
+        args.dataset, args.unit, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+    computed = sum(not s.get("cached") for s in summaries)
+    timing = (f"Wall time: {elapsed(started)} for `flexfl sim operating-point --dataset {args.dataset} --unit "
+              f"{args.unit}` ({computed} of {len(summaries)} runs computed).")
+    page = operating_point.write_outputs(args.out, args.dataset, args.unit, summaries, best, timing=timing)
+    print(f"operating point for {args.dataset}, E in {args.unit}s: eta_0 = {best.eta0:g} (mean final test loss "
+          f"{best.score:.4f} over {len(best.losses)} runs); page {page}")
     return 0
