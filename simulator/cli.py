@@ -88,9 +88,13 @@ def _add_sweep_flags(p: argparse.ArgumentParser, *, seeds: str) -> None:
     p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: one per CPU)")
     p.add_argument("--ray-address", default=None,
                    help="run on a Ray cluster (or 'local'); default: RAY_ADDRESS if set, else local processes")
-    p.add_argument("--out", type=Path, default=Path("results"), help="where the page and plots go (default results)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the page and plots go (default results, or results/<unit>-<eta0> for another regime)")
     p.add_argument("--work-dir", type=Path, default=None, help="per-run files, reused when rerun "
                    "(default <out>/runs/<table>_<dataset>)")
+    from simulator.regime import add_regime_flags
+
+    add_regime_flags(p)
     p.add_argument("--report-only", action="store_true", help="write the page from finished runs; compute nothing")
 
 
@@ -306,6 +310,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     from simulator.executors import executor_for
     from simulator.table3 import READINGS, elapsed, run_table3, wall_time, write_page
 
+    regime = _regime(args)
     readings = list(READINGS) if args.readings == "all" else [r.strip() for r in args.readings.split(",") if r.strip()]
     unknown = [r for r in readings if r not in READINGS]
     if unknown:
@@ -319,19 +324,19 @@ def cmd_table3(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if not args.report_only:
         summaries = run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces,
-                               work_dir=work_dirs[args.dataset],
+                               work_dir=work_dirs[args.dataset], regime=regime,
                                executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
         computed = sum(not s.get("cached") for s in summaries)
         cached = len(summaries) - computed
         part = (f"{elapsed(started)} for `flexfl sim table3 --dataset {args.dataset} --readings {args.readings} "
-                f"--seeds {args.seeds}` ({computed} runs computed, {cached} cached)")
+                f"--seeds {args.seeds}{_regime_flags(regime)}` ({computed} runs computed, {cached} cached)")
         statement = wall_time(timing.get(args.dataset), part, computed=computed, cached=cached)
         if statement is not None:
             timing[args.dataset] = statement
             args.out.mkdir(parents=True, exist_ok=True)
             timing_path.write_text(json.dumps(timing, indent=1))
     page = write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
-                      timing=timing, plots=lambda ds, info: _table3_plots(args.out, ds, info))
+                      timing=timing, plots=lambda ds, info: _table3_plots(args.out, ds, info), regime=regime)
     print(f"Table 3 page: {page}")
     return 0
 
@@ -382,6 +387,7 @@ def cmd_table4(args: argparse.Namespace) -> int:
     from simulator import table4
     from simulator.executors import executor_for
 
+    regime = _regime(args)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     bad = set(datasets) - {"synthetic", "mnist"}
     if bad:
@@ -393,11 +399,12 @@ def cmd_table4(args: argparse.Namespace) -> int:
     for ds in datasets:
         t0 = time.perf_counter()
         if not args.report_only:
-            table4.run_table4(ds, seeds=seeds, work_dir=work_dirs[ds],
+            table4.run_table4(ds, seeds=seeds, work_dir=work_dirs[ds], regime=regime,
                               executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-        timing = _timing(args, "table4", t0, f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}")
+        timing = _timing(args, "table4", t0,
+                         f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}{_regime_flags(regime)}")
     page = table4.write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
-                             timing=timing)
+                             timing=timing, regime=regime)
     print(f"Table 4 page: {page} ({time.perf_counter() - started:.0f} s)")
     return 0
 
@@ -407,14 +414,16 @@ def _paper_sweep(args: argparse.Namespace, module, name: str, command: str):
     from simulator.executors import executor_for
     from simulator.sweep import run_sweep
 
+    regime = _regime(args)
     seeds = _parse_ints(args.seeds, "--seeds")
     work_dir = args.work_dir or args.out / "runs" / name
     started = time.perf_counter()
     if not args.report_only:
-        run_sweep(module.groups(seeds=seeds), work_dir=work_dir,
+        run_sweep(module.groups(seeds=seeds, regime=regime), work_dir=work_dir,
                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-    timing = _timing(args, name, started, f"{command} --seeds {args.seeds}")
-    return module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()))
+    timing = _timing(args, name, started, f"{command} --seeds {args.seeds}{_regime_flags(regime)}")
+    return module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()),
+                             regime=regime)
 
 
 def cmd_table5(args: argparse.Namespace) -> int:
@@ -449,3 +458,16 @@ def cmd_operating_point(args: argparse.Namespace) -> int:
     print(f"operating point for {args.dataset}, E in {args.unit}s: eta_0 = {best.eta0:g} (mean final test loss "
           f"{best.score:.4f} over {len(best.losses)} runs); page {page}")
     return 0
+
+
+def _regime(args: argparse.Namespace):
+    """The sweep's regime (--unit, --eta0); fills in args.out from it when --out was not given."""
+    from simulator.regime import out_dir, regime_from_args
+
+    regime = regime_from_args(args)
+    args.out = out_dir(args, regime)
+    return regime
+
+
+def _regime_flags(regime) -> str:
+    return "" if regime.is_default else f" --unit {regime.unit} --eta0 {regime.eta0}"

@@ -79,6 +79,16 @@ class Regime:
     def apply_groups(self, groups: Sequence[Group]) -> list[Group]:
         return [Group(tuple(replace(run, config=self.apply(run.config)) for run in g.runs)) for g in groups]
 
+    @property
+    def headline_note(self) -> str:
+        """Which reading of E this is, from the paper's text (results/README.md)."""
+        if self.unit is Unit.EPOCH:
+            return ("the paper's own reading and FlexFL's headline: its text speaks of local epochs throughout, and "
+                    "its learning rates (2e-3 MNIST, 1 SYNTHETIC) train in this reading; only a footnote makes "
+                    "epochs and local updates interchangeable")
+        return ("the footnote's reading, one local update = one SGD step, at 1/60 of the epoch reading's compute on "
+                "MNIST; the epoch reading (results/epoch-*/) is the paper's own")
+
     def describe(self, dataset: Dataset | str) -> str:
         eta0 = self.eta0_for(dataset)
         eta0 = DEFAULTS[Dataset(dataset)].eta0 if eta0 is None else eta0

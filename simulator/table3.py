@@ -25,6 +25,7 @@ import numpy as np
 
 from simulator.engine import SimConfig
 from simulator.paper import PAPER_DEVICES, PAPER_TABLE3
+from simulator.regime import Regime
 from simulator.report import Cell, table3_cells
 from simulator.schemes import comparison_groups
 from simulator.sweep import Executor, Group, finished, run_sweep
@@ -65,30 +66,28 @@ READINGS: dict[str, Reading] = {r.name: r for r in (
 HEADLINE = "per-label"
 
 SETTINGS = ("iid", "niid")
-MNIST_ETA0 = 0.1  # see results/README.md: the paper's 2e-3 with E counted in SGD steps stays at chance
 
 
-def base_config(dataset: str, reading: Reading) -> SimConfig:
-    """The reading's base config: the paper's devices, 200 rounds, the traces of traces/paper."""
+def base_config(dataset: str, reading: Reading, regime: Regime = Regime()) -> SimConfig:
+    """The reading's base config: the paper's devices, 200 rounds, the traces of traces/paper, in `regime`."""
     cfg = SimConfig(partition=PartitionSpec(dataset=dataset, n_devices=PAPER_DEVICES[dataset]), rounds=200)
-    rules = replace(cfg.rules, required_updates=reading.E, eta0=MNIST_ETA0 if dataset == "mnist" else None)
-    return replace(cfg, rules=rules)
+    return regime.apply(replace(cfg, rules=replace(cfg.rules, required_updates=reading.E)))
 
 
 def reading_groups(dataset: str, reading: Reading, *, seeds: Sequence[int], num_traces: Sequence[int],
-                   settings: Sequence[str] = SETTINGS) -> list[Group]:
+                   settings: Sequence[str] = SETTINGS, regime: Regime = Regime()) -> list[Group]:
     """Every (setting, |T|, seed) group of one reading, its runs named <reading>_<setting>_T<j>_seed<s>_<scheme>."""
     def adjust(cfg: SimConfig) -> SimConfig:
         return replace(cfg, partition=replace(cfg.partition, sizes=reading.sizes(cfg.partition)))
 
-    return comparison_groups(base_config(dataset, reading), settings=settings, num_traces=num_traces, seeds=seeds,
+    return comparison_groups(base_config(dataset, reading, regime), settings=settings, num_traces=num_traces, seeds=seeds,
                              prefix=f"{reading.name}_", adjust=adjust)
 
 
 def run_table3(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], num_traces: Sequence[int],
-               work_dir: Path, executor: Executor | None = None) -> list[dict]:
+               work_dir: Path, executor: Executor | None = None, regime: Regime = Regime()) -> list[dict]:
     groups = [g for name in readings
-              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces)]
+              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces, regime=regime)]
     return run_sweep(groups, work_dir=work_dir, executor=executor)
 
 
@@ -168,9 +167,9 @@ def largest_share(dataset: str, reading: Reading, *, setting: str, seeds: Sequen
 
 
 def finished_summaries(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], num_traces: Sequence[int],
-                       work_dir: Path) -> list[dict]:
+                       work_dir: Path, regime: Regime = Regime()) -> list[dict]:
     groups = [g for name in readings
-              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces)]
+              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces, regime=regime)]
     return finished(groups, work_dir=work_dir)
 
 
@@ -213,7 +212,7 @@ def cells_markdown(dataset: str, cells: dict[tuple[str, int], Cell], *, settings
 
 
 def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int], timing: dict[str, str],
-               plots: Callable[[str, dict], dict[str, Path]] | None = None) -> Path:
+               plots: Callable[[str, dict], dict[str, Path]] | None = None, regime: Regime = Regime()) -> Path:
     """results/table3.md from every finished run of every reading in `work_dirs` ({dataset: folder})."""
     from flexfl.files import atomic_file
 
@@ -221,7 +220,8 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
 
     sections, score_rows, headline_tables, run_rows = [], [], [], []
     for dataset, work_dir in work_dirs.items():
-        summaries = finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9), work_dir=work_dir)
+        summaries = finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9), work_dir=work_dir,
+                                       regime=regime)
         run_rows += [{"dataset": dataset, **{k: s[k] for k in ("reading", "setting", "num_traces", "seed", "scheme",
                                                                 "final_acc", "final_loss", "wall_s")}} for s in summaries]
         by_reading = cells_by_reading(summaries)
@@ -255,6 +255,8 @@ model, trace assignment, s draws and minibatches; they train together).
 Rows marked (paper) are the published values; every run's final accuracy is in
 `table3_runs.csv`. Wall time: {"; ".join(f"{k}: {v}" for k, v in timing.items())}
 (2-core machine, shared with other work).
+
+Regime: {'; '.join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs)} ({regime.headline_note}).
 
 ## The readings
 

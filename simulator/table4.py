@@ -26,6 +26,7 @@ import numpy as np
 from coordinator.aggregation import Scheme
 from coordinator.round import RulesConfig
 from simulator.curves import rounds_to_recover
+from simulator.regime import Regime
 from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from flexfl.errors import ConfigError
 from simulator.sweep import Executor, Group, Run, finished, read_metrics, run_sweep
@@ -40,7 +41,6 @@ PAPER_TABLE4 = {
 TAU0 = (10, 30, 50, 70)
 ROUNDS = 200
 METRICS = ("acc/old", "acc/new", "loss/old")
-MNIST_ETA0 = 0.1  # as in Table 3 (results/README.md)
 
 
 def partition(dataset: str, seed: int) -> PartitionSpec:
@@ -51,25 +51,26 @@ def partition(dataset: str, seed: int) -> PartitionSpec:
     return PartitionSpec(dataset="mnist", n_devices=10, sizes=Sizes.EQUAL, holdout_fraction=0.1, seed=seed)
 
 
-def run_config(dataset: str, *, seed: int, tau0: int, fast_reboot: bool) -> SimConfig:
+def run_config(dataset: str, *, seed: int, tau0: int, fast_reboot: bool, regime: Regime = Regime()) -> SimConfig:
     p = partition(dataset, seed)
-    return SimConfig(
+    return regime.apply(SimConfig(
         partition=p, rounds=ROUNDS, seed=seed, traces=TracesConfig(num_traces=5), extra_tests=(ExtraTest.START,),
-        rules=RulesConfig(scheme=Scheme.C, fast_reboot=fast_reboot, eta0=MNIST_ETA0 if dataset == "mnist" else None),
-        schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=p.n_devices - 1, round=tau0 - 1),)))
+        rules=RulesConfig(scheme=Scheme.C, fast_reboot=fast_reboot),
+        schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=p.n_devices - 1, round=tau0 - 1),))))
 
 
-def groups(dataset: str, *, seeds: Sequence[int], tau0s: Sequence[int] = TAU0) -> list[Group]:
+def groups(dataset: str, *, seeds: Sequence[int], tau0s: Sequence[int] = TAU0, regime: Regime = Regime()) -> list[Group]:
     """One group per (seed, tau_0): the fast-reboot run and the vanilla one."""
     return [Group(tuple(
         Run(name=f"{dataset}_tau{t}_seed{seed}_{'fast' if fast else 'vanilla'}",
-            config=run_config(dataset, seed=seed, tau0=t, fast_reboot=fast),
+            config=run_config(dataset, seed=seed, tau0=t, fast_reboot=fast, regime=regime),
             labels={"dataset": dataset, "tau0": t, "seed": seed, "reboot": "fast" if fast else "vanilla"})
         for fast in (True, False))) for seed in seeds for t in tau0s]
 
 
-def run_table4(dataset: str, *, seeds: Sequence[int], work_dir, executor: Executor | None = None) -> list[dict]:
-    return run_sweep(groups(dataset, seeds=seeds), work_dir=work_dir, executor=executor)
+def run_table4(dataset: str, *, seeds: Sequence[int], work_dir, executor: Executor | None = None,
+               regime: Regime = Regime()) -> list[dict]:
+    return run_sweep(groups(dataset, seeds=seeds, regime=regime), work_dir=work_dir, executor=executor)
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,9 @@ def recoveries(summary: dict, rows: list[dict]) -> Recoveries:
     return Recoveries(tau0=tau0, seed=int(summary["seed"]), reboot=summary["reboot"], rounds=out)
 
 
-def collect(dataset: str, *, seeds: Sequence[int], work_dir) -> list[Recoveries]:
+def collect(dataset: str, *, seeds: Sequence[int], work_dir, regime: Regime = Regime()) -> list[Recoveries]:
     return [recoveries(s, read_metrics(work_dir, s["name"]))
-            for s in finished(groups(dataset, seeds=seeds), work_dir=work_dir)]
+            for s in finished(groups(dataset, seeds=seeds, regime=regime), work_dir=work_dir)]
 
 
 def cell_text(values: list[int | None], horizon: int) -> str:
@@ -113,7 +114,7 @@ def cell_text(values: list[int | None], horizon: int) -> str:
     return text + (f" ({never}× never)" if never else "")
 
 
-def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[str, str]):
+def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[str, str], regime: Regime = Regime()):
     """results/table4.md: per dataset and tau_0, fast | vanilla under each metric, beside the paper's."""
     from flexfl.files import atomic_file
 
@@ -121,7 +122,7 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
 
     blocks, plots, rows = [], [], []
     for dataset, work_dir in work_dirs.items():
-        found = collect(dataset, seeds=seeds, work_dir=work_dir)
+        found = collect(dataset, seeds=seeds, work_dir=work_dir, regime=regime)
         if not found:
             continue
         rows += [{"dataset": dataset, "tau0": r.tau0, "seed": r.seed, "reboot": r.reboot,
@@ -162,7 +163,7 @@ trained until the curve was back (1 = already at the first round it trained in);
 k/n": seeds where fast-reboot recovered in fewer rounds than its paired vanilla run.
 Every run's counts: `table4_runs.csv`.
 EMNIST is not run here (its data cannot be downloaded on this machine; `--emnist-root`
-runs it where a copy exists). MNIST uses eta_0 = {MNIST_ETA0} as in Table 3 (results/README.md).
+runs it where a copy exists). Regime: {'; '.join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs)} ({regime.headline_note}).
 
 {chr(10).join(blocks)}
 Accuracy and loss around the arrival (seed 0; dashed: the newcomer's first round, tau_0):
