@@ -69,7 +69,7 @@ def test_write_page_puts_the_section_on_the_table5_page(tmp_path, monkeypatch):
     import simulator.table5 as table5
 
     deps = [d for s in (3, 4) for d in (_dep(0.01, crossing_after=5, seed=s), _dep(4.0, crossing_after=80, seed=s))]
-    monkeypatch.setattr(table5, "collect", lambda *, seeds, work_dir: deps)
+    monkeypatch.setattr(table5, "collect", lambda *, seeds, work_dir, regime: deps)
     path, _, _ = table5.write_page(tmp_path, work_dir=tmp_path, seeds=(3, 4), timing="1 min")
     page = path.read_text()
     assert "## auto vs threshold, leave-one-seed-out" in page
