@@ -276,8 +276,16 @@ def run_paired(
     *,
     data: FederatedData | None = None,
     traces: Mapping[str, TraceSet] | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_every_s: float = 300.0,
 ) -> list[SimResult]:
     """Run configs that share their data in lock-step, training each round's rows of all runs together.
+
+    `checkpoint`: a file where the runs' state (each Federation, its records and rows) is
+    saved atomically every `checkpoint_every_s` seconds; a later call with the same configs
+    resumes from it after its last saved round (every draw is seeded per round, so the
+    result is the uninterrupted one: tests/unit/simulator/test_paired.py). A file saved for
+    other configs is ignored. The caller deletes it once the results are safe.
 
     Each config keeps its own Federation, model, s draws and minibatches, so result i
     equals run_simulation(configs[i]) to float tolerance (tests/unit/simulator/test_paired.py);
@@ -322,7 +330,9 @@ def run_paired(
                                             batch_size=first.rules.batch_size_for(first.partition.dataset))
     n = len(data.train)
     out = {name: torch.empty((n * len(runs), *p.shape)) for name, p in runs[0].fed.params.items()}
-    for tau in range(1, max(c.rounds for c in configs) + 1):
+    first_round = _restore(checkpoint, configs, runs) + 1
+    saved_at = time.monotonic()
+    for tau in range(first_round, max(c.rounds for c in configs) + 1):
         t0 = time.perf_counter()
         going = [i for i, c in enumerate(configs) if tau <= c.rounds]
         works = [runs[i].begin(tau) for i in going]
@@ -346,10 +356,51 @@ def run_paired(
             lo, hi = bounds[j], bounds[j + 1]
             runs[i].end(w, {name: d[lo:hi] for name, d in deltas.items()} if hi > lo else {}, losses[lo:hi],
                         train_s=share)
+        if checkpoint is not None and time.monotonic() - saved_at >= checkpoint_every_s:
+            _save(checkpoint, configs, runs, tau)
+            saved_at = time.monotonic()
     for run in runs:
         run.result.final_params = run.fed.params
         run.result.wall_s = sum(r.seconds for r in run.result.records)
     return [run.result for run in runs]
+
+
+def _state_key(configs: Sequence[SimConfig]) -> str:
+    from flexfl.config import to_dict
+
+    return repr([to_dict(c) for c in configs])
+
+
+def _save(path: Path, configs: Sequence[SimConfig], runs: Sequence[_Run], tau: int) -> None:
+    """The paired runs' state after round `tau`, written atomically."""
+    from flexfl.files import atomic_file
+
+    state = {"configs": _state_key(configs), "round": tau,
+             "runs": [{"fed": r.fed, "records": r.result.records, "rows": r.result.rows,
+                       "device_updates": r.result.device_updates} for r in runs]}
+    with atomic_file(Path(path), "wb") as f:
+        torch.save(state, f)
+    log.info("checkpoint of %d paired runs after round %d: %s", len(runs), tau, path)
+
+
+def _restore(path: Path | None, configs: Sequence[SimConfig], runs: Sequence[_Run]) -> int:
+    """Load a checkpoint of these configs into `runs`; the last round it holds (0: none usable)."""
+    if path is None or not Path(path).is_file():
+        return 0
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as exc:  # a torn or foreign file: start over rather than fail the sweep
+        log.warning("ignoring unreadable checkpoint %s: %s", path, exc)
+        return 0
+    if not isinstance(state, dict) or state.get("configs") != _state_key(configs):
+        log.warning("ignoring checkpoint %s: saved for other configs", path)
+        return 0
+    for run, saved in zip(runs, state["runs"]):
+        run.fed = saved["fed"]
+        run.result.records, run.result.rows = saved["records"], saved["rows"]
+        run.result.device_updates = saved["device_updates"]
+    log.info("resuming %d paired runs after round %d from %s", len(runs), state["round"], path)
+    return int(state["round"])
 
 
 class _SharedDraws:

@@ -31,6 +31,8 @@ def available_cpus() -> int:
 class LocalExecutor:
     """`jobs` worker processes on this machine (spawned: a fresh interpreter, nothing inherited); 1 = in this process."""
 
+    shares_files = True  # workers see the driver's work folder: groups checkpoint there as they go
+
     def __init__(self, *, jobs: int) -> None:
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")

@@ -111,6 +111,7 @@ class GroupTask:
     runs: tuple[Run, ...]
     wanted: frozenset[str]  # names whose results go back (a cached alias source is recomputed, not resent)
     trace_sets: Mapping[str, TraceSet]
+    checkpoint: str | None = None  # where paired runs save their state as they go (a file system the worker sees)
 
 
 @dataclass(frozen=True)
@@ -221,12 +222,15 @@ def compute_group(task: GroupTask) -> list[RunOutput]:
         pairable = (len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1
                     and len({c.trainer_kind for c in configs}) == 1 and configs[0].batched)
         if pairable:
-            results = run_paired(configs, data=data, traces=task.trace_sets)
+            checkpoint = Path(task.checkpoint) if task.checkpoint else None
+            results = run_paired(configs, data=data, traces=task.trace_sets, checkpoint=checkpoint)
         else:
             results = [run_simulation(c, data=data, traces=task.trace_sets[c.traces.set]) for c in configs]
     except FlexFLError as exc:
         return [RunOutput(name=r.name, error=str(exc)) for r in task.runs if r.name in task.wanted]
     group_s = time.perf_counter() - started
+    if task.checkpoint:
+        Path(task.checkpoint).unlink(missing_ok=True)  # the results go back now; a rerun would find them saved
     by_name = {r.name: res for r, res in zip(computed, results)}
     paired = [r.name for r in computed] if pairable and len(computed) > 1 else []
     out = []
@@ -307,6 +311,9 @@ def run_sweep(
         tasks.append(GroupTask(runs=task_runs, wanted=frozenset(wanted),
                                trace_sets={r.config.traces.set: trace_sets[r.config.traces.set] for r in task_runs}))
     executor = executor if executor is not None else LocalExecutor(jobs=1)
+    if getattr(executor, "shares_files", False):
+        # Long groups (MNIST with E in epochs: about an hour) survive an interruption mid-run.
+        tasks = [replace(t, checkpoint=str((work_dir / f".{t.runs[0].name}.partial.pt").resolve())) for t in tasks]
     total, cached = len(runs), len(summaries)
     to_compute = total - cached
     report(f"sweep: {total} runs, {cached} already in {work_dir} (cached), {to_compute} to compute in "

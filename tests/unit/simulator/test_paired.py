@@ -108,3 +108,39 @@ def test_rows_sharing_a_generator_train_on_its_batches_each_for_its_own_steps():
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)
     assert not torch.equal(got["linear.weight"][0], got["linear.weight"][1])  # 4 steps vs 1
+
+
+def test_an_interrupted_paired_group_resumes_from_its_checkpoint_to_the_same_result(tmp_path, monkeypatch):
+    """A worker killed mid-run loses at most the rounds since its last save; the resumed runs equal uninterrupted ones."""
+    from simulator import engine
+
+    events = ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2),),
+                            departures=(DepartureEvent(device=0, round=4, policy="exclude"),))
+    configs = [with_rules(replace(BASE, schedule=events), scheme=s) for s in "ABC"]
+    data = load_data(BASE)
+    whole = run_paired(configs, data=data)
+    checkpoint = tmp_path / "group.partial.pt"
+    original_end = engine._Run.end
+
+    def killed_in_round_5(self, work, *args, **kwargs):
+        if work.opening.round_index == 5:
+            raise KeyboardInterrupt  # what a stopped session does to a worker
+        return original_end(self, work, *args, **kwargs)
+
+    monkeypatch.setattr(engine._Run, "end", killed_in_round_5)
+    with pytest.raises(KeyboardInterrupt):
+        run_paired(configs, data=data, checkpoint=checkpoint, checkpoint_every_s=0)
+    assert checkpoint.is_file()
+    monkeypatch.setattr(engine._Run, "end", original_end)
+    opened = []
+    original_begin = engine._Run.begin
+    monkeypatch.setattr(engine._Run, "begin", lambda self, tau: opened.append(tau) or original_begin(self, tau))
+    resumed = run_paired(configs, data=data, checkpoint=checkpoint, checkpoint_every_s=0)
+    assert sorted(set(opened)) == [5, 6]  # rounds 1-4 came from the checkpoint
+    for a, b in zip(resumed, whole):
+        assert_same_run(a, b)
+    # A checkpoint of other configs is not used.
+    other = [replace(c, seed=9) for c in configs]
+    opened.clear()
+    run_paired(other, data=load_data(other[0]), checkpoint=checkpoint)
+    assert min(opened) == 1
