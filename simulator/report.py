@@ -60,21 +60,26 @@ class Cell:
         return ", ".join(self.parts())
 
 
-def table3_cells(final: Iterable[dict]) -> dict[tuple[str, int], Cell]:
-    """Group final accuracies {setting, num_traces, scheme, seed, final_acc} into Table 3 cells.
+LOWER_IS_BETTER = frozenset({"final_loss"})
+
+
+def table3_cells(final: Iterable[dict], *, metric: str = "final_acc") -> dict[tuple[str, int], Cell]:
+    """Group per-run metrics {setting, num_traces, scheme, seed, <metric>} into Table 3 cells.
 
     Improvements are computed per seed (schemes of one seed share data, traces and s draws),
-    then summarised over seeds.
+    then summarised over seeds. For a loss the improvement is the relative reduction,
+    100 (old - new) / old, so that positive means better for every metric.
     """
     acc: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
     for r in final:
-        acc[(r["setting"], int(r["num_traces"]), int(r["seed"]))][r["scheme"]] = float(r["final_acc"])
+        acc[(r["setting"], int(r["num_traces"]), int(r["seed"]))][r["scheme"]] = float(r[metric])
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     per_cell: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
     for (setting, j, _seed), by_scheme in sorted(acc.items()):
         if {"A", "B", "C"} <= set(by_scheme):
             b_a, c_b = per_cell[(setting, j)]
-            b_a.append(improvement_pct(by_scheme["B"], by_scheme["A"]))
-            c_b.append(improvement_pct(by_scheme["C"], by_scheme["B"]))
+            b_a.append(sign * improvement_pct(by_scheme["B"], by_scheme["A"]))
+            c_b.append(sign * improvement_pct(by_scheme["C"], by_scheme["B"]))
     return {key: Cell(np.array(v[0]), np.array(v[1])) for key, v in per_cell.items()}
 
 
