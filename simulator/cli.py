@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t3.add_argument("--dataset", choices=["synthetic", "mnist"], default="synthetic")
     t3.add_argument("--readings", default="all", help="comma-separated readings, or all (see results/table3.md)")
     t3.add_argument("--num-traces-list", default="1-8", help="|T| values (default 1-8)")
+    t3.add_argument("--settings", default="iid,niid", help="comma-separated, in the order to run: iid, niid "
+                    "(default iid,niid)")
     _add_sweep_flags(t3, seeds="0-4")
     t3.set_defaults(func=cmd_table3)
 
@@ -323,7 +325,10 @@ def cmd_table3(args: argparse.Namespace) -> int:
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     started = time.perf_counter()
     if not args.report_only:
-        summaries = run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces,
+        settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+        if not settings or set(settings) - {"iid", "niid"}:
+            raise ConfigError(f"--settings: expected iid and/or niid, got {args.settings!r}")
+        summaries = run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces, settings=settings,
                                work_dir=work_dirs[args.dataset], regime=regime,
                                executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
         computed = sum(not s.get("cached") for s in summaries)

@@ -85,9 +85,11 @@ def reading_groups(dataset: str, reading: Reading, *, seeds: Sequence[int], num_
 
 
 def run_table3(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], num_traces: Sequence[int],
-               work_dir: Path, executor: Executor | None = None, regime: Regime = Regime()) -> list[dict]:
+               work_dir: Path, executor: Executor | None = None, regime: Regime = Regime(),
+               settings: Sequence[str] = SETTINGS) -> list[dict]:
     groups = [g for name in readings
-              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces, regime=regime)]
+              for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces, regime=regime,
+                                      settings=settings)]
     return run_sweep(groups, work_dir=work_dir, executor=executor)
 
 
