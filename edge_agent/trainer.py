@@ -18,21 +18,14 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import torch
 from torch import nn
 
+from edge_agent.units import Unit
 from flexfl.errors import ConfigError
 from workloads.datasets import ArrayDataset, scaled
-
-
-class Unit(StrEnum):
-    """What one local update is: one minibatch SGD step (the paper's eq. (1)) or one full pass."""
-
-    STEP = "step"
-    EPOCH = "epoch"
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,17 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from edge_agent.trainer import Unit
+from edge_agent.units import Unit
 from flexfl.errors import ConfigError
-from simulator.engine import REPO_ROOT, SimConfig
-from simulator.sweep import Group
-from workloads.federated import DEFAULTS
 from workloads.partition_spec import Dataset
 
-OPERATING_POINT_FILE = REPO_ROOT / "results" / "operating_point.toml"
+if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` builds this module's flags
+    from simulator.engine import SimConfig
+    from simulator.sweep import Group
+
+OPERATING_POINT_FILE = Path(__file__).resolve().parent.parent / "results" / "operating_point.toml"
 SOURCES = ("default", "paper", "protocol")
 # The step reading's MNIST rate, fixed before the protocol (results/README.md, "Learning rate on MNIST").
 STEP_READING_MNIST_ETA0 = 0.1
@@ -63,6 +65,8 @@ class Regime:
 
     def eta0_for(self, dataset: Dataset | str) -> float | None:
         """The rules' eta0 for `dataset` (None: the rules' default, the paper's value)."""
+        from workloads.federated import DEFAULTS
+
         dataset = Dataset(dataset)
         if self.eta0 == "paper":
             return DEFAULTS[dataset].eta0
@@ -77,6 +81,8 @@ class Regime:
         return replace(cfg, rules=rules)
 
     def apply_groups(self, groups: Sequence[Group]) -> list[Group]:
+        from simulator.sweep import Group
+
         return [Group(tuple(replace(run, config=self.apply(run.config)) for run in g.runs)) for g in groups]
 
     @property
@@ -90,6 +96,8 @@ class Regime:
                 "MNIST; the epoch reading (results/epoch-*/) is the paper's own")
 
     def describe(self, dataset: Dataset | str) -> str:
+        from workloads.federated import DEFAULTS
+
         eta0 = self.eta0_for(dataset)
         eta0 = DEFAULTS[Dataset(dataset)].eta0 if eta0 is None else eta0
         source = {"paper": "the paper's", "protocol": "the operating-point protocol's choice",
@@ -115,7 +123,7 @@ def protocol_eta0(dataset: Dataset | str, unit: Unit | str, *, table: Path = OPE
 
 
 def add_regime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--unit", choices=[str(u) for u in Unit], default=str(Unit.STEP),
+    p.add_argument("--unit", default="step",
                    help="what one of the E = 20 local updates is: an SGD step or an epoch over the device's data "
                         "(ceil(n_k / B) steps) (default step)")
     p.add_argument("--eta0", default="default",
@@ -124,7 +132,11 @@ def add_regime_flags(p: argparse.ArgumentParser) -> None:
 
 
 def regime_from_args(args: argparse.Namespace) -> Regime:
-    return Regime(unit=Unit(args.unit), eta0=args.eta0)
+    try:
+        unit = Unit(args.unit)
+    except ValueError:
+        raise ConfigError(f"--unit {args.unit!r}: expected {' or '.join(str(u) for u in Unit)}") from None
+    return Regime(unit=unit, eta0=args.eta0)
 
 
 def out_dir(args: argparse.Namespace, regime: Regime) -> Path:
