@@ -136,8 +136,8 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
                 fast = [r.rounds[metric] for r in found if r.tau0 == t and r.reboot == "fast"]
                 van = [r.rounds[metric] for r in found if r.tau0 == t and r.reboot == "vanilla"]
                 pairs = [(f, v) for f, v in zip(_by_seed(found, t, "fast", metric), _by_seed(found, t, "vanilla", metric))
-                         if f is not None and v is not None]
-                faster = sum(f < v for f, v in pairs)
+                         if f is not None or v is not None]
+                faster = sum(fast_sooner(f, v) for f, v in pairs)
                 cells.append(f"{cell_text(fast, horizon)} \\| {cell_text(van, horizon)}"
                              + (f"; fast sooner in {faster}/{len(pairs)}" if pairs else ""))
             lines.append(f"| FlexFL {metric} | " + " | ".join(cells) + " |")
@@ -175,6 +175,13 @@ Accuracy and loss around the arrival (seed 0; dashed: the newcomer's first round
     with atomic_file(path) as f:
         f.write(page)
     return path
+
+
+def fast_sooner(fast: int | None, vanilla: int | None) -> bool:
+    """Did fast-reboot recover in fewer rounds than its paired vanilla run? A run that never recovers
+    (None) counts as later than any that does, so a seed where only one variant recovers is counted."""
+    never = float("inf")
+    return (never if fast is None else fast) < (never if vanilla is None else vanilla)
 
 
 def _by_seed(found: list[Recoveries], tau0: int, reboot: str, metric: str) -> list[int | None]:

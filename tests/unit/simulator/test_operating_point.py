@@ -66,3 +66,8 @@ def test_the_default_regime_keeps_the_step_readings_configs_and_another_reaches_
         cfgs = [r.config for g in groups for r in g.runs]
         assert {c.rules.unit for c in cfgs} == {Unit.EPOCH}
         assert {c.rules.eta0_for(c.partition.dataset) for c in cfgs} <= {2e-3, 1.0}
+
+
+def test_table4_counts_a_seed_where_only_one_variant_recovers():
+    assert table4.fast_sooner(5, None) and not table4.fast_sooner(None, 5)
+    assert table4.fast_sooner(3, 4) and not table4.fast_sooner(4, 4) and not table4.fast_sooner(None, None)
