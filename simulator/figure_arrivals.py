@@ -51,8 +51,10 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
     from flexfl.files import atomic_file
 
     curves: dict[str, list[np.ndarray]] = {"fast": [], "vanilla": []}
+    run_seeds: dict[str, list[int]] = {"fast": [], "vanilla": []}
     for s in finished(groups(seeds=seeds, regime=regime), work_dir=work_dir):
         curves[s["reboot"]].append(np.array([r["test_acc"] for r in read_metrics(work_dir, s["name"])]))
+        run_seeds[s["reboot"]].append(int(s["seed"]))
     if not curves["fast"] or not curves["vanilla"]:
         raise ConfigError(f"no finished multi-arrival runs in {work_dir} (run without --report-only)")
     fig, ax = plt.subplots(figsize=(8, 4.2))
@@ -76,6 +78,16 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
     png = out_dir / "figure_arrivals.png"
     fig.savefig(png, dpi=110)
     plt.close(fig)
+    if run_seeds["fast"] != run_seeds["vanilla"]:
+        raise ConfigError(f"multi-arrival runs in {work_dir}: fast-reboot finished for seeds {run_seeds['fast']}, "
+                          f"vanilla for {run_seeds['vanilla']}; rerun to finish the pairs")
+    # Every number of the page, per run: the 20-round window means from each newcomer's first round.
+    from simulator.report import write_csv_atomic
+
+    write_csv_atomic(out_dir / "figure_arrivals_runs.csv", [
+        {"seed": seed, "reboot": reboot, "first_round": r, "mean_acc_20": float(stats[reboot][i, r - 1:r + 19].mean()),
+         "final_acc": float(stats[reboot][i, -1])}
+        for reboot in ("fast", "vanilla") for i, seed in enumerate(run_seeds[reboot]) for r in FIRST_ROUNDS])
     windows = []
     for r in FIRST_ROUNDS:
         w = slice(r - 1, r + 19)  # the 20 rounds from the newcomer's first
@@ -92,7 +104,7 @@ Regime: {regime.describe("mnist")} ({regime.headline_note}).
 ![multi-arrival]({png.name})
 
 Mean test accuracy (%) over the 20 rounds from each newcomer's first round, and the paired
-difference fast - vanilla per seed (median [min, max]):
+difference fast - vanilla per seed (median [min, max]); per run in `figure_arrivals_runs.csv`:
 
 | first round | fast-reboot | vanilla | fast - vanilla |
 |---|---|---|---|
