@@ -294,7 +294,8 @@ the argmax margins of an under-trained model. FlexFL's cells give the median and
 agreement table gives how many per dataset; the three schemes of a seed share data, initial
 model, trace assignment, s draws and minibatches; they train together).
 Rows marked (paper) are the published values; every run's final accuracy is in
-`table3_runs.csv`. Wall time: {"; ".join(f"{k}: {v}" for k, v in timing.items())}
+`table3_runs.csv`. The paper's EMNIST rows are not run: EMNIST cannot be downloaded on this
+machine (`--emnist-root DIR` loads a local copy; the loader is tested on files the tests write). Wall time: {"; ".join(f"{k}: {v}" for k, v in timing.items())}
 (2-core machine, shared with other work).
 
 Regime: {'; '.join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs)} ({regime.headline_note}).
