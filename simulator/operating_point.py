@@ -129,9 +129,11 @@ def run_protocol(dataset: str, unit: Unit | str, *, work_dir: Path, executor: Ex
         raise ConfigError(f"operating point: no protocol for dataset {dataset!r}; choose from "
                           f"{', '.join(PROTOCOL_SEEDS)}")
     ks = list(GRID_K)
+    computed: set[str] = set()
     for _ in range(MAX_EXTENSIONS + 1):
         summaries = run_sweep(groups(dataset, unit, ks), work_dir=work_dir, executor=executor, report=report,
                               failures="return")
+        computed |= {s["name"] for s in summaries if not s.get("cached")}
         cands = candidates(summaries)
         best, edge = choose(cands)
         if edge == 0:
@@ -139,7 +141,8 @@ def run_protocol(dataset: str, unit: Unit | str, *, work_dir: Path, executor: Ex
         ks = ks + [max(ks) + 1] if edge > 0 else [min(ks) - 1] + ks
         report(f"operating point: the winner eta_0 = {best.eta0:g} is at the grid's edge; adding k = "
                f"{ks[-1] if edge > 0 else ks[0]:+d}")
-    return best, cands, summaries
+    # A run computed by an earlier pass of the grid counts as computed by this command.
+    return best, cands, [{**s, "cached": s.get("cached") and s["name"] not in computed} for s in summaries]
 
 
 def record_choice(dataset: str, unit: Unit | str, best: Candidate, *, table: Path = OPERATING_POINT_FILE,
