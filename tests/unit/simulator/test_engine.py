@@ -248,3 +248,22 @@ def evaluate_params(params, test):
 
     model, _ = initial_model("synthetic", seed=0)
     return evaluate(model, params, test)
+
+
+def test_auto_falls_back_to_the_batched_trainer_without_numba(monkeypatch, caplog):
+    """An install without the [sim] extra (an edge device's) still simulates, and says on which trainer."""
+    import importlib.util
+
+    from simulator import engine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    engine.cache_trainer_available.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert small().trainer_kind is TrainerKind.FAST
+        assert "flexfl[sim]" in caplog.text
+    finally:
+        engine.cache_trainer_available.cache_clear()
+    monkeypatch.undo()
+    assert small().trainer_kind is TrainerKind.CACHE
