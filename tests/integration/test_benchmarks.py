@@ -32,9 +32,13 @@ def test_the_simulator_benchmark_runs_and_its_variants_agree():
     out = subprocess.run([sys.executable, "-m", "benchmarks.sim_speed", "--reps", "1", "--workloads", "synthetic"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"cache/sequential: min [\d.]+x", out.stdout), out.stdout
     assert re.search(r"fast/sequential: min [\d.]+x", out.stdout), out.stdout
-    m = re.search(r"max \|variant - sequential\|: fast ([\d.e+-]+), plain ([\d.e+-]+) \(max \|sequential\| ([\d.e+-]+)\)",
-                  out.stdout)
-    assert m, out.stdout
-    fast, plain, scale = map(float, m.groups())
-    assert fast <= 1e-3 * scale and plain <= 1e-5 * scale, m.group(0)
+    line = re.search(r"max \|variant - sequential\|: (.*) \(max \|sequential\| ([\d.e+-]+)\)", out.stdout)
+    assert line, out.stdout
+    diffs = {name: float(v) for name, v in re.findall(r"(\w+) ([\d.e+-]+)", line.group(1))}
+    scale = float(line.group(2))
+    assert set(diffs) == {"cache", "fast", "torchloop", "plain"}, line.group(0)
+    # float32 rounding over 20 steps at eta = 1 (the fast and cache trainers reorder the arithmetic)
+    assert max(diffs["cache"], diffs["fast"], diffs["torchloop"]) <= 1e-3 * scale and diffs["plain"] <= 1e-5 * scale, \
+        line.group(0)
