@@ -277,7 +277,7 @@ the device's last {GAMMA_ROUNDS} pairs. Median Gamma estimate at the departure:
 {", ".join(f"({ab[0]:g},{ab[1]:g}): {np.median(g):.3f}" for ab, g in gammas.items() if g)}.
 
 - c chosen on seeds {list(TUNE_SEEDS)} (the grid C_GRID, {len(C_GRID)} values from 0.01 to 100): **c = {c:g}**
-  (right in {tune_acc:.1%} of their cases); used as the default `rules.auto_c`.
+  (right in {tune_acc:.1%} of their cases); the default `rules.auto_c` is AUTO_C = {AUTO_C:g} in coordinator/round.py, changed only by a commit that cites this page.
 - Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {list(HORIZONS)}):
   auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
   always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
