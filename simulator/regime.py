@@ -2,7 +2,7 @@
 
 Every paper experiment (simulator.table3, table4, table5, figure_arrivals) builds its runs
 without choosing either; the sweep commands apply one Regime to all of them
-(`--unit step|epoch --eta0 default|paper|protocol|NUMBER`), so the choice is made in one
+(`--unit step|epoch --eta0 default|paper|protocol|NUMBER`; each module's groups() take it), so the choice is made in one
 place and named in the page and the work folder.
 
 eta_0 sources:
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +29,6 @@ from workloads.partition_spec import Dataset
 
 if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` builds this module's flags
     from simulator.engine import SimConfig
-    from simulator.sweep import Group
 
 OPERATING_POINT_FILE = Path(__file__).resolve().parent.parent / "results" / "operating_point.toml"
 SOURCES = ("default", "paper", "protocol")
@@ -79,11 +77,6 @@ class Regime:
     def apply(self, cfg: SimConfig) -> SimConfig:
         rules = replace(cfg.rules, unit=self.unit, eta0=self.eta0_for(cfg.partition.dataset))
         return replace(cfg, rules=rules)
-
-    def apply_groups(self, groups: Sequence[Group]) -> list[Group]:
-        from simulator.sweep import Group
-
-        return [Group(tuple(replace(run, config=self.apply(run.config)) for run in g.runs)) for g in groups]
 
     @property
     def headline_note(self) -> str:
