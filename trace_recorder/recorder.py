@@ -258,10 +258,15 @@ class CoordinatorProcess:
 
 
 def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_rounds: int,
-                       statistic: str, factor: float) -> tuple[float, dict[str, Any]]:
-    """deadline = factor x statistic of the reference (unloaded) devices' delivery-to-arrival times.
+                       statistic: str, factor: float, margin_s: float) -> tuple[float, dict[str, Any]]:
+    """deadline = factor x statistic of the reference (unloaded) devices' delivery-to-arrival
+    times + the agents' safety margin.
 
-    Only rounds after `skip_rounds` and updates with all E updates done count.
+    Only rounds after `skip_rounds` and updates with all E updates done count. An agent starts
+    an update only while the update, its upload and `margin_s` still fit before the deadline
+    (edge_agent.agent), so without the margin a deadline of factor 1 would stop the unloaded
+    device short of E whenever the margin is a noticeable part of its time (a fast device:
+    50 ms of a 50 ms round left it at s = 0).
     """
     samples = [float(r["arrived_after_s"][d]) for r in rows if r["round"] > skip_rounds
                for d in reference if d in r.get("arrived_after_s", {}) and r["s"].get(d) == E]
@@ -270,9 +275,10 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
                           f"warm-up rounds after round {skip_rounds}; nothing to calibrate the deadline on")
     value = {"max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
              "p95": lambda x: float(np.percentile(x, 95))}[statistic](samples)
-    deadline = round(factor * value, 3)
+    deadline = round(factor * value + margin_s, 3)
     return deadline, {"reference_traces": reference, "samples": len(samples), "statistic": statistic,
-                      "statistic_s": round(value, 4), "factor": factor, "deadline_s": deadline,
+                      "statistic_s": round(value, 4), "factor": factor, "agent_margin_s": margin_s,
+                      "deadline_s": deadline,
                       "samples_min_s": round(min(samples), 4), "samples_median_s": round(float(np.median(samples)), 4),
                       "samples_max_s": round(max(samples), 4)}
 
@@ -488,9 +494,11 @@ class Recording:
             if not reference:
                 raise RecordError("the profile has no unloaded trace (cpu 0 %, unshaped) to calibrate the "
                                   "deadline on; add one or pass --deadline-s")
+            # The emulated fleet's agents are written with the default margin (_write_configs);
+            # an inventory's agents are assumed to keep it.
             deadline, details = calibrate_deadline(rows, reference=[ids[t] for t in reference], E=self.E,
                                                    skip_rounds=rule.skip_rounds, statistic=rule.statistic,
-                                                   factor=rule.factor)
+                                                   factor=rule.factor, margin_s=AgentConfig.safety_margin_s)
         details["warmup_rounds"] = len(rows)
         self.state.update(phase="recording", deadline_s=deadline, calibration=details)
         self._save_state()

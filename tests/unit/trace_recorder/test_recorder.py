@@ -19,21 +19,24 @@ def row(k: int, *, s: dict, delivered: tuple = ("T0", "T90"), arrived: tuple = (
             "arrived_after_s": after or {d: 0.3 for d in arrived}}
 
 
-def test_deadline_is_factor_times_the_statistic_of_complete_unloaded_rounds() -> None:
+def test_deadline_is_factor_times_the_statistic_of_complete_unloaded_rounds_plus_the_agents_margin() -> None:
     rows = [row(k, s={"T0": 20, "T90": 12}, after={"T0": t, "T90": 0.9}) for k, t in
             [(1, 5.0), (2, 0.30), (3, 0.40), (4, 0.35)]]
     rows.append(row(5, s={"T0": 19, "T90": 12}, after={"T0": 9.0, "T90": 0.9}))  # incomplete: ignored
-    deadline, details = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="max", factor=1.1)
-    assert deadline == pytest.approx(0.44)  # round 1 (cold start) and the incomplete round 5 do not count
+    deadline, details = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="max", factor=1.1,
+                                           margin_s=0.05)
+    # 1.1 x 0.40 + the agents' margin: round 1 (cold start) and the incomplete round 5 do not count
+    assert deadline == pytest.approx(0.49)
     assert details["samples"] == 3
-    deadline, _ = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="median", factor=1.0)
+    deadline, _ = calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=1, statistic="median", factor=1.0,
+                                  margin_s=0.0)
     assert deadline == pytest.approx(0.35)
 
 
 def test_calibration_without_a_complete_unloaded_round_is_an_error() -> None:
     rows = [row(k, s={"T0": 10, "T90": 5}) for k in (1, 2, 3)]
     with pytest.raises(RecordError, match="completed all 20 updates"):
-        calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=0, statistic="max", factor=1.1)
+        calibrate_deadline(rows, reference=["T0"], E=20, skip_rounds=0, statistic="max", factor=1.1, margin_s=0.05)
 
 
 def test_settling_rounds_are_dropped_per_segment_and_every_kept_round_has_a_successor() -> None:
