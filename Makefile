@@ -75,8 +75,11 @@ operating-point: setup ## the operating-point protocol for SYNTHETIC and MNIST, 
 	$(BIN)/flexfl sim operating-point --dataset mnist --unit step $(SWEEP_ARGS)
 	$(BIN)/flexfl sim operating-point --dataset mnist --unit epoch $(SWEEP_ARGS)
 
-paper-epoch-synthetic: setup ## Table 3 on SYNTHETIC with E in epochs at ETA0=protocol|paper (headline + equal readings, 5 seeds) -> results/epoch-$(ETA0)/
+paper-epoch-synthetic: setup ## SYNTHETIC with E in epochs at ETA0=protocol|paper, 5 seeds: Table 3 (headline + equal readings), Table 4, Table 5, Figure 6 -> results/epoch-$(ETA0)/
 	$(BIN)/flexfl sim table3 --dataset synthetic --readings per-label,equal --seeds 0-4 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
+	$(BIN)/flexfl sim table4 --datasets synthetic --seeds 0-4 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
+	$(BIN)/flexfl sim table5 --seeds 0-4 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
+	$(BIN)/flexfl sim arrivals-figure --dataset synthetic --seeds 0-4 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
 
 paper-table3-mnist-epoch: setup ## Table 3 on MNIST with E in epochs at ETA0 (non-IID first, |T| = 2,4,8, seeds 0-1: ~12 core-hours by benchmarks.epoch_speed --price; resumable mid-run) -> results/epoch-$(ETA0)/
 	$(BIN)/flexfl sim table3 --dataset mnist --readings per-label --settings niid,iid --num-traces-list 2,4,8 --seeds 0-1 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)

@@ -71,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
+    fig.add_argument("--dataset", choices=["mnist", "synthetic"], default="mnist",
+                     help="non-IID MNIST (the paper's) or SYNTHETIC(1,1) (default mnist)")
     fig.set_defaults(func=cmd_arrivals_figure)
 
 
@@ -414,8 +416,10 @@ def cmd_table4(args: argparse.Namespace) -> int:
     return 0
 
 
-def _paper_sweep(args: argparse.Namespace, module, name: str, command: str):
-    """Compute (unless --report-only) the sweep of `module.groups` and write its page; returns write_page's result."""
+def _paper_sweep(args: argparse.Namespace, module, name: str, command: str, **kw):
+    """Compute (unless --report-only) the sweep of `module.groups` and write its page; returns write_page's result.
+
+    `kw` goes to both `module.groups` and `module.write_page`."""
     from simulator.executors import executor_for
     from simulator.sweep import run_sweep
 
@@ -424,11 +428,11 @@ def _paper_sweep(args: argparse.Namespace, module, name: str, command: str):
     work_dir = args.work_dir or args.out / "runs" / name
     started = time.perf_counter()
     if not args.report_only:
-        run_sweep(module.groups(seeds=seeds, regime=regime), work_dir=work_dir,
+        run_sweep(module.groups(seeds=seeds, regime=regime, **kw), work_dir=work_dir,
                   executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
     timing = _timing(args, name, started, f"{command} --seeds {args.seeds}{_regime_flags(regime)}")
     return module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()),
-                             regime=regime)
+                             regime=regime, **kw)
 
 
 def cmd_table5(args: argparse.Namespace) -> int:
@@ -442,7 +446,9 @@ def cmd_table5(args: argparse.Namespace) -> int:
 def cmd_arrivals_figure(args: argparse.Namespace) -> int:
     from simulator import figure_arrivals
 
-    page = _paper_sweep(args, figure_arrivals, "figure_arrivals", "flexfl sim arrivals-figure")
+    flag = "" if args.dataset == "mnist" else f" --dataset {args.dataset}"
+    page = _paper_sweep(args, figure_arrivals, figure_arrivals.file_stem(args.dataset),
+                        f"flexfl sim arrivals-figure{flag}", dataset=args.dataset)
     print(f"multi-arrival figure: {page}")
     return 0
 
