@@ -45,6 +45,10 @@ BENCHES = (
     Bench("Threads per worker process",
           ("benchmarks.threads", "--reps", "3"), ("benchmarks.threads", "--reps", "1"),
           "Why every simulation worker runs one torch thread."),
+    Bench("The CLI's answer time: --help and an argument error",
+          ("benchmarks.cli_speed", "--reps", "9"), ("benchmarks.cli_speed", "--reps", "1"),
+          "Issue 18's goal: `--help` and argument errors within 0.5 s of `python -c pass` (the parser imports "
+          "neither torch nor data; a unit test checks the imports)."),
     Bench("Edge agent memory beside torch's own",
           ("benchmarks.agent_memory", "--repeat", "3"), ("benchmarks.agent_memory", "--repeat", "1"),
           "Issue 12's Pi budget: idle RSS <= torch + 30 MiB, start-up peak (VmHWM) <= torch + 80 MiB."),

@@ -11,7 +11,7 @@ from pathlib import Path
 from flexfl.errors import TraceFormatError
 from trace_recorder.calibrate import PAPER_TABLE2, generate_paper_traces, paper_manifest
 from trace_recorder.format import Trace, TraceSet, read_trace_set, write_trace_set
-from trace_recorder.profiles import DEFAULT_PROFILE
+from trace_recorder import DEFAULT_PROFILE
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from coordinator.aggregation import Scheme
 from coordinator.round import RulesConfig
 from flexfl.config import NOT_IN_FILE, load_config, path_field, to_dict
 from flexfl.errors import ConfigError
+from trace_recorder import DEFAULT_PROFILE
 from trace_recorder.manifest import NAME_RE
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
-DEFAULT_PROFILE = Path(__file__).resolve().parent / "paper_profile.toml"
 STATISTICS = ("max", "p95", "p90", "median")
 
 

@@ -42,3 +42,15 @@ def test_the_simulator_benchmark_runs_and_its_variants_agree():
     # float32 rounding over 20 steps at eta = 1 (the fast and cache trainers reorder the arithmetic)
     assert max(diffs["cache"], diffs["fast"], diffs["torchloop"]) <= 1e-3 * scale and diffs["plain"] <= 1e-5 * scale, \
         line.group(0)
+
+
+def test_the_cli_benchmark_runs_every_command_with_its_exit_code():
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "benchmarks.cli_speed", "--reps", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]  # it exits non-zero when a command's exit code is not the expected
+    assert len(re.findall(r"^excess of flexfl", out.stdout, re.M)) == 3, out.stdout
+    assert re.search(r"^goal: excess < 0.5 s: (met|NOT met)", out.stdout, re.M), out.stdout

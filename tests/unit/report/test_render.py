@@ -120,8 +120,10 @@ def test_cli_prints_the_path_and_rejects_other_folders(live_dir, tmp_path, capsy
     assert err.startswith("flexfl: error: ") and "not a run" in err and "\n" not in err
 
 
-def test_parser_does_not_import_the_report_libraries():
+def test_parser_does_not_import_the_report_libraries_or_torch():
+    # `flexfl --help` and argument errors answer without them (benchmarks.cli_speed times it).
+    heavy = ("matplotlib", "jinja2", "torch", "numba", "grpc", "zmq")
     code = ("import sys; from flexfl.cli import build_parser; build_parser(); "
-            "print(sorted(m for m in ('matplotlib', 'jinja2') if m in sys.modules))")
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
