@@ -2,7 +2,9 @@
 
 `build_federated` turns a partition spec (workloads.partition_spec) into per-device training
 sets, a global test set and (for SYNTHETIC) per-device holdouts, reproducibly for its seed;
-`load_shard` gives one device's training set without building the others.
+`load_shard` gives one device's training set without building the others;
+`load_evaluation` gives the coordinator's view (sample counts, test set, holdouts) without
+any training images. All three read the split from `_split`, the one place it is decided.
 """
 
 from __future__ import annotations
@@ -55,22 +57,13 @@ def initial_model(dataset: Dataset | str, *, seed: int) -> tuple[nn.Module, dict
     return model, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: holds numpy arrays
-class FederatedData:
-    """Per-device training sets, the global test set and optional per-device holdouts."""
+class _TestSets:
+    """Weights and the objective's test set, over `sample_counts`, `test`, `device_test` and `_test_cache`."""
 
-    name: str
-    train: tuple[ArrayDataset, ...]
-    test: ArrayDataset
+    sample_counts: np.ndarray
+    test: ArrayDataset | None
     device_test: tuple[ArrayDataset, ...] | None
-    num_classes: int
-    in_features: int
-    _test_cache: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def sample_counts(self) -> np.ndarray:
-        """n_k per device (int64)."""
-        return np.array([len(d) for d in self.train], dtype=np.int64)
+    _test_cache: dict
 
     @property
     def weights(self) -> np.ndarray:
@@ -90,10 +83,40 @@ class FederatedData:
         key = tuple(sorted(int(k) for k in shards))
         cached = self._test_cache.get("key")
         if cached != key:
-            parts = [self.device_test[k] for k in key]
-            self._test_cache.update(key=key, data=ArrayDataset(x=np.concatenate([p.x for p in parts]),
-                                                              y=np.concatenate([p.y for p in parts])))
+            self._test_cache.update(key=key, data=_concatenate([self.device_test[k] for k in key]))
         return self._test_cache["data"]
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: holds numpy arrays
+class FederatedData(_TestSets):
+    """Per-device training sets, the global test set and optional per-device holdouts."""
+
+    name: str
+    train: tuple[ArrayDataset, ...]
+    test: ArrayDataset
+    device_test: tuple[ArrayDataset, ...] | None
+    num_classes: int
+    in_features: int
+    _test_cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def sample_counts(self) -> np.ndarray:
+        """n_k per device (int64)."""
+        return np.array([len(d) for d in self.train], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class EvaluationData(_TestSets):
+    """What a coordinator needs of a split: n_k per device, the test set and per-device holdouts.
+
+    No training samples: the coordinator weighs devices by their counts and evaluates on the
+    test set (or the objective's holdouts), while the devices hold their own shards.
+    """
+
+    sample_counts: np.ndarray  # n_k per device, int64
+    test: ArrayDataset | None
+    device_test: tuple[ArrayDataset, ...] | None
+    _test_cache: dict = field(default_factory=dict, repr=False)
 
 
 def _derived_seeds(seed: int, n: int) -> list[int]:
@@ -113,21 +136,10 @@ def build_federated(spec: PartitionSpec, *, cache_dir: Path | None = None,
     90/10 into train and holdout, and test = all holdouts concatenated.
     """
     defaults = DEFAULTS[spec.dataset]
-    if spec.dataset is Dataset.SYNTHETIC:
-        devices = _synthetic_devices(spec, min_samples)
-        test = None
-    else:
-        raw = _load_raw(spec, cache_dir)
-        devices = [raw.train_subset(p) for p in _image_parts(spec, raw.y_train, min_samples)]
-        test = raw.test()
-    if spec.holdout > 0:
-        splits = _holdout_split([len(d) for d in devices], fraction=spec.holdout, seed=_seeds(spec)[1])
-        train = tuple(d.subset(tr) for d, (tr, _) in zip(devices, splits))
-        holdout = tuple(d.subset(ho) for d, (_, ho) in zip(devices, splits))
-        test = ArrayDataset(x=np.concatenate([d.x for d in holdout]), y=np.concatenate([d.y for d in holdout]))
-    else:
-        train, holdout = tuple(devices), None
-    return FederatedData(name=spec.dataset, train=train, test=test, device_test=holdout,
+    split = _split(spec, cache_dir=cache_dir, min_samples=min_samples)
+    holdout = split.holdouts()
+    return FederatedData(name=spec.dataset, train=tuple(split.train(k) for k in range(spec.n_devices)),
+                         test=split.test(holdout), device_test=holdout,
                          num_classes=defaults.num_classes, in_features=defaults.in_features)
 
 
@@ -142,18 +154,83 @@ def load_shard(spec: PartitionSpec, index: int, *, cache_dir: Path | None = None
     """
     if not 0 <= index < spec.n_devices:
         raise ConfigError(f"shard_index {index} is outside the partition's 0..{spec.n_devices - 1}")
+    return _split(spec, cache_dir=cache_dir, min_samples=None).train(index, as_bytes=as_bytes)
+
+
+def load_evaluation(spec: PartitionSpec, *, cache_dir: Path | None = None) -> EvaluationData:
+    """The coordinator's view of the split of `spec`: build_federated(spec)'s sample counts, test set and holdouts.
+
+    For MNIST/EMNIST only the labels of the training set are read to compute the split, and
+    of its images only the holdouts' rows (none without a holdout_fraction): the test set
+    is then the dataset's own. SYNTHETIC is generated whole (a few MB) and cut.
+    """
+    split = _split(spec, cache_dir=cache_dir, min_samples=None)
+    holdout = split.holdouts()
+    return EvaluationData(sample_counts=split.train_counts(), test=split.test(holdout), device_test=holdout)
+
+
+@dataclass(frozen=True, eq=False)
+class _Split:
+    """Where each device's samples are, before any training image is read.
+
+    Images: the rows of `raw`'s training set each device holds; SYNTHETIC: each device's
+    generated samples. With a holdout fraction, `positions` gives each device's (training,
+    holdout) positions within its samples.
+    """
+
+    raw: RawImages | None
+    rows: list[np.ndarray] | None  # images: per device, row indices into raw.x_train
+    synthetic: list[ArrayDataset] | None  # SYNTHETIC: per device, all its samples
+    positions: list[tuple[np.ndarray, np.ndarray]] | None
+
+    def train_counts(self) -> np.ndarray:
+        """n_k per device (int64): the training samples, holdouts excluded."""
+        if self.positions is not None:
+            return np.array([len(tr) for tr, _ in self.positions], dtype=np.int64)
+        held = self.rows if self.synthetic is None else self.synthetic
+        return np.array([len(d) for d in held], dtype=np.int64)
+
+    def train(self, k: int, *, as_bytes: bool = False) -> ArrayDataset:
+        """Device k's training samples (only its own images are read)."""
+        return self._take(k, None if self.positions is None else self.positions[k][0], as_bytes=as_bytes)
+
+    def holdouts(self) -> tuple[ArrayDataset, ...] | None:
+        """Every device's holdout, or None without a holdout fraction."""
+        if self.positions is None:
+            return None
+        return tuple(self._take(k, held_out, as_bytes=False) for k, (_, held_out) in enumerate(self.positions))
+
+    def test(self, holdouts: tuple[ArrayDataset, ...] | None) -> ArrayDataset | None:
+        """The global test set: all holdouts concatenated, else the image dataset's own (SYNTHETIC: none)."""
+        if holdouts is not None:
+            return _concatenate(holdouts)
+        return None if self.raw is None else self.raw.test()
+
+    def _take(self, k: int, positions: np.ndarray | None, *, as_bytes: bool) -> ArrayDataset:
+        if self.synthetic is not None:
+            mine = self.synthetic[k]
+            return mine if positions is None else mine.subset(positions)
+        rows = self.rows[k] if positions is None else self.rows[k][positions]
+        return self.raw.train_subset(rows, as_bytes=as_bytes)
+
+
+def _split(spec: PartitionSpec, *, cache_dir: Path | None, min_samples: int | None) -> _Split:
+    """The split of `spec`: for MNIST/EMNIST from the labels alone (no image is read here)."""
+    raw = rows = synthetic = None
     if spec.dataset is Dataset.SYNTHETIC:
-        devices = _synthetic_devices(spec, None)  # a few MB: generated whole
-        lengths, mine = [len(d) for d in devices], devices[index]
+        synthetic = _synthetic_devices(spec, min_samples)  # a few MB: generated whole
+        lengths = [len(d) for d in synthetic]
     else:
         raw = _load_raw(spec, cache_dir)
-        parts = _image_parts(spec, raw.y_train, None)  # index arrays only: no other device's images
-        lengths, mine = [len(p) for p in parts], None
-    keep = (_holdout_split(lengths, fraction=spec.holdout, seed=_seeds(spec)[1])[index][0]
-            if spec.holdout > 0 else None)
-    if mine is not None:
-        return mine if keep is None else mine.subset(keep)
-    return raw.train_subset(parts[index] if keep is None else parts[index][keep], as_bytes=as_bytes)
+        rows = _image_parts(spec, raw.y_train, min_samples)
+        lengths = [len(r) for r in rows]
+    positions = (_holdout_split(lengths, fraction=spec.holdout, seed=_seeds(spec)[1])
+                 if spec.holdout > 0 else None)
+    return _Split(raw=raw, rows=rows, synthetic=synthetic, positions=positions)
+
+
+def _concatenate(parts: Sequence[ArrayDataset]) -> ArrayDataset:
+    return ArrayDataset(x=np.concatenate([p.x for p in parts]), y=np.concatenate([p.y for p in parts]))
 
 
 def _seeds(spec: PartitionSpec) -> tuple[int, int, int]:

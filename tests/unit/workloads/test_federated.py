@@ -1,4 +1,4 @@
-"""build_federated: per-device splits, weights, holdouts and the paper's defaults."""
+"""build_federated: per-device splits, weights, holdouts and the paper's defaults; the coordinator's view."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
-from workloads.federated import DEFAULTS, FederatedData, WorkloadDefaults, build_federated
+from workloads.federated import DEFAULTS, FederatedData, WorkloadDefaults, build_federated, load_evaluation
 from workloads.partition_spec import PartitionSpec
 
 
@@ -117,3 +117,49 @@ def test_equal_sizes_give_every_device_the_same_count():
     data = build("synthetic", n_devices=5, iid=False, alpha=1.0, beta=1.0, seed=0, total_samples=1000, sizes="equal")
     counts = [len(d) + len(h) for d, h in zip(data.train, data.device_test)]
     assert counts == [200] * 5
+
+
+def _same(a, b) -> bool:
+    return a.x.dtype == b.x.dtype and np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
+
+
+@pytest.mark.parametrize("spec", [
+    dict(dataset="mnist", n_devices=30, iid=True, seed=2),
+    dict(dataset="mnist", n_devices=30, iid=False, seed=2),
+    dict(dataset="mnist", n_devices=30, iid=True, seed=2, sizes="equal", holdout_fraction=0.1),
+    dict(dataset="mnist", n_devices=30, iid=False, seed=2, total_samples=20000, holdout_fraction=0.2),
+    dict(dataset="mnist", n_devices=30, iid=False, seed=2, sizes="pareto-per-label", holdout_fraction=0.1),
+    dict(dataset="synthetic", n_devices=30, seed=2),
+    dict(dataset="synthetic", n_devices=30, iid=True, seed=2, sizes="lognormal"),
+], ids=["mnist-iid", "mnist-non-iid", "mnist-iid-holdout", "mnist-non-iid-holdout", "mnist-per-label-holdout",
+        "synthetic", "synthetic-iid-lognormal"])
+def test_the_coordinators_view_equals_the_whole_split(spec, mnist_cache_dir: Path) -> None:
+    """Sizes, test set and every device's holdout, without reading the training images."""
+    whole = build_federated(PartitionSpec(**spec), cache_dir=mnist_cache_dir)
+    view = load_evaluation(PartitionSpec(**spec), cache_dir=mnist_cache_dir)
+    assert view.sample_counts.dtype == np.int64 and np.array_equal(view.sample_counts, whole.sample_counts)
+    assert np.array_equal(view.weights, whole.weights)
+    assert _same(view.test, whole.test)
+    if whole.device_test is None:
+        assert view.device_test is None
+    else:
+        assert len(view.device_test) == len(whole.device_test) == 30
+        assert all(_same(v, w) for v, w in zip(view.device_test, whole.device_test))
+        assert _same(view.test_for([17, 3, 8]), whole.test_for([3, 8, 17]))
+
+
+def test_the_coordinators_view_of_mnist_reads_only_the_test_set(mnist_cache_dir: Path) -> None:
+    """The test set is 30 MiB as floats (+7.5 MiB passing through its finiteness check); the training
+    images would add 180 MiB as floats, 45 MiB as bytes."""
+    import tracemalloc
+
+    spec = PartitionSpec(dataset="mnist", n_devices=100, iid=True, sizes="equal")
+    load_evaluation(spec, cache_dir=mnist_cache_dir)  # imports and caches warmed before we measure
+    tracemalloc.start()
+    try:
+        view = load_evaluation(spec, cache_dir=mnist_cache_dir)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(view.test) == 10000 and view.device_test is None
+    assert peak < 48 * 2**20, f"the coordinator's view allocated {peak / 2**20:.1f} MiB at its peak"
