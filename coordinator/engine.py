@@ -51,7 +51,7 @@ from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice, UpdateR
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 from workloads.evaluation import evaluate
-from workloads.federated import DEFAULTS, FederatedData, initial_model
+from workloads.federated import DEFAULTS, EvaluationData, FederatedData, initial_model
 from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class _Stage:
 class RoundEngine:
     """Runs `run.rounds` federated rounds against whichever devices join."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, data: FederatedData, resume: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, data: EvaluationData | FederatedData, resume: bool = False) -> None:
         self.cfg = cfg
         self.data = data
         d = DEFAULTS[cfg.partition.dataset]
@@ -283,10 +283,11 @@ class RoundEngine:
             if reported < 1:
                 raise ConfigError(f"device {device_id!r}: sample_count must be >= 1, got {reported}")
             return int(reported)
-        if shard >= len(self.data.train):
+        counts = self.data.sample_counts
+        if shard >= len(counts):
             raise ConfigError(f"device {device_id!r}: shard_index {shard} is outside the partition's "
-                              f"0..{len(self.data.train) - 1}")
-        n = len(self.data.train[shard])
+                              f"0..{len(counts) - 1}")
+        n = int(counts[shard])
         if reported not in (0, n):  # 0: the device does not hold data (benchmark agents)
             raise PartitionMismatch(f"device {device_id!r} holds {reported} samples, but shard {shard} of "
                                     f"[{self.cfg.partition.describe()}] has {n}")

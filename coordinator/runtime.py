@@ -12,7 +12,7 @@ from pathlib import Path
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from coordinator.server import preflight, start_server
-from workloads.federated import build_federated
+from workloads.federated import load_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,8 @@ class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False) -> None:
         self.token = preflight(cfg)  # a missing token or a taken port fails now, not after loading the data
         self.cfg = cfg
-        self.engine = RoundEngine(cfg, data=build_federated(cfg.partition), resume=resume)
+        # Sample counts, test set and holdouts only: the training images stay with the devices.
+        self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None
