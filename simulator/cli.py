@@ -330,8 +330,10 @@ def cmd_table3(args: argparse.Namespace) -> int:
         settings = [s.strip() for s in args.settings.split(",") if s.strip()]
         if not settings or set(settings) - {"iid", "niid"}:
             raise ConfigError(f"--settings: expected iid and/or niid, got {args.settings!r}")
+        command = (f"flexfl sim table3 --dataset {args.dataset} --readings {args.readings} --settings {args.settings} "
+                   f"--num-traces-list {args.num_traces_list} --seeds {args.seeds}{_regime_flags(regime)}")
         summaries = run_table3(args.dataset, readings, seeds=seeds, num_traces=num_traces, settings=settings,
-                               work_dir=work_dirs[args.dataset], regime=regime,
+                               work_dir=work_dirs[args.dataset], regime=regime, plan=(args.out, command),
                                executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
         computed = sum(not s.get("cached") for s in summaries)
         cached = len(summaries) - computed

@@ -86,11 +86,72 @@ def reading_groups(dataset: str, reading: Reading, *, seeds: Sequence[int], num_
 
 def run_table3(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], num_traces: Sequence[int],
                work_dir: Path, executor: Executor | None = None, regime: Regime = Regime(),
-               settings: Sequence[str] = SETTINGS) -> list[dict]:
+               settings: Sequence[str] = SETTINGS, plan: tuple[Path, str] | None = None) -> list[dict]:
+    """Run (resume) the groups; `plan` = (out_dir, command) first records them in the page's plan."""
     groups = [g for name in readings
               for g in reading_groups(dataset, READINGS[name], seeds=seeds, num_traces=num_traces, regime=regime,
                                       settings=settings)]
+    if plan is not None:
+        record_plan(plan[0], dataset, groups, command=plan[1])
     return run_sweep(groups, work_dir=work_dir, executor=executor)
+
+
+# ---- the plan: what was asked for, so a page of a long sweep says what remains ---------------
+
+PLAN_FILE = "table3_plan.json"
+
+
+def record_plan(out_dir: Path, dataset: str, groups: Sequence[Group], *, command: str) -> None:
+    """Add these groups (run names per group) and the command to `out_dir`/table3_plan.json."""
+    import json
+
+    from flexfl.files import atomic_file
+
+    path = Path(out_dir) / PLAN_FILE
+    plan = json.loads(path.read_text()) if path.exists() else {}
+    entry = plan.setdefault(dataset, {"commands": [], "groups": []})
+    known = {tuple(g) for g in entry["groups"]}
+    entry["groups"] += [list(names) for g in groups if (names := tuple(r.name for r in g.runs)) not in known]
+    if command not in entry["commands"]:
+        entry["commands"].append(command)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        f.write(json.dumps(plan, indent=1))
+
+
+def progress(out_dir: Path, dataset: str, work_dir: Path, summaries: Sequence[dict]) -> str | None:
+    """One paragraph: planned vs finished runs, the groups with a mid-run checkpoint, and the
+    rest's time at the median wall time of a finished group; None without a plan."""
+    import json
+
+    path = Path(out_dir) / PLAN_FILE
+    entry = json.loads(path.read_text()).get(dataset) if path.exists() else None
+    if not entry:
+        return None
+    done = {s["name"] for s in summaries}
+    planned = [g for g in entry["groups"]]
+    open_groups = [g for g in planned if not set(g) <= done]
+    n_runs = sum(len(g) for g in planned)
+    n_done = sum(len(set(g) & done) for g in planned)
+    walls = [s["group_wall_s"] for s in summaries if s["name"] in {n for g in planned for n in g}
+             and s.get("group_wall_s")]
+    started = [g for g in open_groups if (Path(work_dir) / f".{g[0]}.partial.pt").exists()]
+    text = (f"{dataset.upper()}: **{n_done} of {n_runs} planned runs finished** ({len(planned) - len(open_groups)} "
+            f"of {len(planned)} paired groups; planned by {'; '.join(f'`{c}`' for c in entry['commands'])}).")
+    if not open_groups:
+        return text + " Nothing remains."
+    if started:
+        text += (f" In progress, resumable from a checkpoint in `{Path(work_dir).name}/`: "
+                 f"{', '.join(g[0].rsplit('_', 1)[0] for g in started)}.")
+    text += f" Still to run: {', '.join(g[0].rsplit('_', 1)[0] for g in open_groups)}."
+    if walls:
+        median_h = float(np.median(walls)) / 3600
+        text += (f" At the median wall time of a finished group here ({median_h:.2f} h, {len(walls) // 3} groups; "
+                 f"groups differ in steps with |T| and setting, and a resumed group counts its last part only) the "
+                 f"rest would take about {median_h * len(open_groups):.1f} h on one worker.")
+    else:
+        text += " No group has finished yet, so there is no measured speed for this grid."
+    return text
 
 
 # ---- analysis --------------------------------------------------------------------------------
@@ -255,10 +316,13 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
 
     from simulator.report import write_csv_atomic
 
-    sections, score_rows, headline_tables, run_rows = [], [], [], []
+    sections, score_rows, headline_tables, run_rows, progress_lines = [], [], [], [], []
     for dataset, work_dir in work_dirs.items():
         summaries = with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
                                                    work_dir=work_dir, regime=regime), work_dir)
+        line = progress(out_dir, dataset, work_dir, summaries)
+        if line is not None:
+            progress_lines.append(f"- {line}")
         run_rows += [{"dataset": dataset, **{k: s[k] for k in ("reading", "setting", "num_traces", "seed", "scheme",
                                                                 "final_acc", "last20_acc", "final_loss", "wall_s")}}
                      for s in summaries]
@@ -297,7 +361,7 @@ Rows marked (paper) are the published values; every run's final accuracy is in
 `table3_runs.csv`. The paper's EMNIST rows are not run: EMNIST cannot be downloaded on this
 machine (`--emnist-root DIR` loads a local copy; the loader is tested on files the tests write). Wall time: {"; ".join(f"{k}: {v}" for k, v in timing.items())}
 (2-core machine, shared with other work).
-
+{(chr(10) + "Progress of the planned sweeps (`" + PLAN_FILE + "`):" + chr(10) + chr(10) + chr(10).join(progress_lines) + chr(10)) if progress_lines else ""}
 Regime: {'; '.join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs)} ({regime.headline_note}).
 
 ## The readings

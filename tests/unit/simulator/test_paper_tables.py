@@ -44,3 +44,27 @@ def test_a_resumed_sweeps_time_is_added_to_the_earlier_parts_not_put_in_their_pl
     assert resumed == f"{first}; then 31 min for seeds 0-2 (48 runs computed, 96 cached)"
     assert wall_time(resumed, "0.1 min (0 runs computed, 144 cached)", computed=0, cached=144) is None
     assert wall_time(resumed, "2 h anew (144 runs computed, 0 cached)", computed=144, cached=0) == "2 h anew (144 runs computed, 0 cached)"
+
+
+def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
+    from simulator.regime import Regime
+    from simulator.table3 import READINGS, progress, reading_groups, record_plan
+
+    groups = reading_groups("mnist", READINGS["per-label"], seeds=[0, 1], num_traces=[2, 4], settings=["niid"],
+                            regime=Regime())
+    assert len(groups) == 4
+    record_plan(tmp_path, "mnist", groups, command="cmd one")
+    record_plan(tmp_path, "mnist", groups[:2], command="cmd one")  # recorded again: no duplicates
+    work = tmp_path / "runs"
+    work.mkdir()
+    assert progress(tmp_path, "synthetic", work, []) is None  # nothing planned for it
+    first = [r.name for r in groups[0].runs]
+    (work / f".{[r.name for r in groups[1].runs][0]}.partial.pt").write_bytes(b"x")
+    summaries = [{"name": n, "group_wall_s": 7200.0} for n in first]
+    text = progress(tmp_path, "mnist", work, summaries)
+    assert "3 of 12 planned runs finished" in text and "1 of 4 paired groups" in text and "`cmd one`" in text
+    second = groups[1].runs[0].name.rsplit("_", 1)[0]
+    assert f"In progress, resumable from a checkpoint in `runs/`: {second}." in text
+    assert "about 6.0 h on one worker" in text  # 3 open groups x the 2.00 h of the finished one
+    everything = [{"name": r.name, "group_wall_s": 1.0} for g in groups for r in g.runs]
+    assert progress(tmp_path, "mnist", work, everything).endswith("Nothing remains.")
