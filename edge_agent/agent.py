@@ -28,6 +28,7 @@ import psutil
 import torch
 
 from edge_agent.config import AgentConfig
+from edge_agent.memory import ProcessMemory
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
 from flexfl.errors import ConfigError, FlexFLError
@@ -202,7 +203,7 @@ class EdgeAgent:
                 if header.status != pb.RoundHeader.ROUND:
                     after_round = max(after_round, header.round_id)
                     continue
-                self._do_round(header, data)
+                self._round_done(self._do_round(header, data))
                 after_round = header.round_id
                 if leave_after and header.round_id >= leave_after:
                     log.info("%s: leaving after round %d as scripted", self.cfg.device_id, header.round_id)
@@ -387,7 +388,7 @@ class EdgeAgent:
 
     # ---- one round -------------------------------------------------------------------
 
-    def _do_round(self, header: pb.RoundHeader, data: bytes) -> None:
+    def _do_round(self, header: pb.RoundHeader, data: bytes) -> dict:
         received = time.monotonic()
         deadline = received + header.deadline_s
         model = self._ensure_model(header.model)
@@ -442,10 +443,18 @@ class EdgeAgent:
             # would never be measured again and one slow stretch of link would idle the device
             # for good (seen in the soak). Each unmeasured round shrinks it until it tries again.
             self._upload_s *= UNMEASURED_UPLOAD_DECAY
-        self.rounds_done.append({"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
-                                 "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate})
-        log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s", self.cfg.device_id, header.round_id, s, E,
-                 train_s, self._upload_s or 0.0, outcome)
+        return {"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
+                "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate}
+
+    def _round_done(self, record: dict) -> None:
+        """Keep and log what the round did, with the process's memory once the round is over."""
+        memory = ProcessMemory.now()
+        record.update(resident_mib=memory.resident_mib, anonymous_mib=memory.anonymous_mib, peak_mib=memory.peak_mib)
+        self.rounds_done.append(record)
+        log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s; resident %.1f MiB (%.1f anonymous), "
+                 "peak %.1f MiB", self.cfg.device_id, record["round"], record["s"], record["E"], record["train_s"],
+                 record["upload_s"] or 0.0, record["outcome"], memory.resident_mib, memory.anonymous_mib,
+                 memory.peak_mib)
 
     def _push(self, header: pb.UpdateHeader, body: bytes, *, timeout: float) -> str:
         def messages() -> Iterator[pb.UpdateChunk]:
