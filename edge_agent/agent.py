@@ -28,7 +28,7 @@ import psutil
 import torch
 
 from edge_agent.config import AgentConfig
-from edge_agent.memory import ProcessMemory
+from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
 from flexfl.errors import ConfigError, FlexFLError
@@ -203,7 +203,9 @@ class EdgeAgent:
                 if header.status != pb.RoundHeader.ROUND:
                     after_round = max(after_round, header.round_id)
                     continue
-                self._round_done(self._do_round(header, data))
+                record = self._do_round(header, data)
+                del data  # the model's bytes, not kept while waiting for the next round
+                self._round_done(record)
                 after_round = header.round_id
                 if leave_after and header.round_id >= leave_after:
                     log.info("%s: leaving after round %d as scripted", self.cfg.device_id, header.round_id)
@@ -424,6 +426,7 @@ class EdgeAgent:
                                  rng=device_rng(header.seed, header.round_id, header.device_index),
                                  unit=header.unit or "step", keep_going=keep_going)
             delta, s, samples, loss = result.delta, result.updates_completed, result.samples_used, result.mean_loss
+            model.zero_grad(set_to_none=True)  # the last step's gradients (the model's size), not kept between rounds
             if part.min_update_s and s:
                 time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
             if s:
@@ -447,7 +450,8 @@ class EdgeAgent:
                 "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate}
 
     def _round_done(self, record: dict) -> None:
-        """Keep and log what the round did, with the process's memory once the round is over."""
+        """Keep and log what the round did, with the process's memory once the round's buffers are given back."""
+        release_freed()
         memory = ProcessMemory.now()
         record.update(resident_mib=memory.resident_mib, anonymous_mib=memory.anonymous_mib, peak_mib=memory.peak_mib)
         self.rounds_done.append(record)

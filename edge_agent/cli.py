@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from edge_agent.memory import limit_arenas
+
+    limit_arenas()  # before torch's and gRPC's threads start (edge_agent/memory.py)
     from edge_agent.agent import EdgeAgent
 
     cfg = load_agent_config(args.config, overrides={

@@ -1,16 +1,25 @@
-"""The agent's memory figures: read from /proc/self/status, kept and logged with every round."""
+"""The agent's memory: its figures (from /proc/self/status), kept and logged with every round; what a round keeps."""
 
 import logging
 import math
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from benchmarks.agent_memory import _ROUND_LINE
 from edge_agent import memory
 from edge_agent.agent import EdgeAgent
-from edge_agent.config import AgentConfig
+from edge_agent.config import AgentConfig, ParticipationConfig
 from edge_agent.memory import ProcessMemory
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
+from workloads.datasets import ArrayDataset
+from workloads.models import build_model
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc/self/status (Linux)")
 
@@ -47,3 +56,32 @@ def test_each_round_is_kept_and_logged_with_the_memory_the_benchmark_reads(caplo
     assert float(m["resident"]) == pytest.approx(kept["resident_mib"], abs=0.05)
     assert float(m["anonymous"]) == pytest.approx(kept["anonymous_mib"], abs=0.05)
     assert float(m["peak"]) == pytest.approx(kept["peak_mib"], abs=0.05)
+
+
+def test_a_round_keeps_no_gradients_once_its_update_is_sent():
+    rng = np.random.default_rng(0)
+    shard = ArrayDataset(x=rng.normal(size=(32, 60)).astype(np.float32), y=rng.integers(0, 10, 32))
+    torch.manual_seed(0)
+    model = build_model("logreg", in_features=60, num_classes=10)
+    payload, data = wire.encode({n: p.detach() for n, p in model.named_parameters()})
+    header = pb.RoundHeader(status=pb.RoundHeader.ROUND, round_id=1, required_updates=3, learning_rate=0.1,
+                            batch_size=8, deadline_s=60.0, payload=payload,
+                            model=pb.ModelDescription(architecture="logreg", in_features=60, num_classes=10))
+    cfg = AgentConfig(device_id="pi-7", fleet_token="t", participation=ParticipationConfig(forced_updates=(3,)))
+    agent = EdgeAgent(cfg, shard=shard)
+    sent = []
+    agent._push = lambda up, body, *, timeout: sent.append(up) or "accepted"  # no coordinator
+    try:
+        record = agent._do_round(header, bytearray(data))
+    finally:
+        agent._channel.close()
+    assert record["s"] == 3 and sent[0].updates_completed == 3
+    assert all(p.grad is None for p in agent._model.parameters())
+
+
+def test_the_allocator_settings_apply_on_glibc():
+    # In a child: the arena limit is process-wide and would stay set in the test process.
+    code = "from edge_agent.memory import limit_arenas, release_freed; print(limit_arenas(), release_freed())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert out == [str(glibc), str(glibc)]
