@@ -22,8 +22,8 @@ batched training (simulator/engine.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -96,6 +96,13 @@ class RulesConfig:
 
     def fast_reboot_rule(self) -> FastReboot | None:
         return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power) if self.fast_reboot else None
+
+    def in_effect(self, policies: Collection[DeparturePolicy]) -> RulesConfig:
+        """These rules with the constants of departure policies not in `policies` (the ones
+        a run's departures use) at a fixed value: two configs that differ only there train alike,
+        so changing AUTO_C or THRESHOLD_K leaves runs that never use them the same runs."""
+        return replace(self, auto_c=self.auto_c if DeparturePolicy.AUTO in policies else 1.0,
+                       threshold_k=self.threshold_k if DeparturePolicy.THRESHOLD in policies else 0.0)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -156,6 +156,12 @@ class SimConfig:
         if self.traces.num_traces < 1:
             raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
         self.schedule.check(self.partition.n_devices, self.rounds)
+
+    def in_effect(self) -> SimConfig:
+        """This config with the rules' constants of departure policies its departures never use
+        at a fixed value (RulesConfig.in_effect): equal for configs that run alike."""
+        used = {d.policy or self.rules.departure_policy for d in self.schedule.departures}
+        return replace(self, rules=self.rules.in_effect(used))
 
     @property
     def trainer_kind(self) -> TrainerKind:
@@ -390,6 +396,32 @@ def _state_key(configs: Sequence[SimConfig]) -> str:
     return repr([to_dict(c) for c in configs])
 
 
+def runs_alike(saved: object, cfg: SimConfig) -> bool:
+    """A saved config (a dict as flexfl.config.to_dict wrote it) means `cfg` if it reads back
+    equal where a run uses it (SimConfig.in_effect): fields added since, at their defaults,
+    and the constants of departure policies the run never uses do not count."""
+    from flexfl.config import from_dict
+
+    try:
+        return from_dict(SimConfig, saved, where="saved run").in_effect() == cfg.in_effect()
+    except (ConfigError, TypeError):
+        return False
+
+
+def _same_configs(key: object, configs: Sequence[SimConfig]) -> bool:
+    """A checkpoint's configs key (_state_key) means `configs` (runs_alike, pairwise)."""
+    import ast
+
+    if key == _state_key(configs):
+        return True
+    try:
+        saved = ast.literal_eval(key) if isinstance(key, str) else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return (isinstance(saved, list) and len(saved) == len(configs)
+            and all(runs_alike(d, c) for d, c in zip(saved, configs)))
+
+
 def _save(path: Path, configs: Sequence[SimConfig], runs: Sequence[_Run], tau: int) -> None:
     """The paired runs' state after round `tau`, written atomically."""
     from flexfl.files import atomic_file
@@ -411,7 +443,7 @@ def _restore(path: Path | None, configs: Sequence[SimConfig], runs: Sequence[_Ru
     except Exception as exc:  # a torn or foreign file: start over rather than fail the sweep
         log.warning("ignoring unreadable checkpoint %s: %s", path, exc)
         return 0
-    if not isinstance(state, dict) or state.get("configs") != _state_key(configs):
+    if not isinstance(state, dict) or not _same_configs(state.get("configs"), configs):
         log.warning("ignoring checkpoint %s: saved for other configs", path)
         return 0
     for run, saved in zip(runs, state["runs"]):

@@ -40,10 +40,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flexfl.config import from_dict, to_dict
+from flexfl.config import to_dict
 from flexfl.errors import ConfigError, FlexFLError, SweepError
 from flexfl.files import atomic_file
-from simulator.engine import SimConfig, SimResult, records_as_rows
+from simulator.engine import SimConfig, SimResult, records_as_rows, runs_alike
 from trace_recorder.format import TraceSet, read_trace_set
 
 log = logging.getLogger(__name__)
@@ -142,13 +142,9 @@ def _plain_config(cfg: SimConfig) -> dict:
 
 
 def _same_config(saved: object, cfg: SimConfig) -> bool:
-    """A saved config means `cfg` if it reads back equal: fields added since, at their defaults, do not count."""
-    if saved == _plain_config(cfg):
-        return True
-    try:
-        return from_dict(SimConfig, saved, where="saved run") == cfg
-    except (ConfigError, TypeError):
-        return False
+    """A saved config means `cfg` if it reads back equal where the run uses it (SimConfig.in_effect):
+    fields added since, at their defaults, and constants of unused departure policies do not count."""
+    return saved == _plain_config(cfg) or runs_alike(saved, cfg)
 
 
 def saved_summary(work_dir: Path, run: Run) -> dict | None:

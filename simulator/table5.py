@@ -54,25 +54,17 @@ C_GRID = tuple(float(c) for c in np.round(np.logspace(-2, 2, 33), 4))
 K_GRID = tuple(float(k) for k in (*HORIZONS, ROUNDS))
 
 
-# The threshold rule's k in every run of the grid, where it plays no part: the default it had
-# when the saved runs were made, pinned so that choosing k (THRESHOLD_K) leaves them valid.
-PINNED_K = 40.0
-
-
 def _ab(ab: tuple[float, float]) -> str:
     return f"{ab[0]:g}-{ab[1]:g}"
 
 
 def run_config(ab: tuple[float, float], *, seed: int, tau0: int, policy: str, regime: Regime = Regime()) -> SimConfig:
-    # auto_c matters to the auto runs only; include/exclude pin it, so that choosing c
-    # (which changes AUTO_C) leaves their saved runs valid. No run here uses the threshold
-    # rule (it is scored from the include/exclude pair), so every run pins its k alike.
-    auto_c = AUTO_C if policy == "auto" else 1.0
+    # Choosing c or k (AUTO_C, THRESHOLD_K) leaves the saved include/exclude runs valid:
+    # a run's saved config is compared where the run uses it (SimConfig.in_effect).
     return regime.apply(SimConfig(
         partition=PartitionSpec(dataset="synthetic", n_devices=30, alpha=ab[0], beta=ab[1], sizes=Sizes.EQUAL,
                                 seed=seed),
-        rules=RulesConfig(scheme=Scheme.C, departure_policy=DeparturePolicy(policy), auto_c=auto_c,
-                          threshold_k=PINNED_K),
+        rules=RulesConfig(scheme=Scheme.C, departure_policy=DeparturePolicy(policy)),
         rounds=ROUNDS, seed=seed,
         traces=TracesConfig(num_traces=5), extra_tests=(ExtraTest.ACTIVE,),
         schedule=ScheduleConfig(departures=(DepartureEvent(device=0, round=tau0),))))

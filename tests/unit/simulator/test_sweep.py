@@ -207,3 +207,25 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
     saved["config"]["rounds"] = 3  # a changed value still means another run
     path.write_text(json.dumps(saved))
     assert saved_summary(tmp_path, run) is None
+
+
+def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_constant_changes():
+    from coordinator.objective import DeparturePolicy
+    from simulator.engine import DepartureEvent, ScheduleConfig, _same_configs, _state_key, runs_alike
+
+    old = SimConfig(rules=RulesConfig(auto_c=23.7137, threshold_k=40.0))  # no departures: neither is used
+    new = replace(old, rules=replace(old.rules, auto_c=4.217, threshold_k=80.0))
+    assert runs_alike(to_dict(old), new)
+    assert _same_configs(_state_key([old, old]), [new, new])  # a checkpoint written under the old defaults
+    assert not _same_configs(_state_key([old]), [replace(new, seed=1)])
+    assert not runs_alike(to_dict(old), replace(new, rules=replace(new.rules, eta0=0.5)))
+    # A departure under auto uses c (not k); under threshold, k (not c).
+    leaves = ScheduleConfig(departures=(DepartureEvent(device=0, round=5, policy=DeparturePolicy.AUTO),))
+    auto_old, auto_new = replace(old, schedule=leaves), replace(new, schedule=leaves)
+    assert not runs_alike(to_dict(auto_old), auto_new)
+    assert runs_alike(to_dict(auto_old), replace(auto_new, rules=replace(auto_new.rules, auto_c=23.7137)))
+    by_rules = ScheduleConfig(departures=(DepartureEvent(device=0, round=5),))
+    k_old = replace(old, schedule=by_rules, rules=replace(old.rules, departure_policy=DeparturePolicy.THRESHOLD))
+    k_new = replace(k_old, rules=replace(k_old.rules, threshold_k=80.0))
+    assert not runs_alike(to_dict(k_old), k_new)
+    assert runs_alike(to_dict(k_old), replace(k_old, rules=replace(k_old.rules, auto_c=4.217)))
