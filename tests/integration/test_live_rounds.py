@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from coordinator import server
+from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
 from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
@@ -143,16 +144,20 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
 
 
 def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_factory, wait_for):
-    cfg = live_config(rounds=8, n_devices=4, min_devices=3, deadline_s=2.0)
+    # The arrival is scripted for round 4 (the coordinator holds that round for it): on a loaded
+    # machine an agent started after round 3 could otherwise join too late for rounds 5-6 to exist.
+    cfg = with_changes(live_config(rounds=8, n_devices=4, min_devices=3, deadline_s=2.0),
+                       run={"expected_arrivals": {"dev-3": 4}, "expected_wait_s": 60.0})
     fleet = fleet_factory(cfg)
     for i in range(3):
         fleet.start_agent(i)
     wait_for(lambda: fleet.coordinator.engine.completed_round >= 3, what="round 3")
-    fleet.start_agent(3)
+    fleet.start_agent(3, participation=ParticipationConfig(join_in_round=4))
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
     arrival = next(r for r in rows if "dev-3" in r["arrivals"])
     tau0 = arrival["round"]
+    assert tau0 == 4
     first, second = rows[tau0], rows[tau0 + 1]  # rounds tau0 + 1 and tau0 + 2
     n = fleet.coordinator.engine.objective.sample_counts
     p_l = n["dev-3"] / sum(n.values())
