@@ -82,7 +82,8 @@ paper-epoch-synthetic: setup ## SYNTHETIC with E in epochs at ETA0=protocol|pape
 	$(BIN)/flexfl sim arrivals-figure --dataset synthetic --seeds 0-4 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
 
 paper-table3-mnist-epoch: setup ## Table 3 on MNIST with E in epochs at ETA0 (non-IID first, |T| = 2,4,8, seeds 0-1: ~12 core-hours by benchmarks.epoch_speed --price; resumable mid-run) -> results/epoch-$(ETA0)/
-	$(BIN)/flexfl sim table3 --dataset mnist --readings per-label --settings niid,iid --num-traces-list 2,4,8 --seeds 0-1 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
+	$(BIN)/flexfl sim table3 --dataset mnist --readings per-label --settings niid --num-traces-list 2,4,8 --seeds 0-1 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
+	$(BIN)/flexfl sim table3 --dataset mnist --readings per-label --settings iid --num-traces-list 2,4,8 --seeds 0-1 --unit epoch --eta0 $(ETA0) $(SWEEP_ARGS)
 
 paper-table3: paper-table3-synthetic paper-table3-mnist ## Table 3 sensitivity study -> results/table3.md
 

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t3.add_argument("--settings", default="iid,niid", help="comma-separated, in the order to run: iid, niid "
                     "(default iid,niid)")
     _add_sweep_flags(t3, seeds="0-4")
+    t3.add_argument("--replace-page", action="store_true",
+                    help="write the page even if its committed table3_runs.csv lists runs not finished here "
+                         "(default: the page then goes to <out>/local)")
     t3.set_defaults(func=cmd_table3)
 
     t4 = sim_sub.add_parser("table4", help="Table 4: rounds to recover after an arrival, fast-reboot vs vanilla")
@@ -164,11 +167,15 @@ def _parse_ints(text: str, what: str) -> list[int]:
         for part in text.split(","):
             if "-" in part:
                 lo, hi = part.split("-")
+                if int(hi) < int(lo):
+                    raise ConfigError(f"{what}: the range {part.strip()!r} runs backwards (write {hi.strip()}-{lo.strip()})")
                 out.extend(range(int(lo), int(hi) + 1))
             elif part.strip():
                 out.append(int(part))
     except ValueError:
         raise ConfigError(f"{what}: expected integers like 1-8 or 1,3,5, got {text!r}") from None
+    if not out:
+        raise ConfigError(f"{what}: no values in {text!r}")
     return out
 
 
@@ -345,7 +352,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             timing_path.write_text(json.dumps(timing, indent=1))
     page = write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
-                      timing=timing, plots=lambda ds, info: _table3_plots(args.out, ds, info), regime=regime)
+                      timing=timing, plots=lambda ds, info: _table3_plots(info["out_dir"], ds, info), regime=regime,
+                      replace_page=args.replace_page)
     print(f"Table 3 page: {page}")
     return 0
 

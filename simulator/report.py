@@ -22,6 +22,33 @@ def write_csv_atomic(path: Path, rows: Sequence[dict]) -> None:
         writer.writerows(rows)
 
 
+LOCAL_DIR = "local"  # where a page goes that would drop runs its committed CSV lists
+
+
+def page_dir(out_dir: Path, runs_csv: str, rows: Sequence[dict], key: Sequence[str], *, replace: bool) -> Path:
+    """Where a page and its files go: `out_dir`, unless the runs CSV there lists runs (by `key`)
+    that `rows` lack - a fresh clone holds the committed pages but not the runs behind them,
+    so a small rerun would erase hours of results. Then `out_dir`/local, with a warning;
+    `replace` writes over the page anyway."""
+    import logging
+
+    path = Path(out_dir) / runs_csv
+    if replace or not path.is_file():
+        return Path(out_dir)
+    with open(path, newline="", encoding="utf-8") as f:
+        committed = {tuple(r.get(k, "") for k in key) for r in csv.DictReader(f)}
+    lost = committed - {tuple(str(r[k]) for k in key) for r in rows}
+    if not lost:
+        return Path(out_dir)
+    local = Path(out_dir) / LOCAL_DIR
+    local.mkdir(parents=True, exist_ok=True)
+    logging.getLogger(__name__).warning(
+        "%s lists %d runs that are not finished here (e.g. %s): the page goes to %s instead of replacing "
+        "it; rerun with --replace-page to overwrite", path, len(lost), ", ".join("_".join(x) for x in sorted(lost)[:3]),
+        local)
+    return local
+
+
 def write_jsonl_atomic(path: Path, rows: Sequence[dict]) -> None:
     """One JSON object per line (the coordinator's metrics.jsonl format), written atomically."""
     import json

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flexfl.errors import ConfigError
 from simulator.engine import SimConfig
 from simulator.paper import PAPER_DEVICES, PAPER_TABLE3
 from simulator.regime import Regime
@@ -309,23 +310,39 @@ def cells_markdown(dataset: str, cells: dict[tuple[str, int], Cell], *, settings
     return "\n".join(lines) + "\n"
 
 
+RUN_KEY = ("dataset", "reading", "setting", "num_traces", "seed", "scheme")
+
+
 def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int], timing: dict[str, str],
-               plots: Callable[[str, dict], dict[str, Path]] | None = None, regime: Regime = Regime()) -> Path:
-    """results/table3.md from every finished run of every reading in `work_dirs` ({dataset: folder})."""
+               plots: Callable[[str, dict], dict[str, Path]] | None = None, regime: Regime = Regime(),
+               replace_page: bool = False) -> Path:
+    """results/table3.md from every finished run of every reading in `work_dirs` ({dataset: folder}).
+
+    If the page's committed table3_runs.csv lists runs not finished here, everything goes to
+    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`; `plots` gets
+    the folder chosen as info["out_dir"]."""
     from flexfl.files import atomic_file
 
-    from simulator.report import write_csv_atomic
+    from simulator.report import page_dir, write_csv_atomic
 
     sections, score_rows, headline_tables, run_rows, progress_lines = [], [], [], [], []
+    found = {}
     for dataset, work_dir in work_dirs.items():
-        summaries = with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
-                                                   work_dir=work_dir, regime=regime), work_dir)
-        line = progress(out_dir, dataset, work_dir, summaries)
-        if line is not None:
-            progress_lines.append(f"- {line}")
+        found[dataset] = with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
+                                                        work_dir=work_dir, regime=regime), work_dir)
         run_rows += [{"dataset": dataset, **{k: s[k] for k in ("reading", "setting", "num_traces", "seed", "scheme",
                                                                 "final_acc", "last20_acc", "final_loss", "wall_s")}}
-                     for s in summaries]
+                     for s in found[dataset]]
+    if not run_rows:
+        raise ConfigError(f"no finished Table 3 runs in {', '.join(map(str, work_dirs.values())) or 'no folder'} "
+                          f"for seeds {list(seeds)}: nothing to write (run without --report-only)")
+    plan_dir = Path(out_dir)
+    out_dir = page_dir(out_dir, "table3_runs.csv", run_rows, RUN_KEY, replace=replace_page)
+    for dataset, work_dir in work_dirs.items():
+        summaries = found[dataset]
+        line = progress(plan_dir, dataset, work_dir, summaries)
+        if line is not None:
+            progress_lines.append(f"- {line}")
         by_reading = cells_by_reading(summaries)
         for name, reading in READINGS.items():
             cells = by_reading.get(name, {})
@@ -341,7 +358,7 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
             if name == HEADLINE:
                 headline_tables.append(f"### {dataset.upper()}\n\n" + metric_tables(dataset, summaries, name))
                 if plots is not None:
-                    for key, path in plots(dataset, {"work_dir": work_dir, "summaries": [
+                    for key, path in plots(dataset, {"work_dir": work_dir, "out_dir": out_dir, "summaries": [
                             s for s in summaries if s["reading"] == name]}).items():
                         headline_tables.append(f"![{key}]({path.name})")
             else:
@@ -398,8 +415,7 @@ device's share of the data (median over the first seeds, IID / non-IID).
 
 {chr(10).join(sections)}
 """
-    if run_rows:
-        write_csv_atomic(out_dir / "table3_runs.csv", run_rows)
+    write_csv_atomic(out_dir / "table3_runs.csv", run_rows)
     path = out_dir / "table3.md"
     with atomic_file(path) as f:
         f.write(page)

@@ -68,3 +68,40 @@ def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
     assert "about 6.0 h on one worker" in text  # 3 open groups x the 2.00 h of the finished one
     everything = [{"name": r.name, "group_wall_s": 1.0} for g in groups for r in g.runs]
     assert progress(tmp_path, "mnist", work, everything).endswith("Nothing remains.")
+
+
+def test_a_small_rerun_does_not_erase_a_committed_table3_page(tmp_path, capsys):
+    import csv as csv_module
+
+    from flexfl.cli import main
+
+    out = tmp_path / "results"
+    args = ["sim", "table3", "--dataset", "synthetic", "--readings", "per-label", "--settings", "iid",
+            "--num-traces-list", "1", "--seeds", "0", "--jobs", "1", "--out", str(out)]
+    assert main(args) == 0
+    rows = list(csv_module.DictReader(open(out / "table3_runs.csv")))
+    assert len(rows) == 3
+    # The committed CSV also lists a run this checkout does not have (as on a fresh clone).
+    committed = [*rows, {**rows[0], "dataset": "mnist"}]
+    with open(out / "table3_runs.csv", "w", newline="") as f:
+        w = csv_module.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(committed)
+    page = (out / "table3.md").read_text()
+    assert main([*args, "--report-only"]) == 0
+    assert (out / "table3.md").read_text() == page  # untouched
+    assert len(list(csv_module.DictReader(open(out / "table3_runs.csv")))) == 4
+    assert (out / "local" / "table3.md").is_file() and (out / "local" / "table3_synthetic_iid.png").is_file()
+    assert main([*args, "--report-only", "--replace-page"]) == 0
+    assert len(list(csv_module.DictReader(open(out / "table3_runs.csv")))) == 3
+
+
+def test_table3_with_no_finished_runs_or_backwards_seeds_is_refused(tmp_path, capsys):
+    from flexfl.cli import main
+
+    out = tmp_path / "results"
+    assert main(["sim", "table3", "--dataset", "synthetic", "--seeds", "9-1", "--out", str(out)]) == 2
+    assert "runs backwards" in capsys.readouterr().err
+    assert main(["sim", "table3", "--dataset", "synthetic", "--report-only", "--out", str(out)]) == 2
+    assert "no finished Table 3 runs" in capsys.readouterr().err
+    assert not (out / "table3.md").exists()
