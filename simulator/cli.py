@@ -449,7 +449,8 @@ def cmd_table5(args: argparse.Namespace) -> int:
     from simulator import table5
 
     page, c, acc = _paper_sweep(args, table5, "table5", "flexfl sim table5")
-    print(f"Table 5 page: {page}; auto rule: c = {c:g}, right in {acc:.1%} of held-out cases")
+    held = f"right in {acc:.1%} of held-out cases" if acc == acc else "not scored on held-out seeds"
+    print(f"Table 5 page: {page}; auto rule: c = {c:g}, {held}")
     return 0
 
 

@@ -237,10 +237,28 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
 
     tune = [d for d in deps if d.seed in TUNE_SEEDS]
     held = [d for d in deps if d.seed not in TUNE_SEEDS]
-    c, tune_acc = choose_c(tune)
-    held_acc = auto_accuracy(held, c)
-    base = {p: baseline_accuracy(held, p) for p in ("include", "exclude")}
-    oracle_by_h = {h: np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS]) for h in HORIZONS}
+    c, tune_acc = choose_c(tune) if tune else (float("nan"), float("nan"))
+    if tune:
+        chosen = (f"- c chosen on seeds {list(TUNE_SEEDS)} (the grid C_GRID, {len(C_GRID)} values from 0.01 to 100): "
+                  f"**c = {c:g}**\n  (right in {tune_acc:.1%} of their cases); the default `rules.auto_c` is AUTO_C = "
+                  f"{AUTO_C:g} in coordinator/round.py, changed only by a commit that cites this page.")
+    else:
+        chosen = f"- c not chosen: none of the seeds it is chosen on, {list(TUNE_SEEDS)}, has finished here."
+    if held and tune:
+        held_acc = auto_accuracy(held, c)
+        base = {p: baseline_accuracy(held, p) for p in ("include", "exclude")}
+        oracle_by_h = {h: np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS])
+                       for h in HORIZONS}
+        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {list(HORIZONS)}):
+  auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
+  always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
+- Share of held-out cases where excluding was better, per remaining horizon:
+  {", ".join(f"{h}: {v:.0%}" for h, v in oracle_by_h.items())}."""
+    else:
+        held_acc = float("nan")
+        evaluated = ("- Not evaluated yet: " + (f"no seed outside {list(TUNE_SEEDS)} has finished (this page's seeds: "
+                                                 f"{list(seeds)}); rerun the sweep with them to score c on held-out "
+                                                 f"seeds." if tune else "no c to score."))
     gammas = {ab: [d.gamma for d in deps if d.ab == ab and d.gamma is not None] for ab in ALPHA_BETA}
     auto_runs = {ab: sum(d.auto_choice == "exclude" for d in deps if d.ab == ab) for ab in ALPHA_BETA}
     plot = _plot_losses(out_dir / "table5_losses.png", deps)
@@ -275,13 +293,8 @@ which unlike the square has no minibatch-noise floor (it would grow as 1/s), ave
 the device's last {GAMMA_ROUNDS} pairs. Median Gamma estimate at the departure:
 {", ".join(f"({ab[0]:g},{ab[1]:g}): {np.median(g):.3f}" for ab, g in gammas.items() if g)}.
 
-- c chosen on seeds {list(TUNE_SEEDS)} (the grid C_GRID, {len(C_GRID)} values from 0.01 to 100): **c = {c:g}**
-  (right in {tune_acc:.1%} of their cases); the default `rules.auto_c` is AUTO_C = {AUTO_C:g} in coordinator/round.py, changed only by a commit that cites this page.
-- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {list(HORIZONS)}):
-  auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
-  always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
-- Share of held-out cases where excluding was better, per remaining horizon:
-  {", ".join(f"{h}: {v:.0%}" for h, v in oracle_by_h.items())}.
+{chosen}
+{evaluated}
 - The auto runs of the grid (T = {ROUNDS}, so T - tau_0 >= 150): excluded in
   {", ".join(f"({ab[0]:g},{ab[1]:g}): {auto_runs[ab]}/{sum(1 for d in deps if d.ab == ab)}" for ab in ALPHA_BETA)}.
 

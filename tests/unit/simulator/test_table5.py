@@ -74,3 +74,18 @@ def test_write_page_puts_the_section_on_the_table5_page(tmp_path, monkeypatch):
     page = path.read_text()
     assert "## auto vs threshold, leave-one-seed-out" in page
     assert "| 3 | 5.6234 | 100.0% | 5 | 71.4% |" in page and "| mean | | **100.0%** | | **71.4%** |" in page
+
+
+def test_the_page_of_tuning_seeds_only_says_it_is_not_evaluated_yet(tmp_path, monkeypatch):
+    from simulator import table5
+
+    monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(0,)))
+    path, c, held = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[0], timing="t")
+    page = path.read_text()
+    assert "Not evaluated yet: no seed outside [0, 1, 2] has finished" in page
+    assert "nan" not in page and held != held  # NaN: nothing held out
+    monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(3, 4)))
+    path, c, held = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[3, 4], timing="t")
+    page = path.read_text()
+    assert "c not chosen: none of the seeds it is chosen on, [0, 1, 2], has finished here." in page
+    assert "nan" not in page and c != c
