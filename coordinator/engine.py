@@ -43,7 +43,7 @@ import torch
 
 from coordinator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from coordinator.config import CoordinatorConfig
-from coordinator.metrics import MetricsWriter, read_metrics, round_row
+from coordinator.metrics import MetricsWriter, read_metrics_and_torn, round_row
 from coordinator.objective import Objective
 from coordinator.registry import DeviceRecord, Registry
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RoundOutcome, RoundSum
@@ -726,11 +726,19 @@ class RoundEngine:
         """Keep rows of checkpointed rounds only; say which rounds have no row."""
         if not path.exists():
             return
-        rows = read_metrics(path)
+        rows, torn = read_metrics_and_torn(path)
         kept = [row for row in rows if row["round"] <= self.completed_round]
+        if torn:
+            # A crash mid-write left part of a row: appending after it would glue the next row to
+            # it. Set the fragments aside (nothing is deleted) and rewrite the file clean.
+            aside = path.with_name(path.name + ".torn")
+            with open(aside, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in torn))
+            log.warning("metrics.jsonl held %d torn line(s) from a crash: moved to %s", len(torn), aside)
         if len(kept) != len(rows):
             redo = sorted({row["round"] for row in rows} - {row["round"] for row in kept})
             log.warning("metrics hold rows of rounds %s that the checkpoint does not: they run again", redo)
+        if torn or len(kept) != len(rows):
             MetricsWriter.rewrite(path, kept)
         missing = sorted(set(range(1, self.completed_round + 1)) - {row["round"] for row in kept})
         if missing:

@@ -85,10 +85,23 @@ class MetricsWriter:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All complete lines of a metrics file (a torn last line from a crash is skipped)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    return read_metrics_and_torn(path)[0]
+
+
+def read_metrics_and_torn(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a metrics file, and the lines that are not rows (torn by a crash mid-write,
+    or not newline-terminated: a row appended after such a fragment would be glued to it)."""
+    rows, torn = [], []
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         try:
-            out.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            continue
-    return out
+            row = None
+        unterminated = i == len(lines) - 1 and not text.endswith("\n")
+        if isinstance(row, dict) and "round" in row and not unterminated:
+            rows.append(row)
+        elif line.strip():
+            torn.append(line)
+    return rows, torn

@@ -115,3 +115,19 @@ def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_c
         assert e._pending_departures == ["dev-0"] and "dev-0" in e.objective.sample_counts  # applied at a close
     finally:
         engine.close()
+
+
+def test_a_torn_last_row_is_set_aside_and_the_rerun_rounds_row_is_whole(live_config, caplog):
+    from coordinator.config import with_changes
+
+    cfg = live_config(rounds=2, n_devices=3, min_devices=3, deadline_s=5.0)
+    first = _train(cfg)
+    metrics = first.coordinator.out_dir / "metrics.jsonl"
+    fragment = '{"round": 3, "participants": ["dev-0", "de'  # a crash mid-write: no newline
+    with open(metrics, "a", encoding="utf-8") as f:
+        f.write(fragment)
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        _train(with_changes(cfg, run={"rounds": 3}), resume=True)
+    assert [r["round"] for r in read_metrics(metrics)] == [1, 2, 3]  # round 3's row was not glued to it
+    assert (metrics.parent / "metrics.jsonl.torn").read_text() == fragment + "\n"
+    assert "1 torn line(s)" in caplog.text
