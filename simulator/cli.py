@@ -47,14 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t3.add_argument("--settings", default="iid,niid", help="comma-separated, in the order to run: iid, niid "
                     "(default iid,niid)")
     _add_sweep_flags(t3, seeds="0-4")
-    t3.add_argument("--replace-page", action="store_true",
-                    help="write the page even if its committed table3_runs.csv lists runs not finished here "
-                         "(default: the page then goes to <out>/local)")
+    _add_replace_page_flag(t3, "table3_runs.csv")
     t3.set_defaults(func=cmd_table3)
 
     t4 = sim_sub.add_parser("table4", help="Table 4: rounds to recover after an arrival, fast-reboot vs vanilla")
     t4.add_argument("--datasets", default="synthetic,mnist", help="comma-separated: synthetic, mnist")
     _add_sweep_flags(t4, seeds="0-4")
+    _add_replace_page_flag(t4, "table4_runs.csv")
     t4.set_defaults(func=cmd_table4)
 
     t5 = sim_sub.add_parser("table5", help="Table 5: include/exclude crossing after a departure, and the auto rule")
@@ -77,6 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     fig.add_argument("--dataset", choices=["mnist", "synthetic"], default="mnist",
                      help="non-IID MNIST (the paper's) or SYNTHETIC(1,1) (default mnist)")
     fig.set_defaults(func=cmd_arrivals_figure)
+
+
+def _add_replace_page_flag(p: argparse.ArgumentParser, runs_csv: str) -> None:
+    p.add_argument("--replace-page", action="store_true",
+                   help=f"write the page even if its committed {runs_csv} lists runs not finished here "
+                        "(default: the page then goes to <out>/local)")
 
 
 def add_sweep_flags(p: argparse.ArgumentParser) -> None:
@@ -421,7 +426,7 @@ def cmd_table4(args: argparse.Namespace) -> int:
         timing = _timing(args, "table4", t0,
                          f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}{_regime_flags(regime)}")
     page = table4.write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
-                             timing=timing, regime=regime)
+                             timing=timing, regime=regime, replace_page=args.replace_page)
     print(f"Table 4 page: {page} ({time.perf_counter() - started:.0f} s)")
     return 0
 

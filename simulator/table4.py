@@ -114,19 +114,29 @@ def cell_text(values: list[int | None], horizon: int) -> str:
     return text + (f" ({never}× never)" if never else "")
 
 
-def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[str, str], regime: Regime = Regime()):
-    """results/table4.md: per dataset and tau_0, fast | vanilla under each metric, beside the paper's."""
+def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[str, str], regime: Regime = Regime(),
+               replace_page: bool = False):
+    """results/table4.md: per dataset and tau_0, fast | vanilla under each metric, beside the paper's.
+
+    If the committed table4_runs.csv lists runs not finished here, everything goes to
+    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
     from flexfl.files import atomic_file
 
-    from simulator.report import write_csv_atomic
+    from simulator.report import page_dir, write_csv_atomic
 
     blocks, plots, rows = [], [], []
-    for dataset, work_dir in work_dirs.items():
-        found = collect(dataset, seeds=seeds, work_dir=work_dir, regime=regime)
-        if not found:
-            continue
+    runs = {dataset: collect(dataset, seeds=seeds, work_dir=work_dir, regime=regime)
+            for dataset, work_dir in work_dirs.items()}
+    for dataset, found in runs.items():
         rows += [{"dataset": dataset, "tau0": r.tau0, "seed": r.seed, "reboot": r.reboot,
                   **{m: ("never" if r.rounds[m] is None else r.rounds[m]) for m in METRICS}} for r in found]
+    if rows:
+        out_dir = page_dir(out_dir, "table4_runs.csv", rows, ("dataset", "tau0", "seed", "reboot"),
+                           replace=replace_page)
+    for dataset, work_dir in work_dirs.items():
+        found = runs[dataset]
+        if not found:
+            continue
         n_seeds = len({r.seed for r in found})
         lines = ["| metric | " + " | ".join(f"tau_0 = {t}" for t in TAU0) + " |", "|---" * (len(TAU0) + 1) + "|"]
         for metric in METRICS:

@@ -105,3 +105,26 @@ def test_table3_with_no_finished_runs_or_backwards_seeds_is_refused(tmp_path, ca
     assert main(["sim", "table3", "--dataset", "synthetic", "--report-only", "--out", str(out)]) == 2
     assert "no finished Table 3 runs" in capsys.readouterr().err
     assert not (out / "table3.md").exists()
+
+
+def test_a_small_rerun_does_not_erase_a_committed_table4_page(tmp_path, monkeypatch):
+    import csv as csv_module
+
+    from simulator import table4
+
+    monkeypatch.setattr(table4, "ROUNDS", 80)  # every tau_0 (up to 70) still arrives
+    out, work = tmp_path / "results", tmp_path / "runs"
+    out.mkdir()
+    table4.run_table4("synthetic", seeds=[0], work_dir=work)
+    committed = [{"dataset": "mnist", "tau0": 10, "seed": 0, "reboot": "fast", "acc/old": 3, "acc/new": 3,
+                  "loss/old": 3}]
+    with open(out / "table4_runs.csv", "w", newline="") as f:
+        w = csv_module.DictWriter(f, fieldnames=list(committed[0]))
+        w.writeheader()
+        w.writerows(committed)
+    path = table4.write_page(out, work_dirs={"synthetic": work}, seeds=[0], timing={})
+    assert path == out / "local" / "table4.md" and (out / "local" / "table4_synthetic.png").is_file()
+    assert list(csv_module.DictReader(open(out / "table4_runs.csv")))[0]["dataset"] == "mnist"  # untouched
+    path = table4.write_page(out, work_dirs={"synthetic": work}, seeds=[0], timing={}, replace_page=True)
+    assert path == out / "table4.md"
+    assert {r["dataset"] for r in csv_module.DictReader(open(out / "table4_runs.csv"))} == {"synthetic"}
