@@ -22,7 +22,16 @@ def local_ray():
 
     previous = signal.signal(signal.SIGALRM, too_slow)
     signal.alarm(LIMIT_S)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    for attempt in (1, 2):
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except RuntimeError:  # Ray's own start-up wait ("Timed out waiting for file ...") on a loaded machine
+            ray.shutdown()
+            if attempt == 2:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, previous)
+                raise
     try:
         yield
     finally:
