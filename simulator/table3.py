@@ -130,12 +130,12 @@ def progress(out_dir: Path, dataset: str, work_dir: Path, summaries: Sequence[di
     if not entry:
         return None
     done = {s["name"] for s in summaries}
-    planned = [g for g in entry["groups"]]
+    planned = entry["groups"]
+    names = {n for g in planned for n in g}
     open_groups = [g for g in planned if not set(g) <= done]
-    n_runs = sum(len(g) for g in planned)
-    n_done = sum(len(set(g) & done) for g in planned)
-    walls = [s["group_wall_s"] for s in summaries if s["name"] in {n for g in planned for n in g}
-             and s.get("group_wall_s")]
+    n_runs = len(names)
+    n_done = len(names & done)
+    walls = [s["group_wall_s"] for s in summaries if s["name"] in names and s.get("group_wall_s")]
     started = [g for g in open_groups if (Path(work_dir) / f".{g[0]}.partial.pt").exists()]
     text = (f"{dataset.upper()}: **{n_done} of {n_runs} planned runs finished** ({len(planned) - len(open_groups)} "
             f"of {len(planned)} paired groups; planned by {'; '.join(f'`{c}`' for c in entry['commands'])}).")
@@ -147,7 +147,7 @@ def progress(out_dir: Path, dataset: str, work_dir: Path, summaries: Sequence[di
     text += f" Still to run: {', '.join(g[0].rsplit('_', 1)[0] for g in open_groups)}."
     if walls:
         median_h = float(np.median(walls)) / 3600
-        text += (f" At the median wall time of a finished group here ({median_h:.2f} h, {len(walls) // 3} groups; "
+        text += (f" At the median wall time of a finished group here ({median_h:.2f} h over {len(walls) // 3} finished; "
                  f"groups differ in steps with |T| and setting, and a resumed group counts its last part only) the "
                  f"rest would take about {median_h * len(open_groups):.1f} h on one worker.")
     else:
