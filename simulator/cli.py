@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--report-only", action="store_true",
                       help="write the table from the runs already in the work folder; compute nothing")
     cmp_.add_argument("--note", default="", help="a paragraph for the table file (e.g. why a setting differs from the paper)")
+    _add_replace_page_flag(cmp_, "schemes_<dataset>_final.csv")
     cmp_.set_defaults(func=cmd_schemes)
 
     t3 = sim_sub.add_parser("table3", help="Table 3 under several readings of the paper's setup (sensitivity study)")
@@ -58,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t5 = sim_sub.add_parser("table5", help="Table 5: include/exclude crossing after a departure, and the auto rule")
     _add_sweep_flags(t5, seeds="0-4")
+    _add_replace_page_flag(t5, "table5_runs.csv")
     t5.set_defaults(func=cmd_table5)
 
     op = sim_sub.add_parser("operating-point", help="the operating-point protocol: eta_0 for a dataset and E's unit, "
@@ -69,12 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="where operating_point.md/.toml/_runs.csv go (default results)")
     op.add_argument("--work-dir", type=Path, default=None,
                     help="per-run files, reused when rerun (default <out>/runs/operating_point_<dataset>)")
+    _add_replace_page_flag(op, "operating_point_runs.csv")
     op.set_defaults(func=cmd_operating_point)
 
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
     fig.add_argument("--dataset", choices=["mnist", "synthetic"], default="mnist",
                      help="non-IID MNIST (the paper's) or SYNTHETIC(1,1) (default mnist)")
+    _add_replace_page_flag(fig, "figure_arrivals[_<dataset>]_runs.csv")
     fig.set_defaults(func=cmd_arrivals_figure)
 
 
@@ -275,9 +279,10 @@ def cmd_schemes(args: argparse.Namespace) -> int:
     else:
         summaries = run_comparison(cfg, settings=settings, num_traces=num_traces, seeds=seeds, work_dir=work_dir,
                                    executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-    paths = write_outputs(dataset, summaries, work_dir=work_dir, out_dir=args.out, settings=settings)
+    paths = write_outputs(dataset, summaries, work_dir=work_dir, out_dir=args.out, settings=settings,
+                          replace_page=args.replace_page)
     run_s, per_s = mean_run_seconds(summaries)
-    md = args.out / f"schemes_{dataset}.md"
+    md = Path(paths["dir"]) / f"schemes_{dataset}.md"
     md.write_text(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
                             work_dir=work_dir))
     print(f"{len(summaries)} runs in {time.perf_counter() - started:.0f} s; one {cfg.rounds}-round run takes "
@@ -321,8 +326,6 @@ Per-run final accuracies: `{Path(paths['final_csv']).name}`; per-round metrics o
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    import json
-
     from simulator.executors import executor_for
     from simulator.table3 import READINGS, elapsed, run_table3, wall_time, write_page
 
@@ -335,8 +338,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     num_traces = _parse_ints(args.num_traces_list, "--num-traces-list")
     work_dirs = {ds: (args.work_dir if args.work_dir and ds == args.dataset else args.out / "runs" / f"table3_{ds}")
                  for ds in ("synthetic", "mnist")}
-    timing_path = args.out / "table3_timing.json"
-    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    timing = _read_timing(args.out, "table3")
     started = time.perf_counter()
     if not args.report_only:
         settings = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -354,11 +356,10 @@ def cmd_table3(args: argparse.Namespace) -> int:
         statement = wall_time(timing.get(args.dataset), part, computed=computed, cached=cached)
         if statement is not None:
             timing[args.dataset] = statement
-            args.out.mkdir(parents=True, exist_ok=True)
-            timing_path.write_text(json.dumps(timing, indent=1))
     page = write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
                       timing=timing, plots=lambda ds, info: _table3_plots(info["out_dir"], ds, info), regime=regime,
                       replace_page=args.replace_page)
+    _save_timing(page, "table3", timing)
     print(f"Table 3 page: {page}")
     return 0
 
@@ -390,19 +391,32 @@ def _table3_plots(out: Path, dataset: str, info: dict) -> dict:
     return paths
 
 
-def _timing(args: argparse.Namespace, name: str, started: float, command: str) -> dict:
-    """The wall time of this table's last computing command, kept beside its page."""
-    import json
+# A page's wall times ({command or dataset: statement}) sit beside it in <name>_timing.json.
+# They are read from --out and saved where the page went (simulator.report.page_dir), so a
+# page sent to <out>/local leaves the committed times alone.
 
+
+def _read_timing(out: Path, name: str) -> dict:
+    path = out / f"{name}_timing.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _note_time(timing: dict, command: str, started: float, *, computed: int) -> None:
+    """`command`'s wall time; a command that found every run cached keeps the time that computed them."""
     from simulator.table3 import elapsed
 
-    path = args.out / f"{name}_timing.json"
-    timing = json.loads(path.read_text()) if path.exists() else {}
-    if not args.report_only:
+    if computed:
         timing[command] = f"{elapsed(started)} for `{command}`"
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(timing, indent=1))
-    return timing
+
+
+def _save_timing(page: Path, name: str, timing: dict) -> None:
+    from flexfl.files import atomic_file
+
+    path = page.parent / f"{name}_timing.json"
+    text = json.dumps(timing, indent=1)
+    if timing and not (path.is_file() and path.read_text() == text):
+        with atomic_file(path) as f:
+            f.write(text)
 
 
 def cmd_table4(args: argparse.Namespace) -> int:
@@ -417,16 +431,17 @@ def cmd_table4(args: argparse.Namespace) -> int:
     seeds = _parse_ints(args.seeds, "--seeds")
     work_dirs = {ds: args.work_dir or args.out / "runs" / f"table4_{ds}" for ds in ("synthetic", "mnist")}
     started = time.perf_counter()
-    timing = {}
+    timing = _read_timing(args.out, "table4")
     for ds in datasets:
         t0 = time.perf_counter()
         if not args.report_only:
-            table4.run_table4(ds, seeds=seeds, work_dir=work_dirs[ds], regime=regime,
-                              executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-        timing = _timing(args, "table4", t0,
-                         f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}{_regime_flags(regime)}")
+            summaries = table4.run_table4(ds, seeds=seeds, work_dir=work_dirs[ds], regime=regime,
+                                          executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+            _note_time(timing, f"flexfl sim table4 --datasets {ds} --seeds {args.seeds}{_regime_flags(regime)}", t0,
+                       computed=sum(not s.get("cached") for s in summaries))
     page = table4.write_page(args.out, work_dirs={ds: d for ds, d in work_dirs.items() if d.exists()}, seeds=seeds,
                              timing=timing, regime=regime, replace_page=args.replace_page)
+    _save_timing(page, "table4", timing)
     print(f"Table 4 page: {page} ({time.perf_counter() - started:.0f} s)")
     return 0
 
@@ -442,12 +457,16 @@ def _paper_sweep(args: argparse.Namespace, module, name: str, command: str, **kw
     seeds = _parse_ints(args.seeds, "--seeds")
     work_dir = args.work_dir or args.out / "runs" / name
     started = time.perf_counter()
+    timing = _read_timing(args.out, name)
     if not args.report_only:
-        run_sweep(module.groups(seeds=seeds, regime=regime, **kw), work_dir=work_dir,
-                  executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
-    timing = _timing(args, name, started, f"{command} --seeds {args.seeds}{_regime_flags(regime)}")
-    return module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()),
-                             regime=regime, **kw)
+        summaries = run_sweep(module.groups(seeds=seeds, regime=regime, **kw), work_dir=work_dir,
+                              executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+        _note_time(timing, f"{command} --seeds {args.seeds}{_regime_flags(regime)}", started,
+                   computed=sum(not s.get("cached") for s in summaries))
+    result = module.write_page(args.out, work_dir=work_dir, seeds=seeds, timing="; ".join(timing.values()),
+                               regime=regime, replace_page=args.replace_page, **kw)
+    _save_timing(result[0] if isinstance(result, tuple) else result, name, timing)  # Table 5's: (page, c, acc)
+    return result
 
 
 def cmd_table5(args: argparse.Namespace) -> int:
@@ -479,9 +498,11 @@ def cmd_operating_point(args: argparse.Namespace) -> int:
     best, cands, summaries = operating_point.run_protocol(
         args.dataset, args.unit, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
     computed = sum(not s.get("cached") for s in summaries)
+    # Nothing computed: the choice keeps the wall time of the command that computed its runs.
     timing = (f"Wall time: {elapsed(started)} for `flexfl sim operating-point --dataset {args.dataset} --unit "
-              f"{args.unit}` ({computed} of {len(summaries)} runs computed).")
-    page = operating_point.write_outputs(args.out, args.dataset, args.unit, summaries, best, timing=timing)
+              f"{args.unit}` ({computed} of {len(summaries)} runs computed)." if computed else None)
+    page = operating_point.write_outputs(args.out, args.dataset, args.unit, summaries, best, timing=timing,
+                                         replace_page=args.replace_page)
     print(f"operating point for {args.dataset}, E in {args.unit}s: eta_0 = {best.eta0:g} (mean final test loss "
           f"{best.score:.4f} over {len(best.losses)} runs); page {page}")
     return 0

@@ -59,14 +59,19 @@ def groups(*, seeds: Sequence[int], dataset: str = "mnist", regime: Regime = Reg
 
 
 def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, dataset: str = "mnist",
-               regime: Regime = Regime()):
-    """results/figure_arrivals[_<dataset>].md and .png: mean accuracy over seeds (band: min-max), and what it shows."""
+               regime: Regime = Regime(), replace_page: bool = False):
+    """results/figure_arrivals[_<dataset>].md and .png: mean accuracy over seeds (band: min-max), and what it shows.
+
+    If the committed <stem>_runs.csv lists runs not finished here, everything goes to
+    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from flexfl.files import atomic_file
+
+    from simulator.report import page_dir, write_csv_atomic
 
     curves: dict[str, list[np.ndarray]] = {"fast": [], "vanilla": []}
     run_seeds: dict[str, list[int]] = {"fast": [], "vanilla": []}
@@ -76,15 +81,22 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, dataset:
         run_seeds[s["reboot"]].append(int(s["seed"]))
     if not curves["fast"] or not curves["vanilla"]:
         raise ConfigError(f"no finished multi-arrival runs in {work_dir} (run without --report-only)")
+    if run_seeds["fast"] != run_seeds["vanilla"]:
+        raise ConfigError(f"multi-arrival runs in {work_dir}: fast-reboot finished for seeds {run_seeds['fast']}, "
+                          f"vanilla for {run_seeds['vanilla']}; rerun to finish the pairs")
+    stats = {reboot: 100 * np.stack(curves[reboot]) for reboot in ("fast", "vanilla")}
+    # Every number of the page, per run: the 20-round window means from each newcomer's first round.
+    rows = [{"seed": seed, "reboot": reboot, "first_round": r, "mean_acc_20": float(stats[reboot][i, r - 1:r + 19].mean()),
+             "final_acc": float(stats[reboot][i, -1])}
+            for reboot in ("fast", "vanilla") for i, seed in enumerate(run_seeds[reboot]) for r in FIRST_ROUNDS]
+    out_dir = page_dir(out_dir, f"{stem}_runs.csv", rows, ("seed", "reboot", "first_round"), replace=replace_page)
     fig, ax = plt.subplots(figsize=(8, 4.2))
     x = np.arange(1, ROUNDS + 1)
-    stats = {}
     for reboot, color in (("fast", "tab:green"), ("vanilla", "tab:orange")):
-        acc = 100 * np.stack(curves[reboot])
+        acc = stats[reboot]
         ax.plot(x, acc.mean(axis=0), color=color, label=f"{'fast-reboot' if reboot == 'fast' else 'vanilla'} "
                 f"(mean of {len(acc)} seeds)")
         ax.fill_between(x, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.15)
-        stats[reboot] = acc
     for r in FIRST_ROUNDS:
         ax.axvline(r, color="gray", ls="--", lw=1)
     ax.set_ylim(0, 100)
@@ -98,16 +110,7 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, dataset:
     png = out_dir / f"{stem}.png"
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    if run_seeds["fast"] != run_seeds["vanilla"]:
-        raise ConfigError(f"multi-arrival runs in {work_dir}: fast-reboot finished for seeds {run_seeds['fast']}, "
-                          f"vanilla for {run_seeds['vanilla']}; rerun to finish the pairs")
-    # Every number of the page, per run: the 20-round window means from each newcomer's first round.
-    from simulator.report import write_csv_atomic
-
-    write_csv_atomic(out_dir / f"{stem}_runs.csv", [
-        {"seed": seed, "reboot": reboot, "first_round": r, "mean_acc_20": float(stats[reboot][i, r - 1:r + 19].mean()),
-         "final_acc": float(stats[reboot][i, -1])}
-        for reboot in ("fast", "vanilla") for i, seed in enumerate(run_seeds[reboot]) for r in FIRST_ROUNDS])
+    write_csv_atomic(out_dir / f"{stem}_runs.csv", rows)
     windows = []
     for r in FIRST_ROUNDS:
         w = slice(r - 1, r + 19)  # the 20 rounds from the newcomer's first

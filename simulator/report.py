@@ -26,14 +26,17 @@ LOCAL_DIR = "local"  # where a page goes that would drop runs its committed CSV 
 
 
 def page_dir(out_dir: Path, runs_csv: str, rows: Sequence[dict], key: Sequence[str], *, replace: bool) -> Path:
-    """Where a page and its files go: `out_dir`, unless the runs CSV there lists runs (by `key`)
-    that `rows` lack - a fresh clone holds the committed pages but not the runs behind them,
-    so a small rerun would erase hours of results. Then `out_dir`/local, with a warning;
-    `replace` writes over the page anyway."""
+    """Where a page and every file beside it (CSV, plots, timing) go: `out_dir`, unless the runs
+    CSV there lists runs (by `key`) that `rows` lack - a fresh clone holds the committed pages
+    but not the runs behind them, so a small rerun would erase hours of results. Then
+    `out_dir`/local, with a warning; `replace` writes over the page anyway. The folder exists
+    on return. Every page of results/ asks here (Tables 3-5, the arrivals figures, the
+    operating point, the scheme comparison)."""
     import logging
 
     path = Path(out_dir) / runs_csv
     if replace or not path.is_file():
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         return Path(out_dir)
     with open(path, newline="", encoding="utf-8") as f:
         committed = {tuple(r.get(k, "") for k in key) for r in csv.DictReader(f)}

@@ -75,14 +75,24 @@ def run_comparison(
     return run_sweep(groups, work_dir=work_dir, executor=executor)
 
 
-def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_dir: Path, settings: Sequence[str]) -> dict[str, Path | str]:
-    """Final-accuracy CSV, accuracy-curve plots (mean over seeds), and the Table 3 markdown body."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+RUN_KEY = ("setting", "num_traces", "seed", "scheme")
+
+
+def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_dir: Path, settings: Sequence[str],
+                  replace_page: bool = False) -> dict[str, Path | str]:
+    """Final-accuracy CSV, accuracy-curve plots (mean over seeds), and the Table 3 markdown body.
+
+    paths["dir"] is where they went: `out_dir`, or <out_dir>/local if the committed final CSV
+    lists runs not finished here (simulator.report.page_dir) and not `replace_page`."""
+    from simulator.report import page_dir
+
     final_rows = [
-        {k: s[k] for k in ("setting", "num_traces", "seed", "scheme", "final_acc", "final_loss", "wall_s", "device_updates", "discarded_rounds")}
-        for s in sorted(summaries, key=lambda s: (s["setting"], s["num_traces"], s["seed"], s["scheme"]))
+        {k: s[k] for k in (*RUN_KEY, "final_acc", "final_loss", "wall_s", "device_updates", "discarded_rounds")}
+        for s in sorted(summaries, key=lambda s: tuple(s[k] for k in RUN_KEY))
     ]
-    paths: dict[str, Path | str] = {"final_csv": out_dir / f"schemes_{dataset}_final.csv"}
+    final_csv = f"schemes_{dataset}_final.csv"
+    out_dir = page_dir(out_dir, final_csv, final_rows, RUN_KEY, replace=replace_page)
+    paths: dict[str, Path | str] = {"dir": out_dir, "final_csv": out_dir / final_csv}
     write_csv_atomic(paths["final_csv"], final_rows)
     curves: dict[str, dict[str, dict[str, list]]] = {st: {} for st in settings}
     for r in final_rows:

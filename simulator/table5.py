@@ -211,13 +211,28 @@ Mean over the {len(folds)} folds: {verdict}.
 """ + "\n".join(lines) + "\n"
 
 
-def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: Regime = Regime()):
-    """results/table5.md: crossing rounds per (alpha, beta, tau_0) beside the paper's, and the auto rule."""
+RUNS_CSV = "table5_runs.csv"  # beside the page: one row per departure
+RUN_KEY = ("alpha", "beta", "tau0", "seed")
+
+
+def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: Regime = Regime(),
+               replace_page: bool = False):
+    """results/table5.md: crossing rounds per (alpha, beta, tau_0) beside the paper's, and the auto rule.
+
+    If the committed table5_runs.csv lists departures not finished here, everything goes to
+    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
     from flexfl.files import atomic_file
+
+    from simulator.report import page_dir, write_csv_atomic
 
     deps = collect(seeds=seeds, work_dir=work_dir, regime=regime)
     if not deps:
         raise ConfigError(f"no finished Table 5 runs in {work_dir} (run without --report-only)")
+    rows = [{"alpha": d.ab[0], "beta": d.ab[1], "tau0": d.tau0, "seed": d.seed, "gamma": d.gamma,
+             "cross": d.cross() or "never", "cross_same_test_set": d.cross(same_test_set=True) or "never",
+             "auto_choice_T200": d.auto_choice, **{f"better_at_T-tau0={h}": d.better(h) for h in HORIZONS
+                                                   if d.tau0 + h <= ROUNDS}} for d in deps]
+    out_dir = page_dir(out_dir, RUNS_CSV, rows, RUN_KEY, replace=replace_page)
     n_seeds = len({d.seed for d in deps})
 
     def table(same_test_set: bool) -> str:
@@ -299,13 +314,7 @@ the device's last {GAMMA_ROUNDS} pairs. Median Gamma estimate at the departure:
   {", ".join(f"({ab[0]:g},{ab[1]:g}): {auto_runs[ab]}/{sum(1 for d in deps if d.ab == ab)}" for ab in ALPHA_BETA)}.
 
 {loso_section(deps) if n_seeds > 1 else ""}"""
-    from simulator.report import write_csv_atomic
-
-    write_csv_atomic(out_dir / "table5_runs.csv", [
-        {"alpha": d.ab[0], "beta": d.ab[1], "tau0": d.tau0, "seed": d.seed, "gamma": d.gamma,
-         "cross": d.cross() or "never", "cross_same_test_set": d.cross(same_test_set=True) or "never",
-         "auto_choice_T200": d.auto_choice, **{f"better_at_T-tau0={h}": d.better(h) for h in HORIZONS
-                                               if d.tau0 + h <= ROUNDS}} for d in deps])
+    write_csv_atomic(out_dir / RUNS_CSV, rows)
     path = out_dir / "table5.md"
     with atomic_file(path) as f:
         f.write(page)
