@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except FlexFLError as exc:
         print(f"flexfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("flexfl: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # One line, no traceback; a sweep's says what stopped and how to resume (simulator.sweep.run_sweep).
+        sys.stdout.flush()  # progress lines first, then the last word
+        print(f"flexfl: interrupted: {exc}" if str(exc) else "flexfl: interrupted", file=sys.stderr)
         return 130
 
 

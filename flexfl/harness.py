@@ -40,6 +40,7 @@ class Managed:
     log_path: Path
     device: int | None = None  # emulated device index, if it runs in one
     reported: bool = False  # its exit has been returned by exits()
+    own_group: bool = False  # leads a process group of its own (its pid is the group id)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,7 +103,7 @@ class Harness:
 
     # ---- starting ----------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: Sequence[str], *, device: int | None = None) -> Managed:
+    def _spawn(self, name: str, args: Sequence[str], *, device: int | None = None, own_group: bool = False) -> Managed:
         if name in self.procs and self.procs[name].proc.poll() is None:
             raise HarnessError(f"{name} is already running (pid {self.procs[name].proc.pid})")
         argv = [sys.executable, "-m", "flexfl.cli", *args]
@@ -116,10 +117,11 @@ class Harness:
             with open(log_path, "ab") as out:
                 try:
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            env=env)
+                                            env=env, process_group=0 if own_group else None)
                 except OSError as exc:
                     raise HarnessError(f"cannot start {name}: {exc}") from exc
-        self.procs[name] = Managed(name=name, proc=proc, log_path=log_path, device=device)
+        self.procs[name] = Managed(name=name, proc=proc, log_path=log_path, device=device,
+                                   own_group=own_group and device is None)
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(args))
         return self.procs[name]
 
@@ -136,6 +138,11 @@ class Harness:
     def start_agent(self, name: str, config: Path, *, device: int | None = None, args: Sequence[str] = ()) -> Managed:
         """Start `flexfl agent --config CONFIG` (inside emulated device `device` when there is a fleet)."""
         return self._spawn(name, ["agent", "--config", str(config), *args], device=device)
+
+    def start_command(self, name: str, args: Sequence[str]) -> Managed:
+        """Start `flexfl ARGS` (e.g. a sweep) in a process group of its own, as a shell starts a job,
+        so that signal(..., group=True) reaches it and its workers the way a terminal's Ctrl-C does."""
+        return self._spawn(name, list(args), own_group=True)
 
     # ---- waiting -----------------------------------------------------------------------
 
@@ -198,10 +205,16 @@ class Harness:
                 out[m.name] = m.proc.returncode
         return out
 
-    def signal(self, name: str, signum: int = signal.SIGTERM) -> None:
+    def signal(self, name: str, signum: int = signal.SIGTERM, *, group: bool = False) -> None:
+        """`signum` to process `name`; with `group`, to its whole process group (start_command only)."""
         m = self.procs[name]
+        if group and not m.own_group:
+            raise HarnessError(f"{name} has no process group of its own (start it with start_command)")
         if m.proc.poll() is None:
-            m.proc.send_signal(signum)
+            if group:
+                os.killpg(m.proc.pid, signum)
+            else:
+                m.proc.send_signal(signum)
 
     def stop(self, names: Iterable[str] | None = None, *, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`; agents before the coordinator(s)."""
@@ -220,6 +233,11 @@ class Harness:
                     log.warning("%s ignored SIGTERM for %.0f s; killing it", m.name, timeout_s)
                     m.proc.kill()
                     m.proc.wait()
+                if m.own_group:  # its children (a sweep's workers) never outlive it
+                    try:
+                        os.killpg(m.proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
     def close(self) -> None:
         self.stop()

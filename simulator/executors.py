@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 from collections.abc import Iterator, Sequence
 
 from flexfl.errors import ConfigError
@@ -46,12 +48,34 @@ class LocalExecutor:
             for task in tasks:
                 yield compute_group(task)
             return
-        pool = mp.get_context("spawn").Pool(min(self.jobs, len(tasks)))
+        pool = _pool_deaf_to_ctrl_c(min(self.jobs, len(tasks)))
         try:
             yield from pool.imap_unordered(compute_group, tasks, chunksize=1)
         finally:
             pool.terminate()  # all results are in (or the sweep stopped): end the workers
             pool.join()
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _pool_deaf_to_ctrl_c(processes: int):
+    """A spawn pool whose workers ignore SIGINT from birth.
+
+    Ctrl-C in a terminal signals the whole process group: workers that took it raised
+    KeyboardInterrupt mid-task and printed tracebacks (3 interruptions in 4). The driver alone
+    handles it and terminates the pool. An ignored signal stays ignored across exec, and Python
+    then installs no KeyboardInterrupt handler, so the workers ignore it even while they import
+    torch; the initializer covers a worker the pool replaces later.
+    """
+    main_thread = threading.current_thread() is threading.main_thread()  # signal() works there only
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        return mp.get_context("spawn").Pool(processes, initializer=_ignore_sigint)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 class RayExecutor:

@@ -317,23 +317,33 @@ def run_sweep(
     started = time.perf_counter()
     computed = 0
     failed: dict[str, str] = {}
-    for outputs in executor.run(tasks) if tasks else ():
-        first = computed  # a group's runs finish together: the ETA counts them all at once
-        computed += len(outputs)
-        eta = (time.perf_counter() - started) / computed * (to_compute - computed)
-        for i, out in enumerate(outputs, start=1):
-            done = f"[{cached + first + i}/{total}] {out.name}"
-            if out.error is not None:
-                failed[out.name] = out.error
-                report(f"{done}: FAILED: {out.error} | ETA {_minutes(eta)}")
-                continue
-            write_run(work_dir, out)
-            s = out.summary
-            summaries[out.name] = {**s, "cached": False}
-            how = (f"same run as {s['identical_to']}" if "identical_to" in s
-                   else f"{s['wall_s']:.1f} s" + (f", paired with {len(s['paired_with'])}" if s["paired_with"] else ""))
-            report(f"{done}: acc {100 * s['final_acc']:.2f}%, loss {s['final_loss']:.4g} ({how}) | "
-                   f"{cached} cached | ETA {_minutes(eta)}")
+    results = executor.run(tasks) if tasks else (o for o in ())
+    try:
+        for outputs in results:
+            first = computed  # a group's runs finish together: the ETA counts them all at once
+            computed += len(outputs)
+            eta = (time.perf_counter() - started) / computed * (to_compute - computed)
+            for i, out in enumerate(outputs, start=1):
+                done = f"[{cached + first + i}/{total}] {out.name}"
+                if out.error is not None:
+                    failed[out.name] = out.error
+                    report(f"{done}: FAILED: {out.error} | ETA {_minutes(eta)}")
+                    continue
+                write_run(work_dir, out)
+                s = out.summary
+                summaries[out.name] = {**s, "cached": False}
+                how = (f"same run as {s['identical_to']}" if "identical_to" in s
+                       else f"{s['wall_s']:.1f} s" + (f", paired with {len(s['paired_with'])}" if s["paired_with"] else ""))
+                report(f"{done}: acc {100 * s['final_acc']:.2f}%, loss {s['final_loss']:.4g} ({how}) | "
+                       f"{cached} cached | ETA {_minutes(eta)}")
+    except KeyboardInterrupt:
+        # Ctrl-C (its workers ignore it: simulator.executors): stop them now, wherever it hit the driver,
+        # and say in one line what is kept (flexfl.cli prints it, no traceback).
+        results.close()
+        saved = sum(not s["cached"] for s in summaries.values())
+        raise KeyboardInterrupt(f"the sweep in {work_dir}, after {saved} of its {to_compute} runs to compute; "
+                                "finished runs are saved there (long groups also keep a checkpoint): rerun the same "
+                                "command to resume") from None
     elapsed = time.perf_counter() - started
     report(f"sweep: {total} runs in {_minutes(elapsed)}: {computed - len(failed)} computed, {cached} cached, "
            f"{len(failed)} failed; results in {work_dir}")
