@@ -89,6 +89,12 @@ def cmd_token(args: argparse.Namespace) -> int:
     from flexfl.errors import ConfigError
     from flexfl.files import atomic_file
 
+    # A secret goes where the user points, never into folders made up on the way (a typo would hide it).
+    folder = args.out.parent
+    if not folder.exists():
+        raise ConfigError(f"--out {args.out}: the folder {folder} does not exist; create it first")
+    if not folder.is_dir():
+        raise ConfigError(f"--out {args.out}: {folder} is not a folder")
     if args.out.exists() and not args.force:
         raise ConfigError(f"{args.out} exists; pass --force to replace the fleet token (every device then needs the new one)")
     with atomic_file(args.out, perms=0o600) as f:

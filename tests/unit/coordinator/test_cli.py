@@ -1,4 +1,4 @@
-"""The [rules] flags shared by `flexfl coordinator`, `flexfl sim` and `flexfl live`."""
+"""The coordinator's commands: the [rules] flags shared by `flexfl coordinator`, `flexfl sim` and `flexfl live`; `flexfl token`."""
 
 import argparse
 
@@ -22,3 +22,21 @@ def test_every_departure_policy_and_its_constant_can_be_given_as_flags():
     assert _rules() == RulesConfig()
     with pytest.raises(SystemExit):
         _rules("--departure-policy", "sometimes")
+
+
+def test_token_refuses_a_folder_that_does_not_exist_and_writes_into_one_that_does(tmp_path, capsys):
+    import stat
+
+    from flexfl.cli import main
+
+    missing = tmp_path / "nonexistent" / "dir"
+    assert main(["token", "--out", str(missing / "tok")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flexfl: error: --out ") and f"{missing} does not exist" in err, err
+    assert not (tmp_path / "nonexistent").exists()  # nothing created on the way
+    (tmp_path / "file").write_text("")
+    assert main(["token", "--out", str(tmp_path / "file" / "tok")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["token", "--out", str(tmp_path / "tok")]) == 0
+    assert len((tmp_path / "tok").read_text().strip()) == 64
+    assert stat.S_IMODE((tmp_path / "tok").stat().st_mode) == 0o600
