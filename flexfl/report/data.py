@@ -4,8 +4,9 @@ A folder is one of three kinds (`detect`):
 - a run: `run.json` and/or per-round records in `metrics.jsonl` or `coordinator/metrics.jsonl`
   (the coordinator's per-round schema, written by `coordinator.engine` and the simulator); a live run folder of
   without `run.json` (a run stopped before writing it) gets its deadline, E and traces from
-  `coordinator.toml` and `agent-*.toml`, read with their own config loaders. A simulation folder of today (`rounds.csv` + `summary.json`) holds
-  per-round aggregates only and is read too.
+  `coordinator.toml` and `agent-*.toml`, read with their own config loaders. A `flexfl sim run` folder
+  (`rounds.csv` + `summary.json`: per-round aggregates of every scheme) is read from its
+  `<scheme>/` run folders where they are there (`_scheme_runs`), else from the aggregates.
 - a sweep: `schemes_<dataset>_final.csv` (with the per-run CSVs in `runs/schemes_<dataset>/`),
   or such a work folder of `<setting>_T<j>_seed<s>_<scheme>.json/.csv` files itself; or the
   Table 3 page's `table3_runs.csv` (one dataset per reading, per-run CSVs in
@@ -22,7 +23,7 @@ import csv
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,8 @@ def read_run(path: Path) -> Run:
     if metrics is not None:
         rounds = _read_metrics_jsonl(metrics)
         sources.append(str(metrics.relative_to(path)))
+    elif (path / SIM_ROUNDS_CSV).is_file() and (each := _scheme_runs(path)) is not None:
+        return each
     elif (path / SIM_ROUNDS_CSV).is_file():
         rounds = _read_rounds_csv(path / SIM_ROUNDS_CSV)
         sources.append(SIM_ROUNDS_CSV)
@@ -167,6 +170,25 @@ def read_run(path: Path) -> Run:
     E = config.get("E")
     return Run(path=path, kind="sim", sources=tuple(sources), rounds=rounds, config=config,
                required_updates=E if isinstance(E, int) else None)
+
+
+def _scheme_runs(path: Path) -> Run | None:
+    """A `flexfl sim run` folder of several schemes as one Run of every scheme's full records.
+
+    Its rounds.csv holds per-round aggregates only; each scheme's own folder (<scheme>/run.json
+    and metrics.jsonl) holds s, p and coefficients per device. The schemes share devices, traces
+    and E. None if a scheme of rounds.csv has no such folder (then the aggregates are read)."""
+    schemes = list(dict.fromkeys(r.scheme for r in _read_rounds_csv(path / SIM_ROUNDS_CSV)))
+    if not schemes or None in schemes or not all((path / s / RUN_JSON).is_file() and (path / s / METRICS_FILES[0])
+                                                 .is_file() for s in schemes):
+        return None
+    runs = {s: read_run(path / s) for s in schemes}
+    first = runs[schemes[0]]
+    config = dict(first.config)
+    if isinstance(config.get("rules"), dict):  # the one setting the schemes' configs differ in
+        config["rules"] = {**config["rules"], "scheme": ", ".join(schemes)}
+    return replace(first, path=path, sources=tuple(f"{s}/{src}" for s, run in runs.items() for src in run.sources),
+                   rounds=tuple(replace(r, scheme=s) for s, run in runs.items() for r in run.rounds), config=config)
 
 
 def _load_json(path: Path) -> Any:

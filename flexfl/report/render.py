@@ -102,14 +102,54 @@ def _run_context(path: Path) -> dict[str, Any]:
         blocks.append(block)
     files = sorted((p for p in path.rglob("*") if p.is_file() and p.name != REPORT_NAME and not p.name.startswith(".")),
                    key=lambda p: str(p))
+    shown, left_out = _what_to_show(run, blocks)
     return {
         "title": f"{run.kind} run: {path.resolve().name}",
         "run": run,
         "acc_loss_svg": plots.accuracy_loss(series, all_events),
         "blocks": blocks,
+        "shown": shown,
+        "counters": [(key, label) for key, label in COUNTERS if any(b["summary"][key] is not None for b in blocks)],
+        "left_out": left_out,
         "config": sorted((str(k), v) for k, v in run.config.items()),
         "files": [(str(p.relative_to(path)), p.stat().st_size) for p in files][:200],
     }
+
+
+# Optional sections of a run's page: (id, title, what a block holds for it).
+SECTIONS = (("participation", "Participation", "participation_svg"),
+            ("coefficients", "Aggregation coefficients", "coefficients_svg"),
+            ("traffic", "Traffic", "traffic_svg"), ("durations", "Round durations", "durations_svg"),
+            ("devices", "Devices", "devices"))
+# The overview's counts (sections.run_summary keys), shown where the run records them.
+COUNTERS = (("inactive_device_rounds", "inactive device-rounds (s = 0)"), ("rejected_updates", "rejected updates"),
+            ("discarded_rounds", "discarded rounds"))
+
+
+def _what_to_show(run: data.Run, blocks: list[dict[str, Any]]) -> tuple[set[str], list[tuple[str, str]]]:
+    """The optional sections with data, and (title, reason) for each section or count left out.
+
+    A section without data is left out and the overview says why, rather than a page of
+    "n/a": a simulation has no network, clock or uploads to reject; a live run may lack a record."""
+    sim = run.kind == "sim"
+    why = {
+        "participation": f"this run's output holds no per-device s ({', '.join(run.sources)})",
+        "coefficients": "this run's output holds no per-device coefficients",
+        "traffic": ("a simulation sends nothing over a network" if sim
+                    else "bytes sent and received were not recorded for this run"),
+        "durations": ("a simulated round has no wall-clock duration or deadline" if sim
+                      else "round durations were not recorded for this run"),
+        "devices": "this run's output holds no per-device records",
+        "inactive_device_rounds": "this run's output holds no per-device s",
+        "rejected_updates": ("a simulation receives no uploads to reject" if sim
+                             else "rejections were not recorded for this run"),
+        "discarded_rounds": "this run's output does not say which rounds were discarded",
+    }
+    shown = {sid for sid, _, key in SECTIONS if any(b[key] for b in blocks)}
+    left_out = [(title, why[sid]) for sid, title, _ in SECTIONS if sid not in shown]
+    left_out += [(label.split(" (")[0], why[key]) for key, label in COUNTERS
+                 if all(b["summary"][key] is None for b in blocks)]
+    return shown, left_out
 
 
 # ---- sweeps -------------------------------------------------------------------------------

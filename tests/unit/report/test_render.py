@@ -1,4 +1,4 @@
-"""The written page: self-contained, every figure a valid SVG, every section there or marked n/a."""
+"""The written page: self-contained, every figure a valid SVG, every section there or left out with its reason."""
 
 from __future__ import annotations
 
@@ -70,14 +70,35 @@ def test_live_run_report_has_every_section(live_dir):
     assert "deadline = 2 s" in html
 
 
-def test_sim_run_report_marks_what_the_run_does_not_record(sim_dir):
+SIM_LEAVES_OUT = ("<b>Traffic</b>: a simulation sends nothing over a network",
+                  "<b>Round durations</b>: a simulated round has no wall-clock duration or deadline",
+                  "<b>rejected updates</b>: a simulation receives no uploads to reject")
+
+
+def test_sim_run_report_leaves_out_what_a_simulation_does_not_have_and_says_why(sim_dir):
     html, page = _page(write_report(sim_dir, sim_dir / "elsewhere.html"))
     _assert_self_contained(page)
     assert len(page.images) == 3  # accuracy+loss, participation, coefficients
-    assert "n/a: bytes sent and received were not recorded" in html
-    assert "n/a: round durations were not recorded" in html
-    assert "deadline = n/a" in html and "<b>sim</b> run" in html
+    assert "n/a" not in html
+    assert not {"traffic", "durations"} & page.ids and "#traffic" not in page.links
+    assert all(reason in html for reason in SIM_LEAVES_OUT), html
+    assert "no deadline" in html and "<b>sim</b> run" in html
     assert "Tlo" in html
+
+
+def test_a_sim_run_of_several_schemes_shows_each_schemes_records(tmp_path, capsys):
+    # `flexfl sim run` writes rounds.csv (per-round aggregates of every scheme) and <scheme>/ folders.
+    out = tmp_path / "sim"
+    assert main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--num-traces", "3", "--rounds", "3",
+                 "--out", str(out)]) == 0
+    html, page = _page(write_report(out, tmp_path / "sim.html"))
+    _assert_self_contained(page)
+    assert "n/a" not in html
+    assert {"overview", "accuracy", "participation", "coefficients", "devices", "config", "files"} <= page.ids
+    assert len(page.images) == 1 + 3 + 3  # accuracy+loss; participation and coefficients per scheme
+    assert all(f"Scheme {s}</h3>" in html for s in "ABC") and html.count("<td>dev-5</td>") == 3
+    assert all(reason in html for reason in SIM_LEAVES_OUT), html
+    assert "<code>A/metrics.jsonl</code>" in html and "E (required local updates per round) = 20" in html
 
 
 @pytest.mark.parametrize("trace_set", ["paper", "recorded-emulated"])
