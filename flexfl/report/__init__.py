@@ -17,17 +17,21 @@ from pathlib import Path
 
 
 def write_report(path: Path, out: Path | None = None) -> Path:
-    """Write `<path>/report.html` (or `out`) for a run, sweep or trace-set folder; returns its path."""
+    """Write the report of a run, sweep or trace-set folder to `out` (default out/report/<path>.html); returns it."""
     from flexfl.report.render import write_report as _write
 
     return _write(path, out)
 
 
 def report_line(path: Path) -> str:
-    """Write the report of `path` and return the line a command prints about it (a hint without the extra)."""
+    """Write `path`/report.html and return the line a command prints about it (a hint without the extra).
+
+    For a command that has just written the run folder `path` (its own output), so the report sits beside it."""
     try:
         import jinja2  # noqa: F401
         import matplotlib  # noqa: F401
     except ImportError as exc:
         return f"report: not written ({exc.name} is missing; pip install 'flexfl[report]', then flexfl report {path})"
-    return f"report: {write_report(path)}"
+    from flexfl.report.render import REPORT_NAME
+
+    return f"report: {write_report(path, Path(path) / REPORT_NAME)}"

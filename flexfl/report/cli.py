@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Write an HTML report (figures inline, opens offline) of a live or simulated "
                                    "run folder, a scheme sweep (results/) or a trace set (traces/<set>).")
     p.add_argument("dir", type=Path, metavar="DIR", help="run folder, sweep results folder or trace-set folder")
-    p.add_argument("--out", type=Path, default=None, help="HTML file to write (default DIR/report.html)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="HTML file to write (default out/report/<DIR>.html, e.g. out/report/traces-paper.html)")
     p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
                    help="also open the page in headless Chromium, save a full-page screenshot, and fail on "
                         "console errors, broken images or requests outside the page")

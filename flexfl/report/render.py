@@ -16,7 +16,21 @@ from flexfl.report import data, plots, sections
 
 log = logging.getLogger(__name__)
 
-REPORT_NAME = "report.html"
+REPORT_NAME = "report.html"  # beside a run, where the command that wrote the run puts its report
+REPORTS_DIR = Path("out") / "report"  # `flexfl report`'s own folder (out/ is not tracked)
+
+
+def default_out(path: Path) -> Path:
+    """out/report/<the folder's path from here, "/" as "-">.html, e.g. out/report/traces-paper.html.
+
+    Never inside the folder read: results/ and traces/<set> are committed, and a report left
+    there was an untracked file in a tracked folder."""
+    folder = Path(path).resolve()
+    try:
+        rel = folder.relative_to(Path.cwd().resolve())
+    except ValueError:
+        rel = folder.relative_to(folder.anchor)
+    return REPORTS_DIR / f"{'-'.join(rel.parts) or folder.name or 'root'}.html"
 NA = "n/a"
 
 
@@ -52,7 +66,7 @@ def write_report(path: Path, out: Path | None = None) -> Path:
     """Write the HTML report of a run, sweep or trace-set folder; returns the file written.
 
     The page is self-contained (figures inlined as SVG data URIs, CSS inline, no scripts),
-    so it opens offline. Default location: `<path>/report.html`.
+    so it opens offline. Default location: default_out(path), under out/report/.
     """
     path = Path(path)
     kind = data.detect(path)
@@ -60,7 +74,7 @@ def write_report(path: Path, out: Path | None = None) -> Path:
     context = {"run": _run_context, "sweep": _sweep_context, "traces": _traces_context}[kind](path)
     context.update(path=str(path), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), version=__version__)
     html = _environment().get_template(f"{kind}.html").render(**context)
-    out = Path(out) if out is not None else path / REPORT_NAME
+    out = Path(out) if out is not None else default_out(path)
     with atomic_file(out) as f:
         f.write(html)
     log.debug("report of %s (%s) in %.1f s: %s", path, kind, time.perf_counter() - started, out)

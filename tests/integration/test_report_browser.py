@@ -43,7 +43,7 @@ def live_run(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @needs_chromium
 def test_live_run_report_renders_cleanly_in_chromium(live_run, tmp_path):
-    report = write_report(live_run)
+    report = write_report(live_run, tmp_path / "report.html")
     shot = tmp_path / "report.png"
     check = check_page(report, screenshot=shot)
     assert check.console_errors == []

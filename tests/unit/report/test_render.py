@@ -56,9 +56,10 @@ def _assert_self_contained(page: _Page) -> None:
     assert all(link.startswith("#") for link in page.links), page.links
 
 
-def test_live_run_report_has_every_section(live_dir):
+def test_live_run_report_has_every_section(live_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out = write_report(live_dir)
-    assert out == live_dir / "report.html"
+    assert out == Path("out/report/live.html")  # its own folder, never the one it reads
     html, page = _page(out)
     _assert_self_contained(page)
     assert {"overview", "accuracy", "participation", "coefficients", "traffic", "durations", "devices",
@@ -113,8 +114,8 @@ def test_trace_set_report(tmp_path, trace_set):
     assert "<td class=\"num\">75.3</td>" in html  # Table 2's T30 mean beside ours
 
 
-def test_sweep_report_has_table_and_cell_plots(sweep_dir):
-    html, page = _page(write_report(sweep_dir))
+def test_sweep_report_has_table_and_cell_plots(sweep_dir, tmp_path):
+    html, page = _page(write_report(sweep_dir, tmp_path / "sweep.html"))
     _assert_self_contained(page)
     assert len(page.images) == 2  # improvements against the paper, one per-cell grid (one setting)
     assert {"synthetic", "synthetic-cells"} <= page.ids
@@ -124,17 +125,18 @@ def test_sweep_report_has_table_and_cell_plots(sweep_dir):
     assert "<code>schemes_synthetic.md</code>" in html and "<code>runs/schemes_synthetic</code>" in html
 
 
-def test_sweep_without_per_run_files_says_so(sweep_dir):
+def test_sweep_without_per_run_files_says_so(sweep_dir, tmp_path):
     import shutil
 
     shutil.rmtree(sweep_dir / "runs")
-    html, page = _page(write_report(sweep_dir))
+    html, page = _page(write_report(sweep_dir, tmp_path / "sweep.html"))
     assert len(page.images) == 1 and "n/a: no per-run CSVs for NIID" in html
 
 
-def test_cli_prints_the_path_and_rejects_other_folders(live_dir, tmp_path, capsys):
+def test_cli_prints_the_path_and_rejects_other_folders(live_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(["report", str(live_dir)]) == 0
-    assert capsys.readouterr().out.strip() == str(live_dir / "report.html")
+    assert capsys.readouterr().out.strip() == "out/report/live.html" and Path("out/report/live.html").is_file()
     (tmp_path / "nothing").mkdir()
     assert main(["report", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
