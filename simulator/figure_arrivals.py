@@ -86,8 +86,8 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, dataset:
                           f"vanilla for {run_seeds['vanilla']}; rerun to finish the pairs")
     stats = {reboot: 100 * np.stack(curves[reboot]) for reboot in ("fast", "vanilla")}
     # Every number of the page, per run: the 20-round window means from each newcomer's first round.
-    rows = [{"seed": seed, "reboot": reboot, "first_round": r, "mean_acc_20": float(stats[reboot][i, r - 1:r + 19].mean()),
-             "final_acc": float(stats[reboot][i, -1])}
+    rows = [{"seed": seed, "reboot": reboot, "first_round": r,
+             "mean_acc_20": float(stats[reboot][i, r - 1:r + 19].mean()), "final_acc": float(stats[reboot][i, -1])}
             for reboot in ("fast", "vanilla") for i, seed in enumerate(run_seeds[reboot]) for r in FIRST_ROUNDS]
     out_dir = page_dir(out_dir, f"{stem}_runs.csv", rows, ("seed", "reboot", "first_round"), replace=replace_page)
     fig, ax = plt.subplots(figsize=(8, 4.2))

@@ -332,8 +332,8 @@ def run_sweep(
                 write_run(work_dir, out)
                 s = out.summary
                 summaries[out.name] = {**s, "cached": False}
-                how = (f"same run as {s['identical_to']}" if "identical_to" in s
-                       else f"{s['wall_s']:.1f} s" + (f", paired with {len(s['paired_with'])}" if s["paired_with"] else ""))
+                paired = f", paired with {len(s['paired_with'])}" if s["paired_with"] else ""
+                how = f"same run as {s['identical_to']}" if "identical_to" in s else f"{s['wall_s']:.1f} s{paired}"
                 report(f"{done}: acc {100 * s['final_acc']:.2f}%, loss {s['final_loss']:.4g} ({how}) | "
                        f"{cached} cached | ETA {_minutes(eta)}")
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""The coordinator's commands: the [rules] flags shared by `flexfl coordinator`, `flexfl sim` and `flexfl live`; `flexfl token`."""
+"""The coordinator's commands: the [rules] flags (shared with `flexfl sim` and `live`), and `flexfl token`."""
 
 import argparse
 
