@@ -598,7 +598,7 @@ class RoundEngine:
                     ready_since = ready_since or time.monotonic()
                     if time.monotonic() - ready_since >= run.start_grace_s:
                         self.started = True
-                        log.info("starting training with %d devices", len(active))
+                        log.info("starting training with %d device%s", len(active), "" if len(active) == 1 else "s")
                         return True
                 self._cond.wait(timeout=0.05)
         return False
