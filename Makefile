@@ -40,10 +40,10 @@ fuzz: setup ## the fuzzers, long and random (make test runs a short fixed part):
 	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) nice $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
 demo: setup ## the main job: a live run, coordinator + 5 agents on loopback, an arrival and a departure -> out/demo
-	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo
+	$(BIN)/flexfl live --devices 5 --dataset synthetic --rounds 30 --out out/demo --fresh
 
 live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 [ARRIVE=5 DEPART=30] -> out/live
-	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) $(LIVE_EVENTS) --out out/live
+	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) $(LIVE_EVENTS) --out out/live --fresh
 
 sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
 	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
@@ -125,7 +125,7 @@ fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (
 	$(BIN)/flexfl fleet down
 
 live-emulated: setup ## `make live` on an emulated fleet (root): 0.25 CPU per agent, dev-1 at 8 and dev-3 at 2 Mbit/s upload -> out/live-emulated
-	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated
+	$(BIN)/flexfl live --emulate --update-s 0 --dataset $(DATASET) --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25 --emulate-up-kbit 0,8000,0,2000,0 --out out/live-emulated --fresh
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0

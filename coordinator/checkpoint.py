@@ -33,6 +33,15 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
         }, f)
 
 
+def checkpointed_round(path: Path) -> int | None:
+    """The round a checkpoint file holds, without validating it against a model (None: unreadable)."""
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+        return int(raw["completed_round"])
+    except Exception:  # noqa: BLE001 - torch raises many types for a corrupt file; the caller says so
+        return None
+
+
 def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Checkpoint:
     """Read and validate a checkpoint against the model it must restore."""
     if not path.exists():

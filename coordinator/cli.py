@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 from pathlib import Path
 
 from flexfl.config import flag_dest
@@ -47,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("coordinator", help="run the federated-learning coordinator (gRPC server)")
     p.add_argument("--config", type=Path, help="TOML config (see coordinator/example.toml)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
+    p.add_argument("--resume-if-present", action="store_true",
+                   help="continue from the output folder's checkpoint when it has one, else start (for a service "
+                        "that restarts the coordinator after a crash)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start over in an output folder that holds an earlier run: it is moved to "
+                        "<folder>.previous-<time> first (without --resume or --fresh such a folder is refused)")
     p.add_argument("--listen", dest=flag_dest("server", "listen"), help="host:port to bind (overrides server.listen)")
     p.add_argument("--rounds", dest=flag_dest("run", "rounds"), type=int, help="overrides run.rounds")
     p.add_argument("--deadline-s", dest=flag_dest("run", "deadline_s"), type=float, help="overrides run.deadline_s")
@@ -62,11 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from coordinator.config import load_coordinator_config
+    from coordinator.engine import CHECKPOINT_NAME
     from coordinator.runtime import Coordinator
     from flexfl.config import overrides_from_args
 
     cfg = load_coordinator_config(args.config, overrides=overrides_from_args(args))
-    coord = Coordinator(cfg, resume=args.resume)
+    resume = args.resume or (args.resume_if_present and (Path(cfg.output.dir) / CHECKPOINT_NAME).exists())
+    coord = Coordinator(cfg, resume=resume, fresh=args.fresh)
 
     def on_signal(signum, _frame):
         log.info("received %s: stopping after writing a checkpoint", signal.Signals(signum).name)
@@ -80,6 +89,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     rounds = coord.engine.completed_round
     print(f"coordinator stopped after round {rounds}; checkpoint {coord.engine.checkpoint_path}, "
           f"metrics {coord.engine.metrics.path}", flush=True)
+    if coord.engine.ended_empty:
+        print(f"flexfl coordinator: every device departed before round {rounds + 1} and run.on_empty = stop: "
+              "the run ended early; --resume continues it once devices join", file=sys.stderr, flush=True)
+        return 3
     return 0
 
 

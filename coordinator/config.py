@@ -8,11 +8,12 @@ deadlines) and [output]. Read and written with flexfl.config.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from coordinator.round import RulesConfig
-from flexfl.config import NOT_IN_FILE, load_config, path_field
+from flexfl.config import NOT_IN_FILE, coerce_enums, load_config, path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
 from flexfl.net import split_host_port
@@ -46,12 +47,24 @@ class ServerConfig:
                           "(`flexfl token --out FILE` makes one)")
 
 
+class OnEmpty(StrEnum):
+    """What the coordinator does when no device is left to train (every one departed)."""
+
+    WAIT = "wait"  # pause before the next round until a device joins; the run then goes on
+    STOP = "stop"  # end the run: one line, a checkpoint, exit code 3 (`--resume` waits for devices)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     rounds: int = 100
     deadline_s: float = 10.0  # per round, from the moment a device has the model
     min_devices: int = 1  # a run starts once this many devices joined
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
+    # Devices that join before round `founding_rounds` has closed found the objective with the
+    # first ones (no fast-reboot boost, no shift: no update has been applied yet, or hardly
+    # any); later joins are arrivals. Devices in expected_arrivals are always arrivals. 0: off.
+    founding_rounds: int = 1
+    on_empty: OnEmpty = OnEmpty.WAIT
     resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
     seed: int = 0  # initial model, minibatch streams, trace draws
     # Scripted experiments ({device id: round}): round R is not closed before the device has
@@ -62,9 +75,12 @@ class RunConfig:
     evaluate: bool = True  # test the global model after each round; false only to benchmark the rest
 
     def __post_init__(self) -> None:
+        coerce_enums(self)
         for name in ("rounds", "min_devices"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.founding_rounds <= self.rounds:
+            raise ConfigError(f"run.founding_rounds must be in 0..run.rounds ({self.rounds}), got {self.founding_rounds}")
         if not self.deadline_s > 0:
             raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
         if not self.expected_wait_s > 0:

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coordinator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from coordinator.config import CoordinatorConfig
+from coordinator.checkpoint import Checkpoint, checkpointed_round, load_checkpoint, save_checkpoint
+from coordinator.config import CoordinatorConfig, OnEmpty
 from coordinator.metrics import MetricsWriter, read_metrics_and_torn, round_row
 from coordinator.objective import Objective
 from coordinator.registry import DeviceRecord, Registry
@@ -50,12 +50,14 @@ from coordinator.round import Arrival, Departure, Federation, RoundOpening, Roun
 from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
+from flexfl.run_folder import claim_run_folder
 from workloads.evaluation import evaluate
 from workloads.federated import DEFAULTS, EvaluationData, FederatedData, initial_model
 from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
+CHECKPOINT_NAME = "checkpoint.pt"  # in the output folder, beside metrics.jsonl
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
 
 
@@ -157,10 +159,31 @@ class _Stage:
                     self._queue.task_done()
 
 
+def earlier_run(folder: Path) -> str | None:
+    """What run a coordinator's output folder holds (flexfl.run_folder), None if nothing worth keeping.
+
+    A checkpoint of round 0 (a coordinator stopped before its first round) holds no training.
+    """
+    found = []
+    metrics = folder / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        with open(metrics, "rb") as f:
+            found.append(f"metrics.jsonl with {sum(1 for _ in f)} rows")
+    checkpoint = folder / CHECKPOINT_NAME
+    if checkpoint.exists():
+        done = checkpointed_round(checkpoint)
+        if done is None:
+            found.append("an unreadable checkpoint.pt")
+        elif done > 0:
+            found.append(f"a checkpoint after round {done}")
+    return "; ".join(found) or None
+
+
 class RoundEngine:
     """Runs `run.rounds` federated rounds against whichever devices join."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, data: EvaluationData | FederatedData, resume: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, data: EvaluationData | FederatedData, resume: bool = False,
+                 fresh: bool = False) -> None:
         self.cfg = cfg
         self.data = data
         d = DEFAULTS[cfg.partition.dataset]
@@ -179,6 +202,8 @@ class RoundEngine:
         self._seen: set[str] = set()  # devices that called in since this process started
         self._pending_arrivals: list[str] = []
         self._pending_departures: list[str] = []
+        self._founding: set[str] = set()  # pending arrivals that joined in the founding window
+        self.ended_empty = False  # run.on_empty = stop ended the run: no device was left
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the engine thread waits here
         self._waiters: dict[str, list[Callable[[], None]]] = {}  # parked PullRound calls, per device
@@ -190,13 +215,22 @@ class RoundEngine:
         self._writer: _Stage | None = None
         self._closed: list[_Closed] = []  # closed, not yet handed to the finisher (engine thread only)
         self.out_dir = Path(cfg.output.dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_path = self.out_dir / "checkpoint.pt"
+        # Held until run() ends: a second coordinator on this folder is refused, and an earlier
+        # run in it is continued (resume), moved aside (fresh) or refused, never overwritten.
+        self.folder = claim_run_folder(self.out_dir, what="flexfl coordinator", holds_run=earlier_run,
+                                       resume=resume, fresh=fresh)
+        if self.folder.moved_aside is not None:
+            log.info("--fresh: moved the earlier run in %s to %s", self.out_dir, self.folder.moved_aside)
+        self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
         metrics_path = self.out_dir / "metrics.jsonl"
-        if resume:
-            self._restore()
-            self._repair_metrics(metrics_path)
-        self.metrics = MetricsWriter(metrics_path, append=resume)
+        try:
+            if resume:
+                self._restore()
+                self._repair_metrics(metrics_path)
+            self.metrics = MetricsWriter(metrics_path, append=resume)
+        except BaseException:
+            self.folder.release()
+            raise
         self._last_close: float | None = None
 
     @property
@@ -238,12 +272,15 @@ class RoundEngine:
                                            agent_version=request.agent_version, after_round=self.completed_round,
                                            shard_index=shard)
                 if self._training_begun:
-                    arrival = True
+                    arrival = not self._founding_window_open(device_id)
+                    if not arrival:
+                        self._founding.add(device_id)
                     self._pending_arrivals.append(device_id)
                 else:
                     self.federation.apply_events(arrivals=[Arrival(device_id, n_samples)])
                 log.info("device %s joined (shard %s, %d samples, %.0f MiB resident)%s", device_id, shard, n_samples,
-                         request.resident_bytes / 2**20, " as an arrival" if arrival else "")
+                         request.resident_bytes / 2**20, " as an arrival" if arrival else
+                         " in the founding rounds (run.founding_rounds): a member from the next close" if device_id in self._founding else "")
             elif record.departed:
                 # A departed device that comes back: an arrival (excluded) or back in training (included).
                 record.departed = False
@@ -267,6 +304,11 @@ class RoundEngine:
             return pb.JoinReply(device_id=device_id, device_index=self._seed_index(record), arrival=arrival,
                                 current_round=self.completed_round, run_id=self.run_id,
                                 partition_json=self.partition_json)
+
+    def _founding_window_open(self, device_id: str) -> bool:
+        """A device joining now founds the objective rather than arriving (run.founding_rounds)."""
+        run = self.cfg.run
+        return self.completed_round < run.founding_rounds and device_id not in run.expected_arrivals
 
     def _check_partition(self, device_id: str, partition_json: str) -> None:
         if not partition_json:
@@ -513,6 +555,8 @@ class RoundEngine:
             if not self._wait_for_start():
                 return
             while self.completed_round < self.cfg.run.rounds and not self._stop.is_set():
+                if not self._wait_for_members():
+                    break
                 self._run_round(self.completed_round + 1)
             self._hand_over()
             if self.completed_round >= self.cfg.run.rounds:
@@ -522,11 +566,14 @@ class RoundEngine:
                     self._wake_pulls(list(self._waiters))
                 log.info("training finished after %d rounds", self.completed_round)
         finally:
-            self._hand_over()  # stopped or failed between a close and the next opening
-            self._evaluator.close()  # after the evaluator: it hands its last rounds to the writer
-            self._writer.close()
-            self._save()
-            self.metrics.close()
+            try:
+                self._hand_over()  # stopped or failed between a close and the next opening
+                self._evaluator.close()  # after the evaluator: it hands its last rounds to the writer
+                self._writer.close()
+                self._save()
+                self.metrics.close()
+            finally:
+                self.folder.release()  # (a dead process releases it too: the kernel drops the flock)
         self._raise_finisher_error()
 
     def _wait_for_start(self) -> bool:
@@ -536,6 +583,8 @@ class RoundEngine:
             if self.completed_round > 0:  # resumed: give the fleet a moment to reconnect
                 active = [d for d, r in self.registry.devices.items() if not r.departed]
                 need = min(run.min_devices, len(active))
+                if not self.objective.active_members():
+                    need = max(need, 1)  # every device had left: wait for one here, not in _wait_for_members
                 limit = time.monotonic() + run.resume_wait_s
                 while not self._stop.is_set() and len(self._seen) < need and time.monotonic() < limit:
                     self._cond.wait(timeout=0.05)
@@ -549,10 +598,56 @@ class RoundEngine:
                     ready_since = ready_since or time.monotonic()
                     if time.monotonic() - ready_since >= run.start_grace_s:
                         self.started = True
-                        log.info("starting training with %d devices", len(active))
+                        log.info("starting training with %d device%s", len(active), "" if len(active) == 1 else "s")
                         return True
                 self._cond.wait(timeout=0.05)
         return False
+
+    def _wait_for_members(self) -> bool:
+        """True when the objective has a device to train; else pause until one joins (run.on_empty).
+
+        When every device has left, no round can run: under `wait` the run pauses before the
+        next round, and a device that joins (or comes back) enters the objective at once, as
+        an arrival after the last closed round; under `stop` the run ends (ended_empty).
+        """
+        with self._lock:
+            if self.objective.active_members():
+                return True
+        self._hand_over()  # the last closed round's row and checkpoint are written before the pause
+        self._drain()
+        tau = self.completed_round + 1
+        warned = False
+        with self._lock:
+            while not self._stop.is_set():
+                if self._pending_arrivals:  # joined (or came back) since the last close
+                    changes = self.federation.apply_between_rounds(
+                        arrivals=self._pending_arrival_events(),
+                        departures=[Departure(d) for d in self._pending_departures])
+                    self._pending_departures.clear()
+                    if self.objective.active_members():
+                        log.info("round %d: %s joined; training goes on", tau,
+                                 ", ".join(changes["arrivals"] + changes["founded"]))
+                        self._save()  # a crash now must not lose the new members
+                        return True
+                if self.cfg.run.on_empty is OnEmpty.STOP:
+                    self.ended_empty = True
+                    log.error("no device is left to train (every one departed) before round %d: ending the run "
+                              "(run.on_empty = stop); --resume continues it once devices join", tau)
+                    return False
+                if not warned:
+                    warned = True
+                    log.warning("no device is left to train (every one departed): round %d waits until a device "
+                                "joins (run.on_empty = wait)", tau)
+                self._cond.wait(timeout=0.5)
+        return False
+
+    def _pending_arrival_events(self) -> list[Arrival]:
+        """The pending arrivals as events (lock held), which clears them."""
+        events = [Arrival(d, self.registry.get(d).sample_count, founding=d in self._founding)
+                  for d in self._pending_arrivals]
+        self._pending_arrivals.clear()
+        self._founding.clear()
+        return events
 
     def _hand_over(self) -> None:
         """Give the closed round(s) not yet handed over to the evaluator, in order."""
@@ -632,10 +727,8 @@ class RoundEngine:
         """Aggregate and apply the round's events (under the lock); the rest goes to the finisher."""
         weighing = self.federation.weigh(r.round_id, r.summed.s)
         outcome = self.federation.close(
-            weighing, summed=r.summed,
-            arrivals=[Arrival(d, self.registry.get(d).sample_count) for d in self._pending_arrivals],
+            weighing, summed=r.summed, arrivals=self._pending_arrival_events(),
             departures=[Departure(d) for d in self._pending_departures])
-        self._pending_arrivals.clear()
         self._pending_departures.clear()
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
@@ -720,6 +813,10 @@ class RoundEngine:
         self.federation.objective = Objective.from_dict(ckpt.objective)
         self.run_id = ckpt.run_id
         self.registry = Registry.from_dict(ckpt.registry)
+        # Devices that joined after the checkpoint's last close (pending arrivals when it was
+        # written at a stop) are in its registry but not yet in the objective: they still arrive.
+        self._pending_arrivals = [d for d, rec in self.registry.devices.items()
+                                  if not rec.departed and d not in self.objective.sample_counts]
         log.info("resumed from %s after round %d", self.checkpoint_path, self.completed_round)
 
     def _repair_metrics(self, path: Path) -> None:

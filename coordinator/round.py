@@ -111,6 +111,9 @@ class Arrival:
 
     device: str
     n_samples: int
+    # A device that joined while training was just starting (the live coordinator's founding
+    # window): it enters the objective as if present from round 1, with no shift and no boost.
+    founding: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ class RoundOutcome:
     departures: tuple[tuple[str, DeparturePolicy], ...] = ()
     shifted: bool = False  # the objective changed (arrival, or a departure under exclude)
     departure_gammas: dict[str, float | None] = field(default_factory=dict)  # Gamma estimates at departure
+    founded: tuple[str, ...] = ()  # founding members that entered at this close (Arrival.founding)
 
 
 @dataclass
@@ -273,12 +277,30 @@ class Federation:
             self.params = params
         self._note_gamma(weighing, contributors, sketches, lr=lr)
         self.completed_round = tau
+        return RoundOutcome(weighing=weighing, lr=lr, params=self.params,
+                            **self.apply_between_rounds(arrivals=arrivals, departures=departures))
+
+    def apply_between_rounds(self, *, arrivals: Sequence[Arrival] = (),
+                             departures: Sequence[Departure] = ()) -> dict:
+        """Apply membership events after round `completed_round` (close() does, at each close).
+
+        Called on its own by a live coordinator whose objective emptied (every device left):
+        no round can run, so a device that joins then takes effect without one. Returns the
+        RoundOutcome fields that describe what changed.
+        """
+        tau = self.completed_round
         shifted_before = self.objective.shift_round
+        arrived, founded = [], []
         for a in arrivals:
             if a.device in self.objective.departed_included:
                 self.objective.rejoin(a.device)
+                arrived.append(a.device)
+            elif a.founding:
+                self.objective.add_initial(a.device, a.n_samples)
+                founded.append(a.device)
             else:
                 self.objective.arrive(a.device, a.n_samples, round_index=tau)
+                arrived.append(a.device)
         applied, gammas = [], {}
         for d in departures:
             if d.device not in self.objective.sample_counts:
@@ -287,9 +309,8 @@ class Federation:
             policy = self.departure_policy(d, tau0=tau)
             self.objective.depart(d.device, round_index=tau, policy=policy)
             applied.append((d.device, policy))
-        return RoundOutcome(weighing=weighing, lr=lr, params=self.params, arrivals=tuple(a.device for a in arrivals),
-                            departures=tuple(applied), shifted=self.objective.shift_round != shifted_before,
-                            departure_gammas=gammas)
+        return {"arrivals": tuple(arrived), "founded": tuple(founded), "departures": tuple(applied),
+                "shifted": self.objective.shift_round != shifted_before, "departure_gammas": gammas}
 
     def _note_gamma(self, weighing: Weighing, contributors: list[str], sketches: np.ndarray, *, lr: float) -> None:
         """Feed the contributors' update sketches (row i: contributors[i]) to the Gamma estimate."""

@@ -6,7 +6,9 @@ import asyncio
 import gc
 import logging
 import threading
+import traceback
 from concurrent import futures
+from typing import Any
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
@@ -23,11 +25,11 @@ UPLOAD_THREADS = 4
 class Coordinator:
     """Start with start(), wait with wait(); stop() ends training after a final checkpoint."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False, fresh: bool = False) -> None:
         self.token = preflight(cfg)  # a missing token or a taken port fails now, not after loading the data
         self.cfg = cfg
         # Sample counts, test set and holdouts only: the training images stay with the devices.
-        self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume)
+        self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume, fresh=fresh)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None
@@ -39,6 +41,7 @@ class Coordinator:
         gc.freeze()
         # The gRPC server runs on its own event loop thread; the round engine on another.
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(_drop_grpc_poller_shutdown_error)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-server", daemon=True)
         self._loop_thread.start()
         self._work = futures.ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="upload")
@@ -47,6 +50,7 @@ class Coordinator:
                 start_server(self.cfg, self.engine, token=self.token, work=self._work), self._loop).result()
         except BaseException:
             self._close_loop()
+            self.engine.folder.release()  # the engine never runs: give its folder back now
             raise
         self._thread = threading.Thread(target=self.engine.run, name="round-engine", daemon=True)
         self._thread.start()
@@ -77,3 +81,19 @@ class Coordinator:
     @property
     def out_dir(self) -> Path:
         return self.engine.out_dir
+
+
+def _drop_grpc_poller_shutdown_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Loop exception handler: a known gRPC aio shutdown race is logged at debug, the rest as usual.
+
+    Stopping the server closes its completion queue's socket while the loop may still run a
+    queued read of it: OSError EBADF (or EAGAIN) in PollerCompletionQueue._handle_events,
+    printed as a traceback although nothing is lost (grpc/grpc#34139).
+    """
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.__traceback__ is not None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and frames[-1].name.endswith("PollerCompletionQueue._handle_events"):
+            log.debug("gRPC's poller read a closed socket while the server stopped (grpc/grpc#34139): %s", exc)
+            return
+    loop.default_exception_handler(context)

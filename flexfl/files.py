@@ -35,6 +35,20 @@ def atomic_file(path: Path, mode: str = "w", *, perms: int = 0o644) -> Iterator[
         raise
 
 
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the temp files atomic_file left in `folder` when its process was killed mid-write.
+
+    Only for a folder the caller alone writes (flexfl.run_folder holds its lock): a live
+    writer's temp file would go too. Returns what was removed.
+    """
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def read_secret(path: Path, *, what: str) -> str:
     """The stripped contents of a secret file (e.g. the fleet token); empty or unreadable is an error."""
     try:

@@ -35,6 +35,7 @@ from flexfl.config import load_config, path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
+from flexfl.run_folder import claim_run_folder, entries_besides_lock
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
 log = logging.getLogger(__name__)
@@ -183,9 +184,10 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
 class LiveRun:
     """Starts and supervises the processes; always stops them (and the emulated fleet) on exit."""
 
-    def __init__(self, cfg: LiveConfig) -> None:
+    def __init__(self, cfg: LiveConfig, *, fresh: bool = False) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
+        self.fresh = fresh
         self.fleet = None  # loadgen.fleet.EmulatedFleet when emulating
 
     def run(self) -> dict:
@@ -216,9 +218,12 @@ class LiveRun:
 
     def _run(self) -> dict:
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
+        # The whole folder is this run's: an earlier run in it (its agents' files, its metrics)
+        # is moved aside with --fresh or refused, never mixed into this one.
+        folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh)
+        if folder.moved_aside is not None:
+            print(f"--fresh: moved the earlier run in {self.out} to {folder.moved_aside}", flush=True)
         metrics = self.out / "coordinator" / "metrics.jsonl"
-        metrics.unlink(missing_ok=True)
         started = time.monotonic()
         harness = None
         try:
@@ -263,6 +268,7 @@ class LiveRun:
             if self.fleet is not None:
                 self.fleet.down()  # also whatever the agents left in their devices
                 self.fleet = None
+            folder.release()
         traces = device_traces(cfg)
         write_run_info(self.out, kind="live", config=to_dict(cfg), deadline_s=cfg.deadline_s,
                        required_updates=cfg.rules.required_updates,

@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="emulated device speed: each local update takes at least this long (default 0.05; 0 = full speed)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int, help="model, minibatch and trace seed (default 0)")
     p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
+    p.add_argument("--fresh", action="store_true",
+                   help="the results folder holds an earlier run: move it to <folder>.previous-<time> first "
+                        "(without --fresh such a folder is refused)")
     p.add_argument("--emulate", dest=flag_dest("emulate", "enabled"), action="store_true", default=None,
                    help="run each agent in an emulated device (needs root): its own network namespace and veth "
                         "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
@@ -67,7 +70,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
           f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
           f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
-    s = LiveRun(cfg).run()
+    s = LiveRun(cfg, fresh=args.fresh).run()
     happened = []
     if s["arrival_round"] is not None:
         happened.append(f"arrival took effect at round {s['arrival_round']} (asked {s['arrival_asked']})")

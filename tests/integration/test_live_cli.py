@@ -66,6 +66,27 @@ def test_live_with_one_device_and_no_events(tmp_path):
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
 
 
+def test_live_refuses_a_folder_with_an_earlier_run_and_fresh_moves_it_aside(tmp_path):
+    """An earlier run is never overwritten or mixed in: refused, or moved aside whole with --fresh."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "agent-7.log").write_text("from an earlier, bigger run\n")  # a file this run would not write
+    again = _live(out, "--devices", "1", "--arrive-round", "0", "--depart-round", "0", "--rounds", "2", "--E", "5")
+    printed, _ = again.communicate(timeout=60)
+    assert again.returncode == 2, printed[-3000:]
+    assert f"{out} holds an earlier run (agent-7.log)" in printed and "--fresh" in printed, printed[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [".flexfl.lock", "agent-7.log"]  # nothing written or lost
+
+    fresh = _live(out, "--devices", "1", "--arrive-round", "0", "--depart-round", "0", "--rounds", "2", "--E", "5",
+                  "--fresh")
+    printed, _ = fresh.communicate(timeout=180)
+    assert fresh.returncode == 0, printed[-3000:]
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.previous-")]
+    assert len(aside) == 1 and (aside[0] / "agent-7.log").read_text() == "from an earlier, bigger run\n"
+    assert f"moved the earlier run in {out} to {aside[0]}" in printed
+    assert not (out / "agent-7.log").exists() and json.loads((out / "summary.json").read_text())["rounds"] == 2
+
+
 def test_event_rounds_scale_with_rounds_and_zero_means_none():
     cfg = LiveConfig(rounds=20)
     assert (cfg.arrival, cfg.departure) == (6, 13)
