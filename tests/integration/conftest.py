@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.round import RulesConfig
 from coordinator.runtime import Coordinator
+from flexfl.config import write_config
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
 from workloads.partition_spec import PartitionSpec
@@ -114,3 +119,40 @@ def _wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None
 def wait_for():
     """wait_for(predicate, timeout=30, what=...) polls until true or fails the test."""
     return _wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def coordinator_toml(tmp_path: Path, port: int, **values) -> Path:
+    """A coordinator config file for a `flexfl coordinator` process on `port` with a token file, output in out/.
+
+    Keywords go to make_config (defaults here: 3 devices, all needed to start, 3 s deadline).
+    """
+    (tmp_path / "token").write_text(TOKEN)
+    cfg = make_config(tmp_path, **{"n_devices": 3, "deadline_s": 3.0, "min_devices": 3, **values})
+    cfg = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}", fleet_token="",
+                                      fleet_token_file=str(tmp_path / "token")),
+                  output=replace(cfg.output, dir=str(tmp_path / "out")))
+    return write_config(tmp_path / "coordinator.toml", cfg)
+
+
+def flexfl_process(*args: str, log: Path | None = None) -> subprocess.Popen:
+    """`flexfl ARGS` as a process; output to `log`, or to a pipe read with communicate()."""
+    out = open(log, "w") if log is not None else subprocess.PIPE
+    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+@pytest.fixture
+def procs():
+    """Processes a test started (append them): killed if still running when the test ends."""
+    running: list[subprocess.Popen] = []
+    yield running
+    for p in running:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=10)

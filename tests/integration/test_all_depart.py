@@ -8,46 +8,22 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
-from flexfl.config import write_config
 from flexfl.harness import CoordinatorClient
 
-from .conftest import make_config
-from .test_processes import TOKEN, _free_port
+from .conftest import TOKEN, coordinator_toml, flexfl_process, free_port
 
 FAST = ParticipationConfig(min_update_s=0.05)
 
 
-def _config(tmp_path: Path, port: int, **run) -> Path:
-    (tmp_path / "token").write_text(TOKEN)
-    cfg = make_config(tmp_path, **{"n_devices": 3, "rounds": 6, "deadline_s": 3.0, "min_devices": 3, **run})
-    cfg = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}", fleet_token="",
-                                      fleet_token_file=str(tmp_path / "token")),
-                  output=replace(cfg.output, dir=str(tmp_path / "out")))
-    return write_config(tmp_path / "coordinator.toml", cfg)
-
-
 def _coordinator(config: Path, log: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(config), *args],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-
-@pytest.fixture
-def procs():
-    running: list[subprocess.Popen] = []
-    yield running
-    for p in running:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
+    return flexfl_process("coordinator", "--config", str(config), *args, log=log)
 
 
 @pytest.fixture
@@ -64,8 +40,8 @@ def agents(fleet_factory, live_config):
 
 def test_every_device_departing_pauses_the_run_until_one_comes_back_also_after_resume(tmp_path, procs, agents,
                                                                                         wait_for):
-    port = _free_port()
-    config = _config(tmp_path, port)
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=6)
     coord = _coordinator(config, tmp_path / "c1.log")
     procs.append(coord)
     fleet = [agents(port, i) for i in range(3)]
@@ -98,8 +74,8 @@ def test_every_device_departing_pauses_the_run_until_one_comes_back_also_after_r
 
 
 def test_on_empty_stop_ends_with_exit_code_3_and_one_line_and_resume_continues(tmp_path, procs, agents, wait_for):
-    port = _free_port()
-    config = _config(tmp_path, port, on_empty="stop", rounds=4)
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, on_empty="stop", rounds=4)
     log = tmp_path / "c1.log"
     coord = _coordinator(config, log)
     procs.append(coord)

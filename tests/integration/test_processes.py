@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-import pytest
 import torch
 
 from coordinator.checkpoint import load_checkpoint
@@ -19,31 +14,7 @@ from edge_agent.config import ParticipationConfig
 from flexfl.config import write_config
 from flexfl.harness import CoordinatorClient
 
-from .conftest import make_config
-
-TOKEN = "test-fleet-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-
-
-def _flexfl(*args: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", *args], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-
-@pytest.fixture
-def procs():
-    running: list[subprocess.Popen] = []
-    yield running
-    for p in running:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
+from .conftest import TOKEN, coordinator_toml, flexfl_process, free_port
 
 
 def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, tmp_path, procs, wait_for):
@@ -55,7 +26,7 @@ def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, t
     (tmp_path / "token").write_text(TOKEN)
     config = write_config(tmp_path / "agent.toml", replace(fleet.agent_config(2, participation=slow),
                                                            fleet_token="", fleet_token_file=str(tmp_path / "token")))
-    agent = _flexfl("agent", "--config", str(config), log=tmp_path / "agent.log")
+    agent = flexfl_process("agent", "--config", str(config), log=tmp_path / "agent.log")
     procs.append(agent)
     engine = fleet.coordinator.engine
 
@@ -75,19 +46,10 @@ def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, t
     assert rows[4]["p"]["dev-2"] > 0 and "dev-2" in rows[4]["participants"]
 
 
-def _coordinator_toml(tmp_path: Path, port: int, rounds: int) -> Path:
-    (tmp_path / "token").write_text(TOKEN)
-    cfg = make_config(tmp_path, n_devices=3, rounds=rounds, deadline_s=3.0, min_devices=3)
-    cfg = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}", fleet_token="",
-                                      fleet_token_file=str(tmp_path / "token")),
-                  output=replace(cfg.output, dir=str(tmp_path / "out")))
-    return write_config(tmp_path / "coordinator.toml", cfg)
-
-
 def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs, wait_for):
-    port = _free_port()
-    config = _coordinator_toml(tmp_path, port, rounds=6)
-    coord = _flexfl("coordinator", "--config", str(config), log=tmp_path / "c1.log")
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=6)
+    coord = flexfl_process("coordinator", "--config", str(config), log=tmp_path / "c1.log")
     procs.append(coord)
     # Agents as threads pointing at the subprocess coordinator (fleet_factory only for agent configs).
     helper = fleet_factory(live_config(rounds=1, n_devices=3, min_devices=99))
@@ -101,7 +63,7 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     # Each round's row is written before its checkpoint: the kill may fall between the two.
     assert ckpt.completed_round >= 1 and len(read_metrics(metrics)) in (ckpt.completed_round, ckpt.completed_round + 1)
     time.sleep(1.0)  # agents now see UNAVAILABLE and back off
-    coord2 = _flexfl("coordinator", "--config", str(config), "--resume", log=tmp_path / "c2.log")
+    coord2 = flexfl_process("coordinator", "--config", str(config), "--resume", log=tmp_path / "c2.log")
     procs.append(coord2)
     assert coord2.wait(timeout=90) == 0, (tmp_path / "c2.log").read_text()[-2000:]
     rounds = [r["round"] for r in read_metrics(metrics)]
@@ -114,9 +76,9 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
 
 
 def test_sigterm_leaves_a_final_checkpoint(tmp_path, procs, wait_for):
-    port = _free_port()
-    config = _coordinator_toml(tmp_path, port, rounds=50)
-    coord = _flexfl("coordinator", "--config", str(config), log=tmp_path / "c.log")
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=50)
+    coord = flexfl_process("coordinator", "--config", str(config), log=tmp_path / "c.log")
     procs.append(coord)
     client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN)
     wait_for(lambda: client.status() is not None, what="coordinator to answer Status")

@@ -4,38 +4,25 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
 from flexfl.harness import CoordinatorClient
 
-from .test_processes import TOKEN, _coordinator_toml, _free_port
+from .conftest import TOKEN, coordinator_toml, flexfl_process, free_port
 
 
 def _coordinator(config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", "coordinator", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-@pytest.fixture
-def procs():
-    running: list[subprocess.Popen] = []
-    yield running
-    for p in running:
-        if p.poll() is None:
-            p.kill()
-        p.communicate(timeout=10)
+    return flexfl_process("coordinator", "--config", str(config), *args)
 
 
 def test_a_second_coordinator_on_the_same_folder_is_refused_and_a_restart_needs_resume_or_fresh(
         tmp_path, fleet_factory, live_config, procs, wait_for):
-    port = _free_port()
-    config = _coordinator_toml(tmp_path, port, rounds=40)
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=40)
     first = _coordinator(config)
     procs.append(first)
     helper = fleet_factory(live_config(rounds=1, n_devices=3, min_devices=99))  # agents only (threads)
@@ -46,7 +33,7 @@ def test_a_second_coordinator_on_the_same_folder_is_refused_and_a_restart_needs_
     wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 2, what="two rounds")
 
     # Same config, another port: before the lock it started and truncated the first one's metrics.
-    second = _coordinator(config, "--listen", f"127.0.0.1:{_free_port()}")
+    second = _coordinator(config, "--listen", f"127.0.0.1:{free_port()}")
     procs.append(second)
     printed, _ = second.communicate(timeout=60)
     assert second.returncode == 2, printed[-2000:]
@@ -80,8 +67,8 @@ def test_a_second_coordinator_on_the_same_folder_is_refused_and_a_restart_needs_
 
 
 def test_resume_removes_the_temporaries_of_a_write_killed_midway(tmp_path, procs):
-    port = _free_port()
-    config = _coordinator_toml(tmp_path, port, rounds=50)
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=50)
     coord = _coordinator(config)
     procs.append(coord)
     client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN)
