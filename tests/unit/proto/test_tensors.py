@@ -27,13 +27,14 @@ def test_chunks_are_at_most_one_mib_and_join_back():
     assert list(wire.chunks(b"")) == [b""]
 
 
-def test_a_payload_buffer_assembles_chunks_and_refuses_what_does_not_fit():
-    payload, data = wire.encode({"w": np.arange(600, dtype=np.float32)})
+@pytest.mark.parametrize("n", [600, wire.MAP_FROM_BYTES // 4 + 3], ids=["on the heap", "in a memory map"])
+def test_a_payload_buffer_assembles_chunks_and_refuses_what_does_not_fit(n):
+    payload, data = wire.encode({"w": np.arange(n, dtype=np.float32)})
     buf = wire.PayloadBuffer(len(data))
-    for piece in wire.chunks(data, size=1000):
+    for piece in wire.chunks(data, size=1000 if n < 1000 else wire.MAX_CHUNK_BYTES):
         buf.add(piece)
     out = wire.decode(payload, buf.data())
-    np.testing.assert_array_equal(out["w"], np.arange(600, dtype=np.float32))
+    np.testing.assert_array_equal(out["w"], np.arange(n, dtype=np.float32))
     assert out["w"].flags.writeable  # summed in place without a copy, like join()'s
     with pytest.raises(wire.PayloadError, match=f"exceeds its declared {len(data)} bytes"):
         buf.add(b"x")
