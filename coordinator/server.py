@@ -21,7 +21,6 @@ runs on the loop itself (INLINE_UPLOADS).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import hmac
 import inspect
@@ -36,6 +35,7 @@ import grpc
 from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
+from edge_agent.memory import release_freed
 from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
                            UnknownDevice, UpdateRejected, WrongRoundState)
 from flexfl.net import bind_problem
@@ -60,10 +60,10 @@ INLINE_MAX_BYTES = 4 << 20
 # refused 63 MiB uploads (five at a time) 40-390 MiB of them stayed resident, the more the busier
 # the machine (gRPC buffers more while the loop lags), and malloc_trim brought the coordinator
 # back to where it started (benchmarks/refused_uploads.py). A refused upload of this size has no
-# steady state to reuse them for: refusing it hands them back, on a work thread (one pass over the
-# arenas: 0.4 ms with little to return, ~90 ms for 540 MiB on this 2-core box).
+# steady state to reuse them for: refusing it hands them back (edge_agent.memory.release_freed, as
+# agents do after each round), on a work thread: one pass over the arenas, 0.4 ms with little
+# to return, ~90 ms for 540 MiB on this 2-core box.
 TRIM_AFTER_BYTES = 8 << 20
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
 SESSION_MIN_WAIT_S = 1.0
@@ -294,7 +294,7 @@ class FleetServicer(pb_grpc.FleetServicer):
                 log.warning("rejected update from %s: %s", caller, str(exc))
                 self.engine.note_rejection(caller, header.round_id, str(exc))
             if buffer is not None and buffer.received_bytes >= TRIM_AFTER_BYTES:
-                await asyncio.get_running_loop().run_in_executor(self._work, _return_free_memory)
+                await asyncio.get_running_loop().run_in_executor(self._work, release_freed)
             raise
 
     def _push(self, caller: str, header: pb.UpdateHeader, data: memoryview, *, message_bytes: int) -> pb.PushReply:
@@ -321,12 +321,6 @@ class FleetServicer(pb_grpc.FleetServicer):
             buffer.add(chunk.data)
             message_bytes += chunk.ByteSize()
         return message_bytes
-
-
-def _return_free_memory() -> None:
-    """Hand the C allocator's free blocks back to the system (glibc; elsewhere nothing happens)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def _kind(message: pb.UpdateChunk) -> str:
