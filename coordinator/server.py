@@ -36,8 +36,8 @@ from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from edge_agent.memory import release_freed
-from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
-                           UnknownDevice, UpdateRejected, WrongRoundState)
+from flexfl.errors import (ConfigError, IdentityMismatch, MissingDevice, PartitionMismatch, ProtocolMismatch,
+                           Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
 from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
@@ -70,6 +70,7 @@ SESSION_MIN_WAIT_S = 1.0
 
 Code = grpc.StatusCode
 ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
+    MissingDevice: (Code.UNAUTHENTICATED, ErrorReason.MISSING_DEVICE),
     Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
     UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
     IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
@@ -146,7 +147,7 @@ class FleetServicer(pb_grpc.FleetServicer):
             raise Unauthenticated("missing or wrong fleet token")
         device_id = md.get(DEVICE_HEADER, "")
         if not device_id:
-            raise Unauthenticated(f"missing {DEVICE_HEADER} metadata")
+            raise MissingDevice(f"missing {DEVICE_HEADER} metadata: every call says which device makes it")
         if self.certificate_identity:
             try:
                 identity.check_claim(context.auth_context(), device_id)

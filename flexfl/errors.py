@@ -45,6 +45,10 @@ class Unauthenticated(FlexFLError):
     """A call without the fleet token, or with a wrong one."""
 
 
+class MissingDevice(Unauthenticated):
+    """A call without the x-flexfl-device metadata: it does not say which device makes it."""
+
+
 class ProtocolMismatch(FlexFLError):
     """A device speaks another version of the wire protocol."""
 

@@ -37,6 +37,7 @@ ERROR_HEADER = "x-flexfl-error"
 
 class ErrorReason(StrEnum):
     BAD_TOKEN = "bad-token"
+    MISSING_DEVICE = "missing-device"
     UNKNOWN_DEVICE = "unknown-device"
     IDENTITY_MISMATCH = "identity-mismatch"
     PROTOCOL_VERSION = "protocol-version"

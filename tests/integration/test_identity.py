@@ -1,0 +1,44 @@
+"""Identity and shards: one device id holds one shard and one live stream, its refused update may be
+resent on a new Session, a call without a device says so, and every refusal counts in the round's row."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from coordinator.metrics import read_metrics
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from flexfl.proto.options import AUTH_HEADER, error_reason
+
+from .test_bad_input import TOKEN, RawDevice, _update
+from .test_session import RawSession
+
+
+def _join(dev: RawDevice, *, shard: int) -> pb.JoinReply:
+    # sample_count 0: the device holds its shard without saying how many samples (benchmark agents do).
+    return dev.stub.Join(pb.JoinRequest(device_id=dev.device_id, sample_count=0, protocol_version=1,
+                                        shard_index=shard), metadata=dev.md, timeout=5)
+
+
+def _zero(model: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {n: np.zeros_like(v) for n, v in model.items()}
+
+
+def test_a_call_without_a_device_says_so(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, min_devices=1))
+    channel = grpc.insecure_channel(f"127.0.0.1:{fleet.port}")
+    stub = pb_grpc.FleetStub(channel)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Status(pb.StatusRequest(), metadata=[(AUTH_HEADER, f"Bearer {TOKEN}")], timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert error_reason(err.value) == "missing-device"
+        assert "x-flexfl-device" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:  # the token is checked first: a wrong one is still bad-token
+            stub.Status(pb.StatusRequest(), metadata=[(AUTH_HEADER, "Bearer nope")], timeout=5)
+        assert error_reason(err.value) == "bad-token"
+    finally:
+        channel.close()
