@@ -31,6 +31,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from coordinator.server import ERRORS
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -44,7 +45,7 @@ SAMPLES = {"honest-a": 100, "honest-b": 300, EVIL: 50}
 POOL = tuple(f"fz-{i}" for i in range(24))
 FLOAT_CODES = (pb.FLOAT32, pb.FLOAT64)
 Code = grpc.StatusCode
-DOMAIN_CODES = {Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.UNAUTHENTICATED, Code.PERMISSION_DENIED}
+DOMAIN_CODES = {code for code, _ in ERRORS.values()}  # the server's refusals, from its one table
 # gRPC's own refusals: a message over the size limit, a call the client cancelled or timed out.
 TRANSPORT_CODES = {Code.RESOURCE_EXHAUSTED, Code.CANCELLED, Code.DEADLINE_EXCEEDED}
 

@@ -36,8 +36,8 @@ from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from edge_agent.memory import release_freed
-from flexfl.errors import (ConfigError, IdentityMismatch, MissingDevice, PartitionMismatch, ProtocolMismatch,
-                           Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
+from flexfl.errors import (ConfigError, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
+                           ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
 from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
@@ -74,6 +74,7 @@ ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
     Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
     UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
     IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
+    DeviceConflict: (Code.ALREADY_EXISTS, ErrorReason.DEVICE_CONFLICT),
     ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
     PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
     WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),

@@ -49,6 +49,10 @@ class MissingDevice(Unauthenticated):
     """A call without the x-flexfl-device metadata: it does not say which device makes it."""
 
 
+class DeviceConflict(FlexFLError):
+    """A join claims a registered device id with other data (another shard): a second agent under that id."""
+
+
 class ProtocolMismatch(FlexFLError):
     """A device speaks another version of the wire protocol."""
 

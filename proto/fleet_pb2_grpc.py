@@ -71,6 +71,9 @@ class FleetServicer:
 
     def Join(self, request, context):
         """Register (or re-register after a restart) a device; tells it whether it is an arrival.
+        A device id is bound to the shard it first joined with: a join under that id with another
+        shard (a second agent with the same id) is refused with ALREADY_EXISTS, reason
+        device-conflict, and the registered device keeps its slot.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,6 +40,7 @@ class ErrorReason(StrEnum):
     MISSING_DEVICE = "missing-device"
     UNKNOWN_DEVICE = "unknown-device"
     IDENTITY_MISMATCH = "identity-mismatch"
+    DEVICE_CONFLICT = "device-conflict"
     PROTOCOL_VERSION = "protocol-version"
     PARTITION_MISMATCH = "partition-mismatch"
     WRONG_ROUND_STATE = "wrong-round-state"

@@ -27,6 +27,26 @@ def _zero(model: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {n: np.zeros_like(v) for n, v in model.items()}
 
 
+def test_a_second_agent_with_the_same_device_id_and_another_shard_is_refused(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=4, min_devices=1, deadline_s=30.0))
+    running, twin = RawDevice(fleet.port, "pi-01"), RawDevice(fleet.port, "pi-01")
+    try:
+        assert _join(running, shard=1).device_index == 1
+        with pytest.raises(grpc.RpcError) as err:
+            _join(twin, shard=2)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert error_reason(err.value) == "device-conflict"
+        assert "device 'pi-01' holds shard 1" in err.value.details() and "shard 2" in err.value.details()
+        # The running device keeps its slot: its shard, and its rounds with that shard's seed index.
+        assert fleet.coordinator.engine.registry.get("pi-01").shard_index == 1
+        assert _join(running, shard=1).device_index == 1  # the same agent reconnecting is still welcome
+        header, _ = running.pull()
+        assert header.status == pb.RoundHeader.ROUND and header.device_index == 1
+    finally:
+        running.channel.close()
+        twin.channel.close()
+
+
 def test_a_call_without_a_device_says_so(live_config, fleet_factory):
     fleet = fleet_factory(live_config(rounds=1, min_devices=1))
     channel = grpc.insecure_channel(f"127.0.0.1:{fleet.port}")
