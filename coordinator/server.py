@@ -198,10 +198,17 @@ class FleetServicer(pb_grpc.FleetServicer):
         opening = await anext(requests, None)
         if opening is None:
             return
-        if opening.WhichOneof("kind") != "pull":
-            raise UpdateRejected(f"a session's first message must be a pull request, not {_kind(opening)}")
-        asked = opening.pull.wait_s
-        wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
+        if opening.WhichOneof("kind") == "header":
+            # The update of a round the device already has (one refused, or its stream lost), checked
+            # as PushUpdate would; then the session goes on, waiting as long as the server allows.
+            yield pb.RoundChunk(reply=await self._take_update(caller, opening, requests, to_end=False))
+            wait_s = float("inf")
+        elif opening.WhichOneof("kind") == "pull":
+            asked = opening.pull.wait_s
+            wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
+        else:
+            raise UpdateRejected(f"a session's first message must be a pull request or an update's header, "
+                                 f"not {_kind(opening)}")
         while True:
             header, chunks = await self._pull(caller, wait_s=wait_s)
             async for message in self._offer(caller, header, chunks):

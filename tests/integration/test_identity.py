@@ -47,6 +47,34 @@ def test_a_second_agent_with_the_same_device_id_and_another_shard_is_refused(liv
         twin.channel.close()
 
 
+def test_a_refused_update_can_be_resent_on_a_new_session_within_the_deadline(live_config, fleet_factory):
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=30.0))
+    dev = RawSession(fleet.port, "dev-0")
+    resend = RawSession(fleet.port, "dev-0")
+    try:
+        dev.join()
+        dev.open()
+        header, model = dev.pull()
+        E = header.required_updates
+        h, d = _update("dev-0", header.round_id, {n: np.full_like(v, 0.01) for n, v in model.items()}, s=E)
+        corrupt = bytearray(d)
+        corrupt[0] ^= 0xFF
+        with pytest.raises(grpc.RpcError) as err:
+            dev.push(h, bytes(corrupt))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "checksum" in err.value.details()
+        # The same update, intact, as the first thing on a new session (as PushUpdate would take it).
+        resend.open(pb.UpdateChunk(header=h), *(pb.UpdateChunk(data=p) for p in wire.chunks(d)))
+        reply = resend.read().reply
+        assert reply.accepted and reply.round_id == header.round_id, reply
+        assert fleet.coordinator.wait(timeout=30)
+        row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
+        assert row["s"] == {"dev-0": E}
+        assert len(row["rejected"]["dev-0"]) == 1 and "checksum" in row["rejected"]["dev-0"][0]
+    finally:
+        dev.close()
+        resend.close()
+
+
 def test_a_call_without_a_device_says_so(live_config, fleet_factory):
     fleet = fleet_factory(live_config(rounds=1, min_devices=1))
     channel = grpc.insecure_channel(f"127.0.0.1:{fleet.port}")
