@@ -25,9 +25,9 @@ import functools
 import hmac
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 
 import grpc
@@ -36,7 +36,7 @@ from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from edge_agent.memory import release_freed
-from flexfl.errors import (ConfigError, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
+from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
                            ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
 from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
@@ -75,6 +75,8 @@ ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
     UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
     IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
     DeviceConflict: (Code.ALREADY_EXISTS, ErrorReason.DEVICE_CONFLICT),
+    # A per-device quota (one live stream): agents retry it with backoff, as a reconnecting one must.
+    DeviceBusy: (Code.RESOURCE_EXHAUSTED, ErrorReason.DEVICE_BUSY),
     ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
     PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
     WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
@@ -137,6 +139,7 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.max_update_bytes = max_update_bytes
         self._work = work  # uploads' checksums, checks and summing, off the event loop
         self._uploads = 0  # PushUpdate calls past their header check (touched on the loop thread only)
+        self._streams: dict[str, grpc.aio.ServicerContext] = {}  # device -> its live Session or PullRound (loop thread)
         self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
@@ -156,6 +159,32 @@ class FleetServicer(pb_grpc.FleetServicer):
                 log.warning("refused a call: %s", str(exc))
                 raise
         return device_id
+
+    @contextmanager
+    def _live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        """Hold this call as `caller`'s one live Session or PullRound; DeviceBusy while it has another.
+
+        One at a time: each parked stream would be sent the model when a round opens, so a device
+        holding many would have the coordinator send it the model many times over. The second is
+        refused rather than replacing the first, so that a second agent under the same id cannot
+        take the running device's stream; an agent that reconnects retries until the coordinator
+        has seen its old stream end (at once on a closed connection, within keepalive's ~40 s on
+        a dead one).
+        """
+        if caller in self._streams:
+            raise DeviceBusy(f"device {caller!r} already has a live Session or PullRound call; a device holds one "
+                             "at a time (retry once that one has ended)")
+        self._streams[caller] = context
+        # Released however the call ends: also when its cancellation never reaches this frame.
+        context.add_done_callback(lambda _: self._release_stream(caller, context))
+        try:
+            yield
+        finally:
+            self._release_stream(caller, context)
+
+    def _release_stream(self, caller: str, context: grpc.aio.ServicerContext) -> None:
+        if self._streams.get(caller) is context:
+            del self._streams[caller]
 
     @staticmethod
     def _same(caller: str, claimed: str, what: str) -> None:
@@ -185,9 +214,10 @@ class FleetServicer(pb_grpc.FleetServicer):
     @_mapped
     async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
         caller = self._caller(context)
-        header, chunks = await self._pull(caller, wait_s=request.wait_s)
-        async for message in self._offer(caller, header, chunks):
-            yield message
+        with self._live_stream(caller, context):
+            header, chunks = await self._pull(caller, wait_s=request.wait_s)
+            async for message in self._offer(caller, header, chunks):
+                yield message
 
     @_mapped
     async def Session(self, request_iterator: AsyncIterator[pb.UpdateChunk],
@@ -195,34 +225,35 @@ class FleetServicer(pb_grpc.FleetServicer):
         """PullRound and PushUpdate on one stream (proto/fleet.proto): the device's rounds until FINISHED."""
         requests = aiter(request_iterator)
         caller = self._caller(context)
-        opening = await anext(requests, None)
-        if opening is None:
-            return
-        if opening.WhichOneof("kind") == "header":
-            # The update of a round the device already has (one refused, or its stream lost), checked
-            # as PushUpdate would; then the session goes on, waiting as long as the server allows.
-            yield pb.RoundChunk(reply=await self._take_update(caller, opening, requests, to_end=False))
-            wait_s = float("inf")
-        elif opening.WhichOneof("kind") == "pull":
-            asked = opening.pull.wait_s
-            wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
-        else:
-            raise UpdateRejected(f"a session's first message must be a pull request or an update's header, "
-                                 f"not {_kind(opening)}")
-        while True:
-            header, chunks = await self._pull(caller, wait_s=wait_s)
-            async for message in self._offer(caller, header, chunks):
-                yield message
-            if header.status == pb.RoundHeader.FINISHED:
+        with self._live_stream(caller, context):
+            opening = await anext(requests, None)
+            if opening is None:
                 return
-            if header.status != pb.RoundHeader.ROUND:
-                continue
-            first = await anext(requests, None)
-            if first is None:  # the device closed its side (stopping)
-                return
-            if first.WhichOneof("kind") != "header":
-                raise UpdateRejected(f"round {header.round_id}: expected the update's header, got {_kind(first)}")
-            yield pb.RoundChunk(reply=await self._take_update(caller, first, requests, to_end=False))
+            if opening.WhichOneof("kind") == "header":
+                # The update of a round the device already has (one refused, or its stream lost), checked
+                # as PushUpdate would; then the session goes on, waiting as long as the server allows.
+                yield pb.RoundChunk(reply=await self._take_update(caller, opening, requests, to_end=False))
+                wait_s = float("inf")
+            elif opening.WhichOneof("kind") == "pull":
+                asked = opening.pull.wait_s
+                wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
+            else:
+                raise UpdateRejected(f"a session's first message must be a pull request or an update's header, "
+                                     f"not {_kind(opening)}")
+            while True:
+                header, chunks = await self._pull(caller, wait_s=wait_s)
+                async for message in self._offer(caller, header, chunks):
+                    yield message
+                if header.status == pb.RoundHeader.FINISHED:
+                    return
+                if header.status != pb.RoundHeader.ROUND:
+                    continue
+                first = await anext(requests, None)
+                if first is None:  # the device closed its side (stopping)
+                    return
+                if first.WhichOneof("kind") != "header":
+                    raise UpdateRejected(f"round {header.round_id}: expected the update's header, got {_kind(first)}")
+                yield pb.RoundChunk(reply=await self._take_update(caller, first, requests, to_end=False))
 
     async def _offer(self, caller: str, header: pb.RoundHeader,
                      chunks: tuple[pb.RoundChunk, ...]) -> AsyncIterator[pb.RoundChunk]:

@@ -41,6 +41,7 @@ class ErrorReason(StrEnum):
     UNKNOWN_DEVICE = "unknown-device"
     IDENTITY_MISMATCH = "identity-mismatch"
     DEVICE_CONFLICT = "device-conflict"
+    DEVICE_BUSY = "device-busy"
     PROTOCOL_VERSION = "protocol-version"
     PARTITION_MISMATCH = "partition-mismatch"
     WRONG_ROUND_STATE = "wrong-round-state"

@@ -47,6 +47,53 @@ def test_a_second_agent_with_the_same_device_id_and_another_shard_is_refused(liv
         twin.channel.close()
 
 
+def test_a_device_holds_one_live_session_or_pull_at_a_time(live_config, fleet_factory, wait_for):
+    # Two devices needed: the round waits for the second, so the first one's session stays parked.
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, deadline_s=30.0))
+    engine = fleet.coordinator.engine
+    live, again, pull, other = (RawSession(fleet.port, "dev-0"), RawSession(fleet.port, "dev-0"),
+                                RawDevice(fleet.port, "dev-0"), RawDevice(fleet.port, "dev-1"))
+    try:
+        live.join()
+        live.open()
+        wait_for(lambda: engine.parked() == 1, what="dev-0's session to park")
+        again.open()
+        with pytest.raises(grpc.RpcError) as err:
+            again.read()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # agents retry it with backoff
+        assert error_reason(err.value) == "device-busy"
+        assert "device 'dev-0' already has a live Session or PullRound" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            pull.pull()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(err.value) == "device-busy"
+        assert engine.parked() == 1
+        other.join()
+        header, model = live.pull()  # the round opens: the one live session gets the model, once
+        wait_for(lambda: "dev-0" in engine.current.delivered, what="dev-0's model to be delivered")
+        sent = engine.current.bytes_out["dev-0"]
+        assert header.payload.total_bytes < sent < 2 * header.payload.total_bytes  # one model's messages
+        # Once that stream ends, the device may open another (here, to send its update).
+        live.close()
+        again = RawSession(fleet.port, "dev-0")
+        h, d = _update("dev-0", header.round_id, _zero(model), s=header.required_updates)
+
+        def reopened() -> bool:
+            session = RawSession(fleet.port, "dev-0")
+            session.open(pb.UpdateChunk(header=h), *(pb.UpdateChunk(data=p) for p in wire.chunks(d)))
+            try:
+                return session.read().reply.accepted
+            except grpc.RpcError as exc:  # the coordinator may not have seen the old stream's end yet
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+                return False
+            finally:
+                session.close()
+
+        wait_for(reopened, what="a new session of dev-0 once the old one ended")
+    finally:
+        for d in (live, again, pull, other):
+            d.close() if isinstance(d, RawSession) else d.channel.close()
+
+
 def test_a_refused_update_can_be_resent_on_a_new_session_within_the_deadline(live_config, fleet_factory):
     fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=30.0))
     dev = RawSession(fleet.port, "dev-0")
