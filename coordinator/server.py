@@ -186,6 +186,15 @@ class FleetServicer(pb_grpc.FleetServicer):
         if self._streams.get(caller) is context:
             del self._streams[caller]
 
+    def _refused(self, caller: str, round_id: int, exc: Exception) -> Exception:
+        """Log a refusal of `caller`'s update for round `round_id` and keep it in the round's row; returns `exc`."""
+        # The text, not the exception: a log record that keeps the exception keeps its traceback's
+        # frames and the upload they hold (pytest's log capture does).
+        log.log(logging.INFO if isinstance(exc, WrongRoundState) else logging.WARNING, "refused an update from %s: %s",
+                caller, str(exc))
+        self.engine.note_rejection(caller, round_id, str(exc))
+        return exc
+
     @staticmethod
     def _same(caller: str, claimed: str, what: str) -> None:
         if claimed and claimed != caller:
@@ -252,7 +261,8 @@ class FleetServicer(pb_grpc.FleetServicer):
                 if first is None:  # the device closed its side (stopping)
                     return
                 if first.WhichOneof("kind") != "header":
-                    raise UpdateRejected(f"round {header.round_id}: expected the update's header, got {_kind(first)}")
+                    raise self._refused(caller, header.round_id, UpdateRejected(
+                        f"round {header.round_id}: expected the update's header, got {_kind(first)}"))
                 yield pb.RoundChunk(reply=await self._take_update(caller, first, requests, to_end=False))
 
     async def _offer(self, caller: str, header: pb.RoundHeader,
@@ -310,9 +320,9 @@ class FleetServicer(pb_grpc.FleetServicer):
         declared payload (Session, where the stream goes on).
         """
         header = first.header
-        self._same(caller, header.device_id, "update header")
         buffer = None
         try:
+            self._same(caller, header.device_id, "update header")
             self.engine.check_push_header(caller, header)
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:
@@ -327,12 +337,8 @@ class FleetServicer(pb_grpc.FleetServicer):
                 return await asyncio.get_running_loop().run_in_executor(self._work, push)
             finally:
                 self._uploads -= 1
-        except UpdateRejected as exc:
-            if not isinstance(exc, WrongRoundState):
-                # The text, not the exception: a log record that keeps the exception keeps its
-                # traceback's frames and the upload they hold (pytest's log capture does).
-                log.warning("rejected update from %s: %s", caller, str(exc))
-                self.engine.note_rejection(caller, header.round_id, str(exc))
+        except (UpdateRejected, IdentityMismatch) as exc:
+            self._refused(caller, header.round_id, exc)
             if buffer is not None and buffer.received_bytes >= TRIM_AFTER_BYTES:
                 await asyncio.get_running_loop().run_in_executor(self._work, release_freed)
             raise

@@ -137,3 +137,58 @@ def test_a_call_without_a_device_says_so(live_config, fleet_factory):
         assert error_reason(err.value) == "bad-token"
     finally:
         channel.close()
+
+
+def test_every_refusal_of_a_devices_upload_counts_in_the_rounds_rejected(live_config, fleet_factory):
+    """On a Session: data or a pull where the update's header belongs, an update for another device;
+    the same on PushUpdate; and a duplicate of an accepted update."""
+    labels = ["data for the header", "pull for the header", "session: other device", "push: other device",
+              "duplicate"]
+    fleet = fleet_factory(live_config(rounds=1, n_devices=len(labels), min_devices=len(labels), deadline_s=30.0))
+    sessions = {label: RawSession(fleet.port, f"dev-{i}") for i, label in enumerate(labels)}
+    pushers = {label: RawDevice(fleet.port, f"dev-{i}") for i, label in enumerate(labels)}
+    try:
+        for s in sessions.values():
+            s.join()
+        rounds = {}
+        for label, s in sessions.items():
+            s.open()
+            rounds[label] = s.pull()
+        header, model = rounds[labels[0]]
+        E = header.required_updates
+        for label, s in sessions.items():
+            dev = s.device_id
+            expected = {"data for the header": "expected the update's header, got data",
+                        "pull for the header": "expected the update's header, got pull",
+                        "session: other device": f"update header for 'dev-0' from {dev!r}",
+                        "push: other device": f"update header for 'dev-0' from {dev!r}",
+                        "duplicate": f"device {dev!r} already sent its update for round 1"}[label]
+            with pytest.raises(grpc.RpcError) as err:
+                if label == "data for the header":
+                    s.send(pb.UpdateChunk(data=b"x" * 10))
+                    s.read()
+                elif label == "pull for the header":
+                    s.send(pb.UpdateChunk(pull=pb.PullRequest(device_id=dev)))
+                    s.read()
+                elif label == "session: other device":
+                    s.push(*_update("dev-0", header.round_id, _zero(model)))
+                elif label == "push: other device":
+                    pushers[label].push(*_update("dev-0", header.round_id, _zero(model)))
+                else:
+                    assert s.push(*_update(dev, header.round_id, _zero(model), s=E)).accepted
+                    pushers[label].push(*_update(dev, header.round_id, _zero(model), s=E))
+            assert expected in err.value.details(), (label, err.value.details())
+            rejected = fleet.coordinator.engine.current.rejected.get(dev, [])
+            assert len(rejected) == 1 and expected in rejected[0], (label, rejected)
+        for label, p in pushers.items():  # the others answer s = 0, so the round closes now
+            if label != "duplicate":
+                assert p.push(pb.UpdateHeader(device_id=p.device_id, round_id=header.round_id), b"").accepted
+        assert fleet.coordinator.wait(timeout=30)
+        row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
+        assert row["close_reason"] == "all answered"
+        assert sorted(row["rejected"]) == sorted(s.device_id for s in sessions.values())
+        assert row["s"]["dev-4"] == E  # a refused duplicate leaves the accepted update as it was
+    finally:
+        for label in labels:
+            sessions[label].close()
+            pushers[label].channel.close()
