@@ -107,7 +107,7 @@ def _mapped(handler):
     error was being handled, it also chains that error (__context__), whose traceback holds the
     frames that received the upload. Only a full garbage collection frees such a cycle, and with
     the start-up objects frozen (coordinator/runtime.py) those are rare: 100 refused 63 MiB
-    uploads grew the coordinator from 243 to 7,526 MiB (benchmarks/refused_uploads.py). Returning
+    uploads grew the coordinator from 243 to 7,218-7,526 MiB (benchmarks/refused_uploads.py). Returning
     leaves nothing behind: the error and the frames it holds go as this function's except ends.
     """
     if inspect.isasyncgenfunction(handler):
