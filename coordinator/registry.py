@@ -44,9 +44,9 @@ class Registry:
         """
         record = self.devices.get(device_id)
         if record is not None and record.shard_index != shard_index:
-            raise DeviceConflict(f"device {device_id!r} holds {_shard(record.shard_index)}; this join under the same id "
-                                 f"claims {_shard(shard_index)}. Two agents with one device id? Each needs its own "
-                                 f"(the registered device keeps its slot)")
+            raise DeviceConflict(f"device {device_id!r} holds {_shard(record.shard_index)}; this join under the "
+                                 f"same id claims {_shard(shard_index)}. Two agents with one device id? Each needs "
+                                 f"its own (the registered device keeps its slot)")
         if shard_index is not None:
             holder = next((r.device_id for r in self.devices.values()
                            if r.shard_index == shard_index and r.device_id != device_id and not r.departed), None)
