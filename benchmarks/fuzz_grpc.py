@@ -31,6 +31,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from coordinator.server import ERRORS
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -44,7 +45,7 @@ SAMPLES = {"honest-a": 100, "honest-b": 300, EVIL: 50}
 POOL = tuple(f"fz-{i}" for i in range(24))
 FLOAT_CODES = (pb.FLOAT32, pb.FLOAT64)
 Code = grpc.StatusCode
-DOMAIN_CODES = {Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.UNAUTHENTICATED, Code.PERMISSION_DENIED}
+DOMAIN_CODES = {code for code, _ in ERRORS.values()}  # the server's refusals, from its one table
 # gRPC's own refusals: a message over the size limit, a call the client cancelled or timed out.
 TRANSPORT_CODES = {Code.RESOURCE_EXHAUSTED, Code.CANCELLED, Code.DEADLINE_EXCEEDED}
 
@@ -263,14 +264,17 @@ def push_call(draw, target: Target):
         who["device"] = ""
     messages = [pb.UpdateChunk(header=header)] + [pb.UpdateChunk(data=p) for p in wire.chunks(data)]
     st_defect = defects.get("stream")
+    # Inside the update, not after its data: on a Session the update ends at its declared size and
+    # what follows belongs to the next exchange, so a message after a complete update spoils nothing.
+    inside = draw(st.integers(1, max(1, len(messages) - 1)))
     if st_defect == "second header":
-        messages.insert(draw(st.integers(1, len(messages))), pb.UpdateChunk(header=header))
+        messages.insert(inside, pb.UpdateChunk(header=header))
     elif st_defect == "data first":
         messages = messages[1:] + messages[:1] if len(messages) > 1 else [pb.UpdateChunk(data=b"x")]
     elif st_defect == "empty stream":
         messages = []
     elif st_defect == "chunk > 1 MiB":
-        messages.append(pb.UpdateChunk(data=bytes(wire.MAX_CHUNK_BYTES + 1)))
+        messages.insert(inside, pb.UpdateChunk(data=bytes(wire.MAX_CHUNK_BYTES + 1)))
     elif st_defect == "header only" and data:
         messages = messages[:1]
     # Breakages, not defects: a message over the 4 MiB limit ends the server's request stream
@@ -291,8 +295,9 @@ def session_call(draw, target: Target):
     """A Session stream: a defective update (push_call's) after a pull, or in its place.
 
     Evil has had the round's model, so its session is offered nothing more: the coordinator
-    must refuse a stream that does not open with a pull, and otherwise answer WAIT while the
-    client's time limit runs out (DEADLINE_EXCEEDED); the update's checks are PushUpdate's.
+    must refuse a stream that opens with neither a pull nor an update (an update first is
+    checked as PushUpdate checks it), and otherwise answer WAIT while the client's time limit
+    runs out (DEADLINE_EXCEEDED).
     """
     _, who, (messages, _, defects), extra = draw(push_call(target))
     pull = pb.UpdateChunk(pull=pb.PullRequest(device_id=who["device"], wait_s=draw(_floats)))

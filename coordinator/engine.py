@@ -261,12 +261,7 @@ class RoundEngine:
         with self._lock:
             record = self.registry.get(device_id)
             arrival = False
-            if shard is not None:
-                holder = next((r.device_id for r in self.registry.devices.values()
-                               if r.shard_index == shard and r.device_id != device_id and not r.departed), None)
-                if holder is not None:
-                    raise ConfigError(f"device {device_id!r}: shard {shard} is held by {holder!r}; "
-                                      "every device needs its own shard_index")
+            self.registry.check_claim(device_id, shard)
             if record is None:
                 record = self.registry.add(device_id, sample_count=n_samples, hardware=hardware,
                                            agent_version=request.agent_version, after_round=self.completed_round,

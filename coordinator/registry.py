@@ -6,7 +6,7 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, DeviceConflict
 
 
 @dataclass
@@ -34,6 +34,25 @@ class Registry:
 
     def get(self, device_id: str) -> DeviceRecord | None:
         return self.devices.get(device_id)
+
+    def check_claim(self, device_id: str, shard_index: int | None) -> None:
+        """Refuse a join whose shard clashes with the registry: one shard per device id and one device per shard.
+
+        A registered id joining with another shard is a second agent under that id (DeviceConflict):
+        taken for a reconnection, it would train another shard under the first one's weights. The
+        registered device keeps its slot; a departed one's shard may go to a new device.
+        """
+        record = self.devices.get(device_id)
+        if record is not None and record.shard_index != shard_index:
+            raise DeviceConflict(f"device {device_id!r} holds {_shard(record.shard_index)}; this join under the "
+                                 f"same id claims {_shard(shard_index)}. Two agents with one device id? Each needs "
+                                 f"its own (the registered device keeps its slot)")
+        if shard_index is not None:
+            holder = next((r.device_id for r in self.devices.values()
+                           if r.shard_index == shard_index and r.device_id != device_id and not r.departed), None)
+            if holder is not None:
+                raise ConfigError(f"device {device_id!r}: shard {shard_index} is held by {holder!r}; "
+                                  "every device needs its own shard_index")
 
     def add(self, device_id: str, *, sample_count: int, hardware: dict, agent_version: str, after_round: int,
             shard_index: int | None = None) -> DeviceRecord:
@@ -70,3 +89,7 @@ class Registry:
         except TypeError as exc:
             raise ConfigError(f"registry state is malformed: {exc}") from None
         return reg
+
+
+def _shard(shard_index: int | None) -> str:
+    return "no shard (data of its own)" if shard_index is None else f"shard {shard_index}"

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
-from contextlib import asynccontextmanager
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 
 import grpc
@@ -34,8 +35,9 @@ import grpc
 from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
-from flexfl.errors import (ConfigError, IdentityMismatch, PartitionMismatch, ProtocolMismatch, Unauthenticated,
-                           UnknownDevice, UpdateRejected, WrongRoundState)
+from edge_agent.memory import release_freed
+from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
+                           ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
 from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
@@ -53,15 +55,28 @@ log = logging.getLogger(__name__)
 # calls for at most a few ms; a busier server uses the pool, where the work runs in parallel.
 INLINE_UPLOADS = 8
 INLINE_MAX_BYTES = 4 << 20
+# A large upload reaches the coordinator in many small blocks that gRPC's threads allocate and free
+# once read; glibc keeps freed blocks in the allocating thread's arena, to reuse. After 100
+# refused 63 MiB uploads (five at a time) 40-390 MiB of them stayed resident, the more the busier
+# the machine (gRPC buffers more while the loop lags), and malloc_trim brought the coordinator
+# back to where it started (benchmarks/refused_uploads.py). A refused upload of this size has no
+# steady state to reuse them for: refusing it hands them back (edge_agent.memory.release_freed, as
+# agents do after each round), on a work thread: one pass over the arenas, 0.4 ms with little
+# to return, ~90 ms for 540 MiB on this 2-core box.
+TRIM_AFTER_BYTES = 8 << 20
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
 SESSION_MIN_WAIT_S = 1.0
 
 Code = grpc.StatusCode
 ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
+    MissingDevice: (Code.UNAUTHENTICATED, ErrorReason.MISSING_DEVICE),
     Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
     UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
     IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
+    DeviceConflict: (Code.ALREADY_EXISTS, ErrorReason.DEVICE_CONFLICT),
+    # A per-device quota (one live stream): agents retry it with backoff, as a reconnecting one must.
+    DeviceBusy: (Code.RESOURCE_EXHAUSTED, ErrorReason.DEVICE_BUSY),
     ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
     PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
     WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
@@ -75,14 +90,45 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
     return next((ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS), None)
 
 
-@asynccontextmanager
-async def _mapped(context: grpc.aio.ServicerContext):
-    try:
-        yield
-    except tuple(ERRORS) as exc:
-        code, reason = status_of(exc)
-        context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
-        await context.abort(code, str(exc))
+def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    """Set the call's status from the table: code, reason (trailing metadata) and the error's text."""
+    code, reason = status_of(exc)
+    context.set_code(code)
+    context.set_details(str(exc))
+    context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
+
+
+def _mapped(handler):
+    """Wrap a handler (coroutine or async generator): a domain error ends the call with its status.
+
+    The call ends by returning with the status set, never by context.abort(). abort() raises an
+    AbortError that grpc.aio keeps on the call's state; its traceback holds the handler's frames,
+    they hold the context, the context the state: a reference cycle. Raised while the domain
+    error was being handled, it also chains that error (__context__), whose traceback holds the
+    frames that received the upload. Only a full garbage collection frees such a cycle, and with
+    the start-up objects frozen (coordinator/runtime.py) those are rare: 100 refused 63 MiB
+    uploads grew the coordinator from 243 to 7,218-7,526 MiB (benchmarks/refused_uploads.py). Returning
+    leaves nothing behind: the error and the frames it holds go as this function's except ends.
+    """
+    if inspect.isasyncgenfunction(handler):
+        @functools.wraps(handler)
+        async def streaming(self, request, context: grpc.aio.ServicerContext):
+            try:
+                async with aclosing(handler(self, request, context)) as messages:
+                    async for message in messages:
+                        yield message
+            except tuple(ERRORS) as exc:
+                _refuse(context, exc)
+        return streaming
+
+    @functools.wraps(handler)
+    async def unary(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await handler(self, request, context)
+        except tuple(ERRORS) as exc:
+            _refuse(context, exc)
+            return None  # with a status other than OK, grpc.aio sends no message
+    return unary
 
 
 class FleetServicer(pb_grpc.FleetServicer):
@@ -93,6 +139,7 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.max_update_bytes = max_update_bytes
         self._work = work  # uploads' checksums, checks and summing, off the event loop
         self._uploads = 0  # PushUpdate calls past their header check (touched on the loop thread only)
+        self._streams: dict[str, grpc.aio.ServicerContext] = {}  # device -> its live Session or PullRound (loop thread)
         self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
@@ -104,7 +151,7 @@ class FleetServicer(pb_grpc.FleetServicer):
             raise Unauthenticated("missing or wrong fleet token")
         device_id = md.get(DEVICE_HEADER, "")
         if not device_id:
-            raise Unauthenticated(f"missing {DEVICE_HEADER} metadata")
+            raise MissingDevice(f"missing {DEVICE_HEADER} metadata: every call says which device makes it")
         if self.certificate_identity:
             try:
                 identity.check_claim(context.auth_context(), device_id)
@@ -113,68 +160,110 @@ class FleetServicer(pb_grpc.FleetServicer):
                 raise
         return device_id
 
+    @contextmanager
+    def _live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        """Hold this call as `caller`'s one live Session or PullRound; DeviceBusy while it has another.
+
+        One at a time: each parked stream would be sent the model when a round opens, so a device
+        holding many would have the coordinator send it the model many times over. The second is
+        refused rather than replacing the first, so that a second agent under the same id cannot
+        take the running device's stream; an agent that reconnects retries until the coordinator
+        has seen its old stream end (at once on a closed connection, within keepalive's ~40 s on
+        a dead one).
+        """
+        if caller in self._streams:
+            raise DeviceBusy(f"device {caller!r} already has a live Session or PullRound call; a device holds one "
+                             "at a time (retry once that one has ended)")
+        self._streams[caller] = context
+        # Released however the call ends: also when its cancellation never reaches this frame.
+        context.add_done_callback(lambda _: self._release_stream(caller, context))
+        try:
+            yield
+        finally:
+            self._release_stream(caller, context)
+
+    def _release_stream(self, caller: str, context: grpc.aio.ServicerContext) -> None:
+        if self._streams.get(caller) is context:
+            del self._streams[caller]
+
+    def _refused(self, caller: str, round_id: int, exc: Exception) -> Exception:
+        """Log a refusal of `caller`'s update for round `round_id` and keep it in the round's row; returns `exc`."""
+        # The text, not the exception: a log record that keeps the exception keeps its traceback's
+        # frames and the upload they hold (pytest's log capture does).
+        log.log(logging.INFO if isinstance(exc, WrongRoundState) else logging.WARNING, "refused an update from %s: %s",
+                caller, str(exc))
+        self.engine.note_rejection(caller, round_id, str(exc))
+        return exc
+
     @staticmethod
     def _same(caller: str, claimed: str, what: str) -> None:
         if claimed and claimed != caller:
             raise IdentityMismatch(f"{what} for {claimed!r} from {caller!r}")
 
+    @_mapped
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
-        async with _mapped(context):
-            caller = self._caller(context)
-            self._same(caller, request.device_id or "(none)", "join")
-            if request.protocol_version not in (0, PROTOCOL_VERSION):
-                raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
-                                       f"(coordinator speaks {PROTOCOL_VERSION})")
-            return self.engine.join(request)
+        caller = self._caller(context)
+        self._same(caller, request.device_id or "(none)", "join")
+        if request.protocol_version not in (0, PROTOCOL_VERSION):
+            raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
+                                   f"(coordinator speaks {PROTOCOL_VERSION})")
+        return self.engine.join(request)
 
+    @_mapped
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
-        async with _mapped(context):
-            caller = self._caller(context)
-            self._same(caller, request.device_id, "leave")
-            return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
+        caller = self._caller(context)
+        self._same(caller, request.device_id, "leave")
+        return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
 
+    @_mapped
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        async with _mapped(context):
-            self._caller(context)
-            return self.engine.status()
+        self._caller(context)
+        return self.engine.status()
 
+    @_mapped
     async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
-        async with _mapped(context):
-            caller = self._caller(context)
+        caller = self._caller(context)
+        with self._live_stream(caller, context):
             header, chunks = await self._pull(caller, wait_s=request.wait_s)
-        async for message in self._offer(caller, header, chunks):
-            yield message
+            async for message in self._offer(caller, header, chunks):
+                yield message
 
+    @_mapped
     async def Session(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
         """PullRound and PushUpdate on one stream (proto/fleet.proto): the device's rounds until FINISHED."""
         requests = aiter(request_iterator)
-        async with _mapped(context):
-            caller = self._caller(context)
+        caller = self._caller(context)
+        with self._live_stream(caller, context):
             opening = await anext(requests, None)
             if opening is None:
                 return
-            if opening.WhichOneof("kind") != "pull":
-                raise UpdateRejected(f"a session's first message must be a pull request, not {_kind(opening)}")
-        asked = opening.pull.wait_s
-        wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
-        while True:
-            async with _mapped(context):
+            if opening.WhichOneof("kind") == "header":
+                # The update of a round the device already has (one refused, or its stream lost), checked
+                # as PushUpdate would; then the session goes on, waiting as long as the server allows.
+                yield pb.RoundChunk(reply=await self._take_update(caller, opening, requests, to_end=False))
+                wait_s = float("inf")
+            elif opening.WhichOneof("kind") == "pull":
+                asked = opening.pull.wait_s
+                wait_s = asked if asked >= SESSION_MIN_WAIT_S else SESSION_MIN_WAIT_S  # NaN too
+            else:
+                raise UpdateRejected(f"a session's first message must be a pull request or an update's header, "
+                                     f"not {_kind(opening)}")
+            while True:
                 header, chunks = await self._pull(caller, wait_s=wait_s)
-            async for message in self._offer(caller, header, chunks):
-                yield message
-            if header.status == pb.RoundHeader.FINISHED:
-                return
-            if header.status != pb.RoundHeader.ROUND:
-                continue
-            async with _mapped(context):
+                async for message in self._offer(caller, header, chunks):
+                    yield message
+                if header.status == pb.RoundHeader.FINISHED:
+                    return
+                if header.status != pb.RoundHeader.ROUND:
+                    continue
                 first = await anext(requests, None)
                 if first is None:  # the device closed its side (stopping)
                     return
                 if first.WhichOneof("kind") != "header":
-                    raise UpdateRejected(f"round {header.round_id}: expected the update's header, got {_kind(first)}")
-                reply = await self._take_update(caller, first, requests, to_end=False)
-            yield pb.RoundChunk(reply=reply)
+                    raise self._refused(caller, header.round_id, UpdateRejected(
+                        f"round {header.round_id}: expected the update's header, got {_kind(first)}"))
+                yield pb.RoundChunk(reply=await self._take_update(caller, first, requests, to_end=False))
 
     async def _offer(self, caller: str, header: pb.RoundHeader,
                      chunks: tuple[pb.RoundChunk, ...]) -> AsyncIterator[pb.RoundChunk]:
@@ -213,15 +302,15 @@ class FleetServicer(pb_grpc.FleetServicer):
             finally:
                 self.engine.unpark(caller, wake)
 
+    @_mapped
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
-        async with _mapped(context):
-            caller = self._caller(context)
-            requests = aiter(request_iterator)
-            first = await anext(requests, None)
-            if first is None or first.WhichOneof("kind") != "header":
-                raise UpdateRejected("the first message of an update must be its header")
-            return await self._take_update(caller, first, requests, to_end=True)
+        caller = self._caller(context)
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise UpdateRejected("the first message of an update must be its header")
+        return await self._take_update(caller, first, requests, to_end=True)
 
     async def _take_update(self, caller: str, first: pb.UpdateChunk, rest: AsyncIterator[pb.UpdateChunk], *,
                            to_end: bool) -> pb.PushReply:
@@ -231,66 +320,53 @@ class FleetServicer(pb_grpc.FleetServicer):
         declared payload (Session, where the stream goes on).
         """
         header = first.header
-        self._same(caller, header.device_id, "update header")
+        buffer = None
         try:
+            self._same(caller, header.device_id, "update header")
             self.engine.check_push_header(caller, header)
+            declared = header.payload.total_bytes
+            if declared > self.max_update_bytes:
+                raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
+            buffer = wire.PayloadBuffer(declared)
             self._uploads += 1
             try:
-                pieces, message_bytes = await self._receive(header, first.ByteSize(), rest, to_end=to_end)
-                push = functools.partial(self._push, caller, header, pieces, message_bytes=message_bytes)
-                if self._uploads <= INLINE_UPLOADS and header.payload.total_bytes <= INLINE_MAX_BYTES:
+                message_bytes = await self._receive(buffer, first.ByteSize(), rest, to_end=to_end)
+                push = functools.partial(self._push, caller, header, buffer.data(), message_bytes=message_bytes)
+                if self._uploads <= INLINE_UPLOADS and declared <= INLINE_MAX_BYTES:
                     return push()
                 return await asyncio.get_running_loop().run_in_executor(self._work, push)
             finally:
                 self._uploads -= 1
-        except UpdateRejected as exc:
-            if not isinstance(exc, WrongRoundState):
-                # The text, not the exception: a log record that keeps the exception keeps its
-                # traceback's frames and the upload they hold (pytest's log capture does).
-                log.warning("rejected update from %s: %s", caller, str(exc))
-                self.engine.note_rejection(caller, header.round_id, str(exc))
+        except (UpdateRejected, IdentityMismatch) as exc:
+            self._refused(caller, header.round_id, exc)
+            if buffer is not None and buffer.received_bytes >= TRIM_AFTER_BYTES:
+                await asyncio.get_running_loop().run_in_executor(self._work, release_freed)
             raise
 
-    def _push(self, caller: str, header: pb.UpdateHeader, pieces: list[bytes], *, message_bytes: int) -> pb.PushReply:
-        """On a work thread: join, check and sum the update (copies and checksums off the event loop)."""
-        data = wire.join(pieces, limit_bytes=self.max_update_bytes)
+    def _push(self, caller: str, header: pb.UpdateHeader, data: memoryview, *, message_bytes: int) -> pb.PushReply:
+        """On a work thread: check and sum the update (checksum and numpy work off the event loop)."""
         return self.engine.push(caller, header, data, message_bytes=message_bytes)
 
-    async def _receive(self, header: pb.UpdateHeader, first_bytes: int, rest: AsyncIterator[pb.UpdateChunk], *,
-                       to_end: bool) -> tuple[list[bytes], int]:
-        """The payload, refused as soon as it exceeds the limit or its declared size (never buffered past either).
+    @staticmethod
+    async def _receive(buffer: wire.PayloadBuffer, first_bytes: int, rest: AsyncIterator[pb.UpdateChunk], *,
+                       to_end: bool) -> int:
+        """Fill `buffer` with the payload, refused as soon as it exceeds its declared size; returns the
+        protobuf bytes of the messages, `first_bytes` (the header's) included.
 
         to_end: read to the end of the stream; else exactly the declared size.
         """
-        declared = header.payload.total_bytes
-        if declared > self.max_update_bytes:
-            raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
-        pieces, received, message_bytes = [], 0, first_bytes
-        chunk = piece = None
-        try:
-            while to_end or received < declared:
-                chunk = await anext(rest, None)
-                if chunk is None:
-                    if to_end:
-                        break
-                    raise UpdateRejected(f"the stream ended after {received} of the update's {declared} bytes")
-                if chunk.WhichOneof("kind") not in ("data", None):
-                    raise UpdateRejected(f"a {_kind(chunk)} message arrived inside the update's data")
-                piece = chunk.data  # each access copies
-                received += len(piece)
-                if received > declared:
-                    raise UpdateRejected(f"payload exceeds its declared {declared} bytes "
-                                         f"(limit {self.max_update_bytes})")
-                pieces.append(piece)
-                message_bytes += chunk.ByteSize()
-        except BaseException:
-            # The exception's traceback keeps this frame alive after the call has ended (grpc.aio
-            # holds on to it), and with it whatever the frame references: drop the received data
-            # now. Without this, 3,000 refused 600 kB chunks grew the coordinator by 470 MiB.
-            pieces.clear()
-            chunk = piece = None
-            raise
-        return pieces, message_bytes
+        declared, message_bytes = buffer.declared_bytes, first_bytes
+        while to_end or buffer.received_bytes < declared:
+            chunk = await anext(rest, None)
+            if chunk is None:
+                if to_end:
+                    break
+                raise UpdateRejected(f"the stream ended after {buffer.received_bytes} of the update's {declared} bytes")
+            if chunk.WhichOneof("kind") not in ("data", None):
+                raise UpdateRejected(f"a {_kind(chunk)} message arrived inside the update's data")
+            buffer.add(chunk.data)
+            message_bytes += chunk.ByteSize()
+        return message_bytes
 
 
 def _kind(message: pb.UpdateChunk) -> str:

@@ -45,6 +45,18 @@ class Unauthenticated(FlexFLError):
     """A call without the fleet token, or with a wrong one."""
 
 
+class MissingDevice(Unauthenticated):
+    """A call without the x-flexfl-device metadata: it does not say which device makes it."""
+
+
+class DeviceConflict(FlexFLError):
+    """A join claims a registered device id with other data (another shard): a second agent under that id."""
+
+
+class DeviceBusy(FlexFLError):
+    """A device that already has a live Session or PullRound call opened another; it may hold one at a time."""
+
+
 class ProtocolMismatch(FlexFLError):
     """A device speaks another version of the wire protocol."""
 

@@ -71,6 +71,9 @@ class FleetServicer:
 
     def Join(self, request, context):
         """Register (or re-register after a restart) a device; tells it whether it is an arrival.
+        A device id is bound to the shard it first joined with: a join under that id with another
+        shard (a second agent with the same id) is refused with ALREADY_EXISTS, reason
+        device-conflict, and the registered device keeps its slot.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,9 +106,12 @@ class FleetServicer:
         device sends its update (header, then exactly payload.total_bytes of data) and the
         coordinator answers with a `reply`. WAIT headers come every pull wait_s (raised to 1 s,
         capped at server.pull_wait_s) while no round is due; FINISHED ends the stream. A refused
-        update ends it with the status code and reason PushUpdate would give (the device opens a
-        new one). Two RPCs per device and round fewer; a coordinator without it answers
-        UNIMPLEMENTED and agents fall back to the two calls.
+        update ends it with the status code and reason PushUpdate would give; the device opens a
+        new one, and may open it with that round's update again instead of a pull (header then
+        data, checked as PushUpdate checks it: the round still open, its model received, no update
+        taken yet, the deadline not passed), answered with a `reply`; the stream then goes on as
+        after a pull (WAIT every server.pull_wait_s). Two RPCs per device and round fewer; a
+        coordinator without it answers UNIMPLEMENTED and agents fall back to the two calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

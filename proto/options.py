@@ -37,8 +37,11 @@ ERROR_HEADER = "x-flexfl-error"
 
 class ErrorReason(StrEnum):
     BAD_TOKEN = "bad-token"
+    MISSING_DEVICE = "missing-device"
     UNKNOWN_DEVICE = "unknown-device"
     IDENTITY_MISMATCH = "identity-mismatch"
+    DEVICE_CONFLICT = "device-conflict"
+    DEVICE_BUSY = "device-busy"
     PROTOCOL_VERSION = "protocol-version"
     PARTITION_MISMATCH = "partition-mismatch"
     WRONG_ROUND_STATE = "wrong-round-state"

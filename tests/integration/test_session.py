@@ -77,8 +77,8 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
     # The variants of test_bad_input (one device each, as a refusal ends its session), and
     # what only a stream can get wrong.
     probe = {"w": np.zeros(1, np.float32)}
-    labels = [*_bad_variants(pb.RoundHeader(round_id=1), probe), "update before the pull", "data for a header",
-              "pull inside the data", "ends inside the payload"]
+    labels = [*_bad_variants(pb.RoundHeader(round_id=1), probe), "update before the model", "data before the pull",
+              "data for a header", "pull inside the data", "ends inside the payload"]
     fleet = fleet_factory(live_config(rounds=1, n_devices=len(labels) + 1, min_devices=len(labels) + 1,
                                       deadline_s=30.0))
     devices = {label: RawSession(fleet.port, f"dev-{i}") for i, label in enumerate(labels)}
@@ -87,8 +87,10 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
         for dev in [*devices.values(), good]:
             dev.join()
         for label, dev in devices.items():
-            if label == "update before the pull":
+            if label == "update before the model":
                 dev.open(pb.UpdateChunk(header=pb.UpdateHeader(device_id=dev.device_id, round_id=1)))
+            elif label == "data before the pull":
+                dev.open(pb.UpdateChunk(data=b"x" * 10))
             else:
                 dev.open()
         good.open()
@@ -108,9 +110,13 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
                         h.device_id = dev.device_id
                     fragment = fragment.replace("'evil'", repr(dev.device_id))
                     dev.push(h, d)
-                elif label == "update before the pull":
+                elif label == "update before the model":  # a session may open with an update: of a round it has
+                    code = grpc.StatusCode.FAILED_PRECONDITION
+                    fragment = f"device {dev.device_id!r} has not received round 1's model"
+                    dev.read()
+                elif label == "data before the pull":
                     code = grpc.StatusCode.INVALID_ARGUMENT
-                    fragment = "first message must be a pull request, not header"
+                    fragment = "first message must be a pull request or an update's header, not data"
                     dev.read()
                 else:
                     dev.pull()
@@ -139,9 +145,10 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
                                    s=header.required_updates))
         assert reply.accepted and reply.round_id == header.round_id
         assert "good" in engine.current.updates
+        # Every refusal of an update for the open round is in its row; stale and future ones name other rounds.
         rejected = engine.current.rejected
-        assert {d.device_id for label, d in devices.items() if label in variants and label != "other device"
-                and variants[label][1] == grpc.StatusCode.INVALID_ARGUMENT} <= set(rejected)
+        assert set(rejected) == {d.device_id for label, d in devices.items()
+                                 if label not in ("stale round", "future round", "data before the pull")}
     finally:
         for dev in [*devices.values(), good]:
             dev.close()

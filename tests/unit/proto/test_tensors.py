@@ -27,6 +27,28 @@ def test_chunks_are_at_most_one_mib_and_join_back():
     assert list(wire.chunks(b"")) == [b""]
 
 
+@pytest.mark.parametrize("n", [600, wire.MAP_FROM_BYTES // 4 + 3], ids=["on the heap", "in a memory map"])
+def test_a_payload_buffer_assembles_chunks_and_refuses_what_does_not_fit(n):
+    payload, data = wire.encode({"w": np.arange(n, dtype=np.float32)})
+    buf = wire.PayloadBuffer(len(data))
+    for piece in wire.chunks(data, size=1000 if n < 1000 else wire.MAX_CHUNK_BYTES):
+        buf.add(piece)
+    out = wire.decode(payload, buf.data())
+    np.testing.assert_array_equal(out["w"], np.arange(n, dtype=np.float32))
+    assert out["w"].flags.writeable  # summed in place without a copy, like join()'s
+    with pytest.raises(wire.PayloadError, match=f"exceeds its declared {len(data)} bytes"):
+        buf.add(b"x")
+    with pytest.raises(wire.PayloadError, match="chunk limit"):
+        wire.PayloadBuffer(2 * wire.MAX_CHUNK_BYTES).add(bytes(wire.MAX_CHUNK_BYTES + 1))
+    short = wire.PayloadBuffer(len(data))
+    short.add(data[:100])
+    with pytest.raises(wire.PayloadError, match=f"payload is 100 bytes, header announced {len(data)}"):
+        wire.decode(payload, short.data())
+    empty = wire.PayloadBuffer(0)
+    empty.add(b"")
+    assert len(empty.data()) == 0
+
+
 def test_decode_returns_views_of_the_received_buffer_not_copies():
     payload, data = wire.encode({"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, dtype=np.float32)})
     received = wire.join(list(wire.chunks(data, size=7)), limit_bytes=len(data))  # one copy, writable
