@@ -35,11 +35,10 @@ from flexfl.config import load_config, path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
+from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # `flexfl live`'s own defaults for a dataset, below the config file and the flags (an explicit
 # --eta0, --non-iid or [partition] iid wins). MNIST: the paper's eta_0 = 2e-3 with
@@ -85,7 +84,7 @@ class LiveConfig:
     # both, see the module docstring). None: a third / two thirds of the rounds; 0: no such event.
     arrive_round: int | None = None
     depart_round: int | None = None
-    trace_set: str = path_field(str(REPO_ROOT / "traces" / "paper"))  # "" = agents follow no trace
+    trace_set: str = path_field(str(PAPER_TRACE_SET))  # "" = agents follow no trace
     num_traces: int = 5
     update_s: float = 0.05  # each local update takes at least this long (edge-device speed); 0: this machine's
     seed: int = 0

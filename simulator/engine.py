@@ -36,6 +36,7 @@ from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.fast_trainer import FastTrainer
+from trace_recorder import PAPER_TRACE_SET
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
@@ -44,8 +45,7 @@ from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
+DEFAULT_TRACE_SET = PAPER_TRACE_SET
 
 
 class TrainerKind(StrEnum):
