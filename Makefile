@@ -24,6 +24,14 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install FlexFL with its test dependencies (torch 2.13.0 CPU on x86_64)
+	@$(CHECKOUT_INSTALLED) || { echo "make setup: $(VENV)'s flexfl is not this checkout (a pip install without -e?);" \
+		"installing the checkout again (editable)"; $(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .; }
+
+# Whether $(VENV) imports FlexFL from this checkout (-I: from what is installed, not the working folder).
+# A `pip install .` without -e replaces the editable install with a copy that no longer follows the
+# checkout; the dependencies the stamp installed stay, so setup only puts the checkout back (--no-deps).
+CHECKOUT_INSTALLED = $(BIN)/python -I -c 'import flexfl, pathlib, sys; \
+	sys.exit(pathlib.Path(flexfl.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())' $(CURDIR) 2>/dev/null
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -74,3 +74,26 @@ def test_an_installed_wheel_simulates_on_its_own_paper_traces(wheel: Path, tmp_p
     live = _run(sys.executable, "-c", "from flexfl.live import LiveConfig; print(LiveConfig().trace_set)", cwd=tmp_path,
                 env=env)
     assert Path(live.stdout.strip()) == site / "trace_recorder" / "traces" / "paper", (live.stdout, live.stderr[-500:])
+
+
+def test_make_setup_puts_the_checkout_back_over_a_copied_install(wheel: Path, tmp_path: Path) -> None:
+    """After `pip install .` (not -e) .venv ran a copy that no longer followed the checkout, and make setup kept it."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = str(env_dir / "bin" / "python")
+    (env_dir / ".flexfl-installed").touch()  # make setup's stamp: set up once, newer than pyproject.toml
+    copied = _run(py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", str(wheel))
+    assert copied.returncode == 0, copied.stderr[-2000:]
+
+    def flexfl_file() -> str:  # -I: not the working directory's flexfl, only what is installed
+        return _run(py, "-I", "-c", "import flexfl; print(flexfl.__file__)", cwd=tmp_path).stdout.strip()
+
+    assert flexfl_file().startswith(str(env_dir)), flexfl_file()
+    repaired = _run("make", "--no-print-directory", "-C", str(REPO), "setup", f"VENV={env_dir}")
+    assert repaired.returncode == 0, (repaired.stdout + repaired.stderr)[-2000:]
+    assert flexfl_file() == str(REPO / "flexfl" / "__init__.py"), repaired.stdout + repaired.stderr
+    assert "not this checkout" in repaired.stdout
+    again = _run("make", "--no-print-directory", "-C", str(REPO), "setup", f"VENV={env_dir}")
+    assert again.returncode == 0 and "not this checkout" not in again.stdout, again.stdout + again.stderr
