@@ -24,7 +24,7 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -269,6 +269,12 @@ FLAG_PREFIX = "cfg."
 def flag_dest(*path: str) -> str:
     """argparse `dest` of a flag that overrides config field `path` ("run", "rounds")."""
     return FLAG_PREFIX + ".".join(path)
+
+
+def enum_choices(members: Iterable[enum.Enum]) -> list[str]:
+    """argparse `choices` from their owner, an enum or a tuple of its members: the values as plain strings
+    (an error then lists 'A', 'B', not <Scheme.A: 'A'>)."""
+    return [str(member.value) for member in members]
 
 
 def overrides_from_args(args: Any) -> dict[str, Any]:
