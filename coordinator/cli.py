@@ -59,18 +59,27 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("coordinator", help="run the federated-learning coordinator (gRPC server)")
-    p.add_argument("--config", type=Path, help="TOML config (see coordinator/example.toml)")
+    p = sub.add_parser("coordinator", help="run the federated-learning coordinator (gRPC server)",
+                       description="Run the coordinator: a gRPC server that devices (`flexfl agent`) join; it runs "
+                                   "the rounds with a deadline, aggregates what arrives under the [rules], and writes "
+                                   "metrics and a checkpoint per round to the output folder. Settings: the --config "
+                                   "file (coordinator/example.toml), then these flags.")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML config (see coordinator/example.toml)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
-    p.add_argument("--listen", dest=flag_dest("server", "listen"), help="host:port to bind (overrides server.listen)")
+    p.add_argument("--listen", dest=flag_dest("server", "listen"), metavar="HOST:PORT",
+                   help="address to bind (overrides server.listen)")
     p.add_argument("--rounds", dest=flag_dest("run", "rounds"), type=int, help="overrides run.rounds")
     p.add_argument("--deadline-s", dest=flag_dest("run", "deadline_s"), type=float, help="overrides run.deadline_s")
-    p.add_argument("--out", dest=flag_dest("output", "dir"), help="overrides output.dir")
+    p.add_argument("--out", dest=flag_dest("output", "dir"), metavar="DIR", help="overrides output.dir")
     add_rules_flags(p)
     p.set_defaults(func=cmd_coordinator)
 
-    t = sub.add_parser("token", help="write a new random fleet token (the shared secret every device presents)")
-    t.add_argument("--out", type=Path, required=True, help="file to write (mode 0600); refused if it exists")
+    t = sub.add_parser("token", help="write a new random fleet token (the shared secret every device presents)",
+                       description="Write a new random fleet token to a file. The coordinator "
+                                   "(server.fleet_token_file) and every agent (--token-file) read the same file; "
+                                   "the coordinator refuses devices that present another.")
+    t.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="file to write (mode 0600); refused if it exists")
     t.add_argument("--force", action="store_true", help="overwrite an existing file")
     t.set_defaults(func=cmd_token)
 

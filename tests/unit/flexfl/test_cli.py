@@ -121,6 +121,24 @@ def test_eta0_help_states_each_datasets_default(command: tuple[str, ...]) -> Non
         assert f"{dataset} {eta0:g}" in text, (command, dataset, eta0, text)
 
 
+def test_help_names_values_not_internal_destinations() -> None:
+    """`--listen CFG.SERVER.LISTEN`, `--token-file FLEET_TOKEN_FILE`: the help showed where a value is stored."""
+    for path, parser in _commands(build_parser()):
+        text = parser.format_help()
+        assert "CFG." not in text, (path, [line for line in text.splitlines() if "CFG." in line][:3])
+        for action in parser._actions:
+            if action.option_strings and action.nargs != 0 and not action.choices and action.metavar is None:
+                # the default metavar, from the flag itself: --deadline-s DEADLINE_S
+                assert f"{action.option_strings[-1]} {action.option_strings[-1].lstrip('-').upper().replace('-', '_')}" \
+                    in text or action.help == argparse.SUPPRESS, (path, action.option_strings)
+
+
+@pytest.mark.parametrize("command", ["coordinator", "agent", "token"])
+def test_the_commands_a_newcomer_types_first_describe_themselves(command: str) -> None:
+    parser = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    assert parser.description and len(parser.description) > 40, (command, parser.description)
+
+
 def test_the_parser_takes_its_choices_without_importing_torch() -> None:
     """The owners of the choices are light modules: the loadgen daemon on a Pi builds this parser too."""
     import subprocess
