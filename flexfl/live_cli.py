@@ -62,6 +62,7 @@ def _int_list(text: str) -> list[int]:
 def cmd_live(args: argparse.Namespace) -> int:
     from flexfl.config import overrides_from_args
     from flexfl.live import LiveRun, load_live_config
+    from flexfl.text import count
 
     cfg = load_live_config(args.config, overrides=overrides_from_args(args))
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
@@ -72,7 +73,7 @@ def cmd_live(args: argparse.Namespace) -> int:
                       f"{' with fast-reboot' if r.fast_reboot else ' (fast-reboot off)'}")
     if cfg.departure:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
-    print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
+    print(f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
           f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
           f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
     s = LiveRun(cfg).run()
