@@ -59,12 +59,10 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
 
 
-def cmd_live(args: argparse.Namespace) -> int:
-    from flexfl.config import overrides_from_args
-    from flexfl.live import LiveRun, load_live_config
+def banner(cfg) -> str:
+    """The run's first line: where, what data, which rules, and the scripted events (the README quotes it)."""
     from flexfl.text import count
 
-    cfg = load_live_config(args.config, overrides=overrides_from_args(args))
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
     r = cfg.rules
     events = []
@@ -73,9 +71,17 @@ def cmd_live(args: argparse.Namespace) -> int:
                       f"{' with fast-reboot' if r.fast_reboot else ' (fast-reboot off)'}")
     if cfg.departure:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
-    print(f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
-          f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
-          f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
+    return (f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
+            f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
+            f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}")
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from flexfl.config import overrides_from_args
+    from flexfl.live import LiveRun, load_live_config
+
+    cfg = load_live_config(args.config, overrides=overrides_from_args(args))
+    print(banner(cfg), flush=True)
     s = LiveRun(cfg).run()
     happened = []
     if s["arrival_round"] is not None:

@@ -46,3 +46,22 @@ def test_the_readme_and_make_help_give_a_target_the_same_duration() -> None:
             assert sorted(set(DURATION.findall(helps[target]))) == stated, (target, stated, helps[target])
             compared += 1
     assert compared >= 3, compared
+
+
+def test_the_readme_shows_what_make_demo_prints_first() -> None:
+    """The README's healthy `make demo` starts with the line today's `make demo` command prints."""
+    import shlex
+
+    from flexfl.cli import build_parser
+    from flexfl.config import overrides_from_args
+    from flexfl.live import load_live_config
+    from flexfl.live_cli import banner
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    planned = subprocess.run(["make", "--no-print-directory", "-n", "-C", str(REPO), "demo"], capture_output=True,
+                             text=True, check=True).stdout  # -n: print the commands, run none
+    command = shlex.split(next(line for line in planned.splitlines() if "flexfl live" in line))
+    args = build_parser().parse_args(command[command.index("live"):])
+    first = banner(load_live_config(args.config, overrides=overrides_from_args(args)))
+    assert f"```\n{first}\n" in (REPO / "README.md").read_text(), first
