@@ -19,6 +19,8 @@ import pytest
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'flexfl[cluster]' (make setup installs it)")
 
 RAY = Path(sys.executable).parent / "ray"
+if not RAY.exists():
+    pytest.skip(f"no `ray` command beside {sys.executable}", allow_module_level=True)
 # Ray's own knob: how many times (1 s apart) a driver tries a head that refuses it (default 20).
 QUICK_GIVE_UP = {"RAY_gcs_server_port_wait_time_s": "2"}
 
