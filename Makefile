@@ -24,6 +24,14 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install FlexFL with its test dependencies (torch 2.13.0 CPU on x86_64)
+	@$(CHECKOUT_INSTALLED) || { echo "make setup: $(VENV)'s flexfl is not this checkout (a pip install without -e?);" \
+		"installing the checkout again (editable)"; $(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .; }
+
+# Whether $(VENV) imports FlexFL from this checkout (-I: from what is installed, not the working folder).
+# A `pip install .` without -e replaces the editable install with a copy that no longer follows the
+# checkout; the dependencies the stamp installed stay, so setup only puts the checkout back (--no-deps).
+CHECKOUT_INSTALLED = $(BIN)/python -I -c 'import flexfl, pathlib, sys; \
+	sys.exit(pathlib.Path(flexfl.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())' $(CURDIR) 2>/dev/null
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MNIST_PKG)
 	touch $(STAMP)
 
-test: setup setup-ansible ## run the test suite (what CI runs; root-only tests skip with a reason elsewhere)
+test: setup setup-ansible ## run the test suite (what CI runs; ~20 min on 2 cores; root-only tests skip with a reason elsewhere)
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
@@ -48,7 +56,7 @@ live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 [ARRIVE=5
 sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
 	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
 
-sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHETIC under every reading -> results/table3.md
+sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHETIC under every reading (~15 min on 2 cores, results/table3_timing.json) -> results/table3.md
 
 # The paper's experiments (results/README.md). Each is resumable (rerun to continue) and
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
@@ -90,7 +98,7 @@ paper-table3-mnist-epoch: setup ## Table 3 on MNIST with E in epochs at ETA0 (no
 
 paper-table3: paper-table3-synthetic paper-table3-mnist ## Table 3 sensitivity study -> results/table3.md
 
-paper-table3-synthetic: setup ## Table 3 on SYNTHETIC: 8 readings x IID/non-IID x |T| = 1..8 x A/B/C x 5 seeds (~1 h)
+paper-table3-synthetic: setup ## Table 3 on SYNTHETIC: 8 readings x IID/non-IID x |T| = 1..8 x A/B/C x 5 seeds (~15 min on 2 cores, results/table3_timing.json)
 	$(BIN)/flexfl sim table3 --dataset synthetic --readings all --seeds 0-4 $(SWEEP_ARGS)
 
 paper-table3-mnist: setup ## Table 3 on MNIST, headline reading, 5 seeds (hours; resumable)
@@ -187,7 +195,7 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 	$(ANSIBLE_RUN) ansible-lint --profile production --offline
 	$(ANSIBLE_RUN) for p in $(ANSIBLE_PLAYBOOKS); do ansible-playbook -i example.hosts.ini --syntax-check $$p.yml || exit 1; done
 
-test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; minutes)
+test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; ~4 min)
 	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
 
 test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 17-23 min cold)

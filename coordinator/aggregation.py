@@ -10,20 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import torch
 
+from coordinator.choices import Scheme  # defined there so that parsers need no torch
 from flexfl.errors import AggregationError
-
-
-class Scheme(StrEnum):
-    """A: complete devices only. B: incomplete work at weight p_k. C: incomplete work at (E/s_k) p_k."""
-
-    A = "A"
-    B = "B"
-    C = "C"
 
 
 @dataclass(frozen=True)

@@ -6,25 +6,39 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from flexfl.config import flag_dest
+from coordinator.choices import DeparturePolicy, Scheme
+from edge_agent.units import Unit
+from flexfl.config import enum_choices, flag_dest
+from trace_recorder.sampler import Sampling, SRule
+from workloads.defaults import DEFAULTS
 
 log = logging.getLogger(__name__)
 
 
-def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("rules",)) -> None:
-    """The flags that override a config's [rules] table (coordinator.round.RulesConfig)."""
+def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("rules",), scheme: bool = True,
+                    eta0_defaults: Mapping[str, float] | None = None) -> None:
+    """The flags that override a config's [rules] table (coordinator.round.RulesConfig).
+
+    scheme=False leaves out --scheme (for commands that run several schemes); `eta0_defaults`
+    is the command's eta_0 per dataset for the help, when it is not the paper's (DEFAULTS)."""
 
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
+    eta0 = {str(ds): d.eta0 for ds, d in DEFAULTS.items()} | dict(eta0_defaults or {})
     g = p.add_argument_group("rules ([rules] table)")
-    g.add_argument("--scheme", dest=dest("scheme"), choices=["A", "B", "C"], help="aggregation scheme (default C)")
+    if scheme:
+        g.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
+                       help="aggregation scheme (default C)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
-    g.add_argument("--eta0", dest=dest("eta0"), type=float, help="initial learning rate (default: the paper's per dataset)")
+    per_dataset = ", ".join(f"{dataset} {value:g}" for dataset, value in eta0.items())
+    g.add_argument("--eta0", dest=dest("eta0"), type=float,
+                   help=f"initial learning rate eta_0 (default: {per_dataset})")
     g.add_argument("--batch-size", dest=dest("batch_size"), type=int, help="minibatch size (default: the paper's)")
-    g.add_argument("--unit", dest=dest("unit"), choices=["step", "epoch"],
+    g.add_argument("--unit", dest=dest("unit"), choices=enum_choices(Unit),
                    help="one local update = one SGD step (default) or one pass over the device's data")
     fr = g.add_mutually_exclusive_group()
     fr.add_argument("--fast-reboot", dest=dest("fast_reboot"), action="store_true", default=None,
@@ -32,21 +46,26 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     fr.add_argument("--no-fast-reboot", dest=dest("fast_reboot"), action="store_false", help="no boost on arrival")
     g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float, help="fast-reboot boost at arrival (default 3)")
     g.add_argument("--departure-policy", dest=dest("departure_policy"),
-                   choices=["include", "exclude", "auto", "threshold"],
+                   choices=enum_choices(DeparturePolicy),
                    help="what a departure does to the objective (default exclude); auto and threshold decide "
                         "include or exclude per departure")
     g.add_argument("--auto-c", dest=dest("auto_c"), type=float,
                    help="auto: exclude when T - tau_0 >= c sqrt(Gamma_l tau_0) (default: chosen on Table 5)")
     g.add_argument("--threshold-k", dest=dest("threshold_k"), type=float,
                    help="threshold: exclude when T - tau_0 >= k rounds (default: chosen on Table 5)")
-    g.add_argument("--sampling", dest=dest("trace_sampling"), choices=["iid", "replay"],
+    g.add_argument("--sampling", dest=dest("trace_sampling"), choices=enum_choices(Sampling),
                    help="s per round: drawn i.i.d. from the device's trace (default) or in order")
-    g.add_argument("--s-rule", dest=dest("s_rule"), choices=["round", "floor"], help="trace fraction -> s (default round)")
+    g.add_argument("--s-rule", dest=dest("s_rule"), choices=enum_choices(SRule),
+                   help="trace fraction -> s (default round)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("coordinator", help="run the federated-learning coordinator (gRPC server)")
-    p.add_argument("--config", type=Path, help="TOML config (see coordinator/example.toml)")
+    p = sub.add_parser("coordinator", help="run the federated-learning coordinator (gRPC server)",
+                       description="Run the coordinator: a gRPC server that devices (`flexfl agent`) join; it runs "
+                                   "the rounds with a deadline, aggregates what arrives under the [rules], and writes "
+                                   "metrics and a checkpoint per round to the output folder. Settings: the --config "
+                                   "file (coordinator/example.toml), then these flags.")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML config (see coordinator/example.toml)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
     p.add_argument("--resume-if-present", action="store_true",
                    help="continue from the output folder's checkpoint when it has one, else start (for a service "
@@ -54,15 +73,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="start over in an output folder that holds an earlier run: it is moved to "
                         "<folder>.previous-<time> first (without --resume or --fresh such a folder is refused)")
-    p.add_argument("--listen", dest=flag_dest("server", "listen"), help="host:port to bind (overrides server.listen)")
+    p.add_argument("--listen", dest=flag_dest("server", "listen"), metavar="HOST:PORT",
+                   help="address to bind (overrides server.listen)")
     p.add_argument("--rounds", dest=flag_dest("run", "rounds"), type=int, help="overrides run.rounds")
     p.add_argument("--deadline-s", dest=flag_dest("run", "deadline_s"), type=float, help="overrides run.deadline_s")
-    p.add_argument("--out", dest=flag_dest("output", "dir"), help="overrides output.dir")
+    p.add_argument("--out", dest=flag_dest("output", "dir"), metavar="DIR", help="overrides output.dir")
     add_rules_flags(p)
     p.set_defaults(func=cmd_coordinator)
 
-    t = sub.add_parser("token", help="write a new random fleet token (the shared secret every device presents)")
-    t.add_argument("--out", type=Path, required=True, help="file to write (mode 0600); refused if it exists")
+    t = sub.add_parser("token", help="write a new random fleet token (the shared secret every device presents)",
+                       description="Write a new random fleet token to a file. The coordinator "
+                                   "(server.fleet_token_file) and every agent (--token-file) read the same file; "
+                                   "the coordinator refuses devices that present another.")
+    t.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="file to write (mode 0600); refused if it exists")
     t.add_argument("--force", action="store_true", help="overwrite an existing file")
     t.set_defaults(func=cmd_token)
 

@@ -11,28 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
+from coordinator.choices import DeparturePolicy  # defined there so that parsers need no torch
 from coordinator.gamma import GammaEstimates
 from flexfl.errors import ConfigError
-
-
-class DeparturePolicy(StrEnum):
-    """include: keep a departed device's p^k (it contributes nothing); exclude: drop and renormalise;
-    auto: decide per departure by Corollary 4.3 (AutoDeparture); threshold: by the time left
-    alone (ThresholdDeparture)."""
-
-    INCLUDE = "include"
-    EXCLUDE = "exclude"
-    AUTO = "auto"
-    THRESHOLD = "threshold"
-
-    @property
-    def decided_at_departure(self) -> bool:
-        """auto and threshold are rules, resolved to include or exclude when the departure takes effect."""
-        return self in (DeparturePolicy.AUTO, DeparturePolicy.THRESHOLD)
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,26 @@ import logging
 import signal
 from pathlib import Path
 
-from edge_agent.config import load_agent_config
+from edge_agent.config import AgentConfig, load_agent_config
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="run an edge agent (joins a coordinator and trains)")
-    p.add_argument("--config", type=Path, help="TOML config (see edge_agent/example.toml)")
-    p.add_argument("--coordinator", help="HOST:PORT of the coordinator")
-    p.add_argument("--device-id", dest="device_id")
-    p.add_argument("--token-file", dest="fleet_token_file")
-    p.add_argument("--shard-index", dest="shard_index", type=int)
+    p = sub.add_parser("agent", help="run an edge agent (joins a coordinator and trains)",
+                       description="Run an edge agent: it dials the coordinator (it needs no open port), joins with "
+                                   "the fleet token, and each round trains on its shard of the coordinator's data "
+                                   "split until the deadline's budget runs out, then uploads what it has. Settings: "
+                                   "the --config file (edge_agent/example.toml), then these flags.")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML config (see edge_agent/example.toml)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help=f"the coordinator's address (default {AgentConfig.coordinator})")
+    p.add_argument("--device-id", dest="device_id", metavar="ID",
+                   help=f"this device's name (default {AgentConfig.device_id})")
+    p.add_argument("--token-file", dest="fleet_token_file", metavar="FILE",
+                   help="the fleet token (`flexfl token --out FILE` makes one)")
+    p.add_argument("--shard-index", dest="shard_index", type=int, metavar="K",
+                   help=f"train on shard K of the coordinator's data split (default {AgentConfig.shard_index})")
     p.add_argument("--give-up-after", dest="give_up_after_s", type=float, metavar="SECONDS",
                    help="exit with an error (code 2) after SECONDS of failing to reach the coordinator "
                         "(default: keep retrying; config key give_up_after_s)")

@@ -14,6 +14,22 @@ from flexfl.errors import FlexFLError
 log = logging.getLogger(__name__)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """A value's placeholder named after its flag (--deadline-s DEADLINE_S), not after where argparse stores
+    it: flags that override a config field store it under an internal name (flexfl.config.flag_dest)."""
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        return action.option_strings[-1].lstrip("-").upper().replace("-", "_")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser with _HelpFormatter; add_subparsers makes every subcommand's parser of this class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Subcommand modules are imported here, not at module import, so `flexfl --help`
     # stays cheap and an edge device never imports the simulator.
@@ -27,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trace_recorder import cli as traces_cli
     from workloads import cli as data_cli
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flexfl",
         description="Federated learning testbed for devices that finish part of their work, "
         "go silent, leave or join late.",

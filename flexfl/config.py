@@ -17,6 +17,7 @@ key for a misspelt one: `c.toml: [run].roundz: unknown key; did you mean 'rounds
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import enum
@@ -24,7 +25,7 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ T = TypeVar("T")
 
 PATH = {"path": True}
 NOT_IN_FILE = {"in_file": False}
+FLAGS_WHERE = "command line"  # what an error names when the value came from an override (a flag)
 
 
 def path_field(default: str = "") -> Any:
@@ -64,7 +66,8 @@ def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[st
     """Dataclass defaults < `defaults` (a command's own) < the TOML file at `path` < `overrides`.
 
     `defaults` and `overrides` are {key: value or {table: ...}}; None values mean "not
-    given" and are skipped (argparse's defaults).
+    given" and are skipped (argparse's defaults). An error names the file, or the command
+    line when the config is valid without the overrides.
     """
     raw: dict[str, Any] = {}
     if defaults:
@@ -75,9 +78,25 @@ def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[st
         where = str(path)
         _resolve_paths(cls, from_file, Path(path).resolve().parent)
         _merge(raw, from_file)
-    if overrides:
-        _merge(raw, overrides)
-    return from_dict(cls, raw, where=where)
+    if not overrides:
+        return from_dict(cls, raw, where=where)
+    with_flags = copy.deepcopy(raw)
+    _merge(with_flags, overrides)
+    try:
+        return from_dict(cls, with_flags, where=where)
+    except ConfigError:
+        if not _valid(cls, raw):
+            raise  # the file (or the command's defaults) is wrong by itself: the file keeps the blame
+    # Valid without the overrides: a flag is wrong (`--coordinator localhost` was blamed on the file).
+    return from_dict(cls, with_flags, where=FLAGS_WHERE)
+
+
+def _valid(cls: type, raw: Mapping[str, Any]) -> bool:
+    try:
+        from_dict(cls, raw)
+    except ConfigError:
+        return False
+    return True
 
 
 def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", table: str = "") -> T:
@@ -269,6 +288,12 @@ FLAG_PREFIX = "cfg."
 def flag_dest(*path: str) -> str:
     """argparse `dest` of a flag that overrides config field `path` ("run", "rounds")."""
     return FLAG_PREFIX + ".".join(path)
+
+
+def enum_choices(members: Iterable[enum.Enum]) -> list[str]:
+    """argparse `choices` from their owner, an enum or a tuple of its members: the values as plain strings
+    (an error then lists 'A', 'B', not <Scheme.A: 'A'>)."""
+    return [str(member.value) for member in members]
 
 
 def overrides_from_args(args: Any) -> dict[str, Any]:

@@ -75,3 +75,7 @@ class DivergenceError(FlexFLError):
 
 class SweepError(FlexFLError):
     """Some runs of a sweep failed; the others' results are saved and a rerun resumes."""
+
+
+class ClusterError(FlexFLError):
+    """A Ray cluster cannot be reached at the address given, or refuses this driver (token authentication)."""

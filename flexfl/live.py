@@ -35,24 +35,13 @@ from flexfl.config import load_config, path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
+from flexfl.live_defaults import LIVE_DEFAULTS
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
-from workloads.partition_spec import Dataset, PartitionSpec, Sizes
+from trace_recorder import PAPER_TRACE_SET
+from workloads.partition_spec import PartitionSpec, Sizes
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# `flexfl live`'s own defaults for a dataset, below the config file and the flags (an explicit
-# --eta0, --non-iid or [partition] iid wins). MNIST: the paper's eta_0 = 2e-3 with
-# eta_0 / tau and E = 20 *SGD steps* leaves the MLP at chance (11.6 % after 200 simulated
-# rounds, results/README.md; a live run ended at 15-17 %). The paper's E is more likely local
-# epochs: E ~ 20 epochs at 2e-3 trains the MLP (a centralised proxy reaches 87.5 %), and
-# eta_0 = 0.1 x 20 steps spends nearly the same optimisation budget (sum of lr x steps 11.8
-# vs 14.1) at the step counts a live round affords; `make sim-mnist` uses 0.1 too. IID,
-# because with one label per device (the paper's non-IID MNIST) 5 devices hold 4-5 labels
-# and no eta_0 trains in 30 rounds: simulated with this run's schedule, eta_0 = 0.002 / 0.03
-# / 0.1 / 0.3 end at 16 / 29 / 32 / 32 % non-IID, and 13 / 74 / 88 / 89 % IID.
-LIVE_DEFAULTS: dict[Dataset, dict] = {Dataset.MNIST: {"partition": {"iid": True}, "rules": {"eta0": 0.1}}}
 # How long a scripted round is held for the late agent's start-up (process, imports, shard)
 # or dev-0's announcement; past it the run fails naming the device.
 EXPECTED_WAIT_S = 90.0
@@ -86,7 +75,7 @@ class LiveConfig:
     # both, see the module docstring). None: a third / two thirds of the rounds; 0: no such event.
     arrive_round: int | None = None
     depart_round: int | None = None
-    trace_set: str = path_field(str(REPO_ROOT / "traces" / "paper"))  # "" = agents follow no trace
+    trace_set: str = path_field(str(PAPER_TRACE_SET))  # "" = agents follow no trace
     num_traces: int = 5
     update_s: float = 0.05  # each local update takes at least this long (edge-device speed); 0: this machine's
     seed: int = 0

@@ -9,16 +9,24 @@ from flexfl.config import flag_dest
 
 def register(sub: argparse._SubParsersAction) -> None:
     from coordinator.cli import add_rules_flags
+    from flexfl.live_defaults import LIVE_DEFAULTS
     from workloads.cli import add_partition_flags
 
+    def toml(value: object) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    own = "; ".join(f"{dataset}: " + ", ".join(f"{table}.{key} = {toml(value)}" for table, values in tables.items()
+                                               for key, value in values.items())
+                    for dataset, tables in LIVE_DEFAULTS.items())
     p = sub.add_parser("live", help="a live run on this machine: coordinator + N agent processes, "
                                     "one late arrival and one departure",
-                       description="A live run on this machine. MNIST runs default to IID data and eta0 = 0.1 "
-                                   "(the paper's 2e-3 does not train in a live run's rounds; the reason is at "
-                                   "LIVE_DEFAULTS in flexfl/live.py); --non-iid / --eta0 override them.")
+                       description=f"A live run on this machine. Its own defaults, below --config and the flags: "
+                                   f"{own} (the paper's MNIST settings do not train in a live run's rounds; the "
+                                   "reason is at LIVE_DEFAULTS in flexfl/live_defaults.py).")
     p.add_argument("--config", type=Path, help="TOML file with LiveConfig fields (flags override it)")
     add_partition_flags(p)
-    add_rules_flags(p)
+    live_eta0 = {str(ds): t["rules"]["eta0"] for ds, t in LIVE_DEFAULTS.items() if "eta0" in t.get("rules", {})}
+    add_rules_flags(p, eta0_defaults=live_eta0)
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 30)")
     p.add_argument("--deadline-s", dest=flag_dest("deadline_s"), type=float, help="per-round deadline (default 2)")
     p.add_argument("--arrive-round", dest=flag_dest("arrive_round"), type=int, metavar="R",
@@ -54,11 +62,10 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
 
 
-def cmd_live(args: argparse.Namespace) -> int:
-    from flexfl.config import overrides_from_args
-    from flexfl.live import LiveRun, load_live_config
+def banner(cfg) -> str:
+    """The run's first line: where, what data, which rules, and the scripted events (the README quotes it)."""
+    from flexfl.text import count
 
-    cfg = load_live_config(args.config, overrides=overrides_from_args(args))
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
     r = cfg.rules
     events = []
@@ -67,9 +74,17 @@ def cmd_live(args: argparse.Namespace) -> int:
                       f"{' with fast-reboot' if r.fast_reboot else ' (fast-reboot off)'}")
     if cfg.departure:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
-    print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
-          f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
-          f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
+    return (f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
+            f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
+            f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}")
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from flexfl.config import overrides_from_args
+    from flexfl.live import LiveRun, load_live_config
+
+    cfg = load_live_config(args.config, overrides=overrides_from_args(args))
+    print(banner(cfg), flush=True)
     s = LiveRun(cfg, fresh=args.fresh).run()
     happened = []
     if s["arrival_round"] is not None:

@@ -60,9 +60,9 @@ def bind_problem(listen: str) -> str | None:
     return None
 
 
-def reach_problem(address: str, *, timeout_s: float = 3.0) -> str:
-    """Why `address` may not answer: DNS failure, connection refused, no answer, or reachable (TCP works)."""
-    host, port = split_host_port(address, what="coordinator")
+def tcp_problem(address: str, *, what: str, timeout_s: float = 3.0) -> str | None:
+    """Why a TCP connection to `address` fails: DNS failure, connection refused, no answer (None: it connects)."""
+    host, port = split_host_port(address, what=what)
     found = _resolve(host, port, passive=False)
     if isinstance(found, str):
         return found
@@ -77,4 +77,11 @@ def reach_problem(address: str, *, timeout_s: float = 3.0) -> str:
             return f"no answer from {host}:{port} within {timeout_s:g} s (host down, or a firewall drops the packets)"
         except OSError as exc:
             return f"cannot connect to {host}:{port}: {exc.strerror}"
-    return f"{host}:{port} accepts TCP connections, but the gRPC call failed (TLS settings, or not a FlexFL coordinator?)"
+    return None
+
+
+def reach_problem(address: str, *, timeout_s: float = 3.0) -> str:
+    """Why the coordinator at `address` may not answer: DNS failure, connection refused, no answer, or a TCP
+    connection that works (then gRPC itself failed)."""
+    return tcp_problem(address, what="coordinator", timeout_s=timeout_s) or (
+        f"{address} accepts TCP connections, but the gRPC call failed (TLS settings, or not a FlexFL coordinator?)")

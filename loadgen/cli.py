@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flexfl.errors import ConfigError
+from loadgen.protocol import COMMANDS
 
 if TYPE_CHECKING:
     from loadgen.keys import ClientAuth
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="daemon endpoint, e.g. tcp://10.0.0.5:5601 (repeat for a fleet)")
     send.add_argument("--timeout-s", type=float, default=5.0, help="wait this long for each reply")
     what = send.add_mutually_exclusive_group(required=True)
-    what.add_argument("--cmd", choices=["ping", "status", "set_cpu", "set_bandwidth", "clear"])
+    what.add_argument("--cmd", choices=COMMANDS)
     what.add_argument("--json", help="the whole request as JSON, sent as it is")
     send.add_argument("--percent", type=float, help="set_cpu: share of the CPUs, 0-100")
     send.add_argument("--rate-kbit", type=int, help="set_bandwidth: rate in kbit/s (1000 bit/s)")

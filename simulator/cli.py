@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from flexfl.config import flag_dest
+from coordinator.choices import DeparturePolicy, Scheme
+from edge_agent.units import Unit
+from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
-from simulator.paper import PAPER_DEVICES, SETTINGS
+from simulator.paper import PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
+from simulator.trainer_kind import TrainerKind
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
 # the `flexfl` parser stays light for the edge agent.
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     run = sim_sub.add_parser("run", help="one simulated run per scheme on the same data and traces")
     _add_config_flags(run)
-    run.add_argument("--schemes", default="A,B,C", help="comma-separated schemes to run (default A,B,C)")
+    run.add_argument("--scheme", dest="schemes", action="append", choices=enum_choices(Scheme),
+                     help="a scheme to run, repeatable (default: A, B and C)")
+    # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
+    run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")
     run.set_defaults(func=cmd_run)
@@ -42,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.set_defaults(func=cmd_schemes)
 
     t3 = sim_sub.add_parser("table3", help="Table 3 under several readings of the paper's setup (sensitivity study)")
-    t3.add_argument("--dataset", choices=["synthetic", "mnist"], default="synthetic")
+    t3.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="synthetic")
     t3.add_argument("--readings", default="all", help="comma-separated readings, or all (see results/table3.md)")
     t3.add_argument("--num-traces-list", default="1-8", help="|T| values (default 1-8)")
     t3.add_argument("--settings", default="iid,niid", help="comma-separated, in the order to run: iid, niid "
@@ -52,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t3.set_defaults(func=cmd_table3)
 
     t4 = sim_sub.add_parser("table4", help="Table 4: rounds to recover after an arrival, fast-reboot vs vanilla")
-    t4.add_argument("--datasets", default="synthetic,mnist", help="comma-separated: synthetic, mnist")
+    t4.add_argument("--datasets", default=",".join(enum_choices(SWEEP_DATASETS)),
+                    help=f"comma-separated: {', '.join(enum_choices(SWEEP_DATASETS))}")
     _add_sweep_flags(t4, seeds="0-4")
     _add_replace_page_flag(t4, "table4_runs.csv")
     t4.set_defaults(func=cmd_table4)
@@ -64,8 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     op = sim_sub.add_parser("operating-point", help="the operating-point protocol: eta_0 for a dataset and E's unit, "
                                                     "chosen on full-participation FedAvg (simulator/operating_point.py)")
-    op.add_argument("--dataset", choices=["synthetic", "mnist"], required=True)
-    op.add_argument("--unit", choices=["step", "epoch"], required=True, help="what one of the E = 20 updates is")
+    op.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), required=True)
+    op.add_argument("--unit", choices=enum_choices(Unit), required=True, help="what one of the E = 20 updates is")
     add_sweep_flags(op)
     op.add_argument("--out", type=Path, default=Path("results"),
                     help="where operating_point.md/.toml/_runs.csv go (default results)")
@@ -76,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
-    fig.add_argument("--dataset", choices=["mnist", "synthetic"], default="mnist",
+    fig.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="mnist",
                      help="non-IID MNIST (the paper's) or SYNTHETIC(1,1) (default mnist)")
     _add_replace_page_flag(fig, "figure_arrivals[_<dataset>]_runs.csv")
     fig.set_defaults(func=cmd_arrivals_figure)
@@ -120,21 +130,21 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", type=Path, help="TOML file with SimConfig tables (flags override it)")
     add_partition_flags(p)
-    add_rules_flags(p)
+    add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int,
                    help="seed of the model, traces and minibatches, and of the data split unless --data-seed (default 0)")
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
                    help="|T|: devices draw from the first |T| traces (default 8)")
-    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=["auto", "cache", "fast", "plain"],
+    p.add_argument("--trainer", dest=flag_dest("trainer"), choices=enum_choices(TrainerKind),
                    help="cache (each device alone in numba kernels, the fastest), fast (all devices together in "
                         "batched torch), plain (edge_agent.trainer per device, the reference), or auto (default: cache)")
     p.add_argument("--arrive", action="append", default=[], metavar="K@R",
                    help="device K is absent until it arrives during round R (trains from R+1); repeatable")
     p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
-                   help="device K trains in round R and leaves at its close, under POLICY include|exclude "
-                        "(default --departure-policy); repeatable")
+                   help=f"device K trains in round R and leaves at its close, under POLICY "
+                        f"{'|'.join(enum_choices(DeparturePolicy))} (default --departure-policy); repeatable")
 
 
 def config_from_args(args: argparse.Namespace, **defaults):
@@ -158,8 +168,8 @@ def _schedule(args: argparse.Namespace) -> dict:
         try:
             return int(device), int(round_), policy or None
         except ValueError:
-            raise ConfigError(f"{flag} {text!r}: expected DEVICE@ROUND{'[:include|exclude]' if flag == '--depart' else ''}, "
-                              "e.g. 3@30") from None
+            policies = f"[:{'|'.join(enum_choices(DeparturePolicy))}]" if flag == "--depart" else ""
+            raise ConfigError(f"{flag} {text!r}: expected DEVICE@ROUND{policies}, e.g. 3@30") from None
 
     out: dict = {}
     if getattr(args, "arrive", None):
@@ -188,6 +198,18 @@ def _parse_ints(text: str, what: str) -> list[int]:
     return out
 
 
+def _schemes(args: argparse.Namespace) -> list[Scheme]:
+    """--scheme X (repeatable), or the old --schemes X,Y; neither: every scheme."""
+    if args.schemes_list is not None:
+        log.warning("--schemes is deprecated: write --scheme %s", " --scheme ".join(args.schemes_list.split(",")))
+        try:
+            return [Scheme(s.strip().upper()) for s in args.schemes_list.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"--schemes {args.schemes_list!r}: expected {', '.join(Scheme)} separated by "
+                              "commas") from None
+    return [Scheme(s) for s in args.schemes] if args.schemes else list(Scheme)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -203,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
     torch.set_num_threads(1)
     cfg = config_from_args(args)
-    schemes = [s.strip().upper() for s in args.schemes.split(",") if s.strip()]
+    schemes = _schemes(args)
     started = time.perf_counter()
     data = load_data(cfg)
     traces = read_trace_set(Path(cfg.traces.set))
@@ -337,7 +359,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     seeds = _parse_ints(args.seeds, "--seeds")
     num_traces = _parse_ints(args.num_traces_list, "--num-traces-list")
     work_dirs = {ds: (args.work_dir if args.work_dir and ds == args.dataset else args.out / "runs" / f"table3_{ds}")
-                 for ds in ("synthetic", "mnist")}
+                 for ds in SWEEP_DATASETS}
     timing = _read_timing(args.out, "table3")
     started = time.perf_counter()
     if not args.report_only:
@@ -425,11 +447,11 @@ def cmd_table4(args: argparse.Namespace) -> int:
 
     regime = _regime(args)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    bad = set(datasets) - {"synthetic", "mnist"}
+    bad = set(datasets) - set(SWEEP_DATASETS)
     if bad:
-        raise ConfigError(f"--datasets: unknown {sorted(bad)}; use synthetic and/or mnist")
+        raise ConfigError(f"--datasets: unknown {sorted(bad)}; use {' and/or '.join(SWEEP_DATASETS)}")
     seeds = _parse_ints(args.seeds, "--seeds")
-    work_dirs = {ds: args.work_dir or args.out / "runs" / f"table4_{ds}" for ds in ("synthetic", "mnist")}
+    work_dirs = {ds: args.work_dir or args.out / "runs" / f"table4_{ds}" for ds in SWEEP_DATASETS}
     started = time.perf_counter()
     timing = _read_timing(args.out, "table4")
     for ds in datasets:

@@ -36,6 +36,8 @@ from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.fast_trainer import FastTrainer
+from simulator.trainer_kind import TrainerKind
+from trace_recorder import PAPER_TRACE_SET
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
@@ -44,20 +46,7 @@ from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE_SET = REPO_ROOT / "traces" / "paper"
-
-
-class TrainerKind(StrEnum):
-    """cache: each device alone, its weights in cache, numba kernels (simulator.cache_trainer);
-    fast: all devices of a round together (simulator.fast_trainer); plain: edge_agent.trainer per
-    device (the reference both must equal); auto: cache. All count updates in either unit: an
-    epoch is ceil(n_k / B) steps of the same batch stream (edge_agent.trainer)."""
-
-    AUTO = "auto"
-    CACHE = "cache"
-    FAST = "fast"
-    PLAIN = "plain"
+DEFAULT_TRACE_SET = PAPER_TRACE_SET
 
 
 class ExtraTest(StrEnum):

@@ -16,10 +16,15 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
-from flexfl.errors import ConfigError
+from flexfl.errors import ClusterError, ConfigError
+from flexfl.net import tcp_problem
 from simulator.sweep import GroupTask, RunOutput, compute_group
 
 log = logging.getLogger(__name__)
@@ -103,9 +108,10 @@ class RayExecutor:
         import ray
 
         started_here = not ray.is_initialized()
-        if started_here:
-            kwargs = {"num_cpus": self.num_cpus} if self.num_cpus and self.address in (None, "local") else {}
-            ray.init(address=self.address, **kwargs)
+        if started_here and self.address in (None, "local"):
+            ray.init(address=self.address, **({"num_cpus": self.num_cpus} if self.num_cpus else {}))
+        elif started_here:
+            self._connect(ray)
         log.info("Ray: %s CPUs in the cluster", ray.cluster_resources().get("CPU", 0))
         remote = ray.remote(num_cpus=1)(compute_group)
         pending = [remote.remote(task) for task in tasks]
@@ -119,6 +125,55 @@ class RayExecutor:
                 ray.cancel(ref)
             if started_here:
                 ray.shutdown()
+
+    def _connect(self, ray) -> None:
+        """ray.init(address), a failure as one ClusterError line.
+
+        A refused or absent head makes Ray retry for ~20 s and print a warning per try from its
+        C++ core (20 lines, then a traceback); they go to a file the error names instead. A host that
+        does not answer at all would take Ray 20 tries of 40 s: a TCP connection is tried first."""
+        gcs = self.address.removeprefix("ray://")
+        if ":" in gcs:  # not "auto"
+            problem = tcp_problem(gcs, what="--ray-address")
+            if problem:
+                raise ClusterError(f"cannot connect to the Ray cluster at {self.address}: {problem}; is `ray start "
+                                   "--head` running there?")
+        with _stderr_to_file() as messages:
+            try:
+                ray.init(address=self.address)
+                failure = None
+            except (ConnectionError, ValueError, ray.exceptions.RayError) as exc:  # ValueError: a malformed address
+                failure = exc
+        if failure is None:
+            sys.stderr.write(messages.read_text())  # Ray's "Connected to ..." lines, as without the detour
+            messages.unlink()
+            return
+        said = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:200]
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            hint = ("this driver presents a token (RAY_AUTH_MODE=token): is `ray start --head` running there, and is "
+                    "RAY_AUTH_TOKEN the head's `ray get-auth-token`?")
+        else:
+            hint = ("is `ray start --head` running there? If the cluster uses token authentication (Ray 2.60's "
+                    "`ray start --head` turns it on once a token exists), set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+                    "to the head's `ray get-auth-token` (README, Sweeps on a cluster)")
+        raise ClusterError(f"cannot connect to the Ray cluster at {self.address} (Ray: {said}); {hint}; "
+                           f"Ray's messages: {messages}")
+
+
+@contextmanager
+def _stderr_to_file() -> Iterator[Path]:
+    """File descriptor 2 (Python's and Ray's C++ logging alike) into a new temporary file, restored on exit."""
+    fd, name = tempfile.mkstemp(prefix="flexfl-ray-connect-", suffix=".log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield Path(name)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 def executor_for(*, jobs: int | None, ray_address: str | None) -> LocalExecutor | RayExecutor:

@@ -16,6 +16,7 @@ from coordinator.aggregation import Scheme
 from coordinator.round import RulesConfig
 from simulator.regime import Regime
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, TracesConfig
+from simulator.paper import SWEEP_DATASETS
 from flexfl.errors import ConfigError
 from simulator.sweep import Group, Run, finished, read_metrics
 from workloads.partition_spec import PartitionSpec, Sizes
@@ -24,16 +25,13 @@ FIRST_ROUNDS = (100, 150, 200)  # the paper's: "after 100 global epochs ... at 5
 ROUNDS = 300
 
 
-DATASETS = ("mnist", "synthetic")
-
-
 def partition(dataset: str, seed: int) -> PartitionSpec:
     if dataset == "mnist":  # one label per device (non-IID is the default split)
         return PartitionSpec(dataset="mnist", n_devices=10, sizes=Sizes.EQUAL, holdout_fraction=0.1, seed=seed)
     if dataset == "synthetic":
         return PartitionSpec(dataset="synthetic", n_devices=10, alpha=1.0, beta=1.0, sizes=Sizes.EQUAL,
                              holdout_fraction=0.1, seed=seed)
-    raise ConfigError(f"multi-arrival figure: dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
+    raise ConfigError(f"multi-arrival figure: dataset must be one of {', '.join(SWEEP_DATASETS)}, got {dataset!r}")
 
 
 def file_stem(dataset: str) -> str:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from workloads.partition_spec import Dataset
+
+# The datasets FlexFL's paper sweeps (Tables 3-5, Figure 6, the operating point) run on; the paper's
+# EMNIST rows need a local copy of EMNIST (no download), so no sweep offers them.
+SWEEP_DATASETS: tuple[Dataset, ...] = (Dataset.SYNTHETIC, Dataset.MNIST)
+
 # Table 3 ("tab:exp_schemes"): % improvement of test accuracy, (B over A, C over B), |T| = 1..8.
 PAPER_TABLE3: dict[tuple[str, str], list[tuple[float, float]]] = {
     ("mnist", "iid"): [(-0.6, 0.3), (1.9, 0.1), (5.6, 0.1), (8.3, 0.7), (10.4, 2.6), (14.0, 2.2), (5.8, 1.9), (11.8, 2.4)],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.units import Unit
+from flexfl.config import enum_choices
 from flexfl.errors import ConfigError
 from workloads.partition_spec import Dataset
 
@@ -116,7 +117,7 @@ def protocol_eta0(dataset: Dataset | str, unit: Unit | str, *, table: Path = OPE
 
 
 def add_regime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--unit", default="step",
+    p.add_argument("--unit", default="step", choices=enum_choices(Unit),
                    help="what one of the E = 20 local updates is: an SGD step or an epoch over the device's data "
                         "(ceil(n_k / B) steps) (default step)")
     p.add_argument("--eta0", default="default",

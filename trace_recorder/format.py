@@ -295,6 +295,11 @@ def read_trace_set(path: Path) -> TraceSet:
     """Read and validate a trace-set folder (manifest plus every listed trace)."""
     path = Path(path)
     manifest_path = path / MANIFEST_NAME
+    if path.is_file():
+        # Not "<file>/manifest.json: ...": a path that cannot exist sends one looking for the wrong thing.
+        hint = (f"validate the folder that holds it and its manifest.json: {path.parent}"
+                if (path.parent / MANIFEST_NAME).is_file() else "a set is a folder with manifest.json and the trace CSVs")
+        raise format_error(path, 1, "manifest", f"a trace file, not a trace-set folder; {hint}")
     if not path.is_dir():
         raise format_error(manifest_path, 1, "manifest", f"no trace-set folder at {path}")
     if not manifest_path.is_file():

@@ -14,13 +14,14 @@ log = logging.getLogger(__name__)
 
 def add_partition_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("partition",)) -> None:
     """The flags that override a config's [partition] table (workloads.partition_spec.PartitionSpec)."""
-    from flexfl.config import flag_dest
+    from flexfl.config import enum_choices, flag_dest
+    from workloads.partition_spec import Dataset, Sizes
 
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
     g = p.add_argument_group("data partition ([partition] table)")
-    g.add_argument("--dataset", dest=dest("dataset"), choices=("mnist", "emnist", "synthetic"))
+    g.add_argument("--dataset", dest=dest("dataset"), choices=enum_choices(Dataset))
     iid = g.add_mutually_exclusive_group()
     iid.add_argument("--iid", dest=dest("iid"), action="store_true", default=None, help="IID data")
     iid.add_argument("--non-iid", dest=dest("iid"), action="store_false",
@@ -29,8 +30,9 @@ def add_partition_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = 
     g.add_argument("--beta", dest=dest("beta"), type=float, help="SYNTHETIC beta (non-IID default 1)")
     g.add_argument("--devices", dest=dest("n_devices"), type=int, metavar="N", help="number of devices (shards)")
     g.add_argument("--total-samples", dest=dest("total_samples"), type=int, help="samples spread over devices")
-    g.add_argument("--sizes", dest=dest("sizes"), choices=("pareto", "equal"),
-                   help="samples per device: Type-I Pareto(0.5) or equal")
+    g.add_argument("--sizes", dest=dest("sizes"), choices=enum_choices(Sizes),
+                   help="samples per device: a reading of the paper's Type-I Pareto(0.5), or equal "
+                        "(workloads.partition_spec.Sizes says what each is)")
     g.add_argument("--data-seed", dest=dest("seed"), type=int, help="seed of the split")
     g.add_argument("--emnist-root", dest=dest("emnist_root"), metavar="DIR",
                    help="folder holding EMNIST in torchvision layout (default ~/.cache/flexfl/emnist)")

@@ -20,6 +20,7 @@ from torch import nn
 
 from flexfl.errors import ConfigError, DataError
 from workloads.datasets import ArrayDataset, RawImages, default_emnist_root, load_emnist_raw, load_mnist_raw
+from workloads.defaults import DEFAULTS  # the paper's per-dataset settings, light for the parsers
 from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
                                  proportional_sizes, truncated_pareto_draws)
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
@@ -27,26 +28,6 @@ from workloads.models import build_model
 from workloads.synthetic import make_synthetic
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkloadDefaults:
-    """The paper's model and hyper-parameters for one dataset."""
-
-    model: str
-    eta0: float
-    batch_size: int
-    num_classes: int
-    in_features: int
-
-
-# Section 5.1 of the paper: eta_0 and batch sizes; models from FedAvg / FedProx.
-DEFAULTS: dict[str, WorkloadDefaults] = {
-    "mnist": WorkloadDefaults(model="mlp", eta0=2e-3, batch_size=10, num_classes=10, in_features=784),
-    "emnist": WorkloadDefaults(model="cnn", eta0=5e-4, batch_size=10, num_classes=47, in_features=784),
-    "synthetic": WorkloadDefaults(model="logreg", eta0=1.0, batch_size=20, num_classes=10, in_features=60),
-}
-
 
 
 def initial_model(dataset: Dataset | str, *, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:

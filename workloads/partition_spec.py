@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from flexfl.config import coerce_enums, from_dict, to_dict
 from flexfl.errors import ConfigError
+from flexfl.text import count
 
 
 class Dataset(StrEnum):
@@ -154,5 +155,5 @@ class PartitionSpec:
         if self.dataset is Dataset.SYNTHETIC:
             name += f"({self.synthetic_alpha:g},{self.synthetic_beta:g})"
         total = f", {self.total_samples} samples" if self.total_samples is not None else ""
-        return (f"{name} {'IID' if self.iid else 'non-IID'}, {self.n_devices} devices{total}, "
+        return (f"{name} {'IID' if self.iid else 'non-IID'}, {count(self.n_devices, 'device')}{total}, "
                 f"{self.sizes} sizes, seed {self.seed}")

@@ -192,3 +192,29 @@ def test_agent_bad_inputs_give_one_line_and_exit_2(workdir: Path) -> None:
             assert "gave up after" in lines[-1] and lines[:-1], (name, lines)
         else:
             assert len(lines) == 1, (name, lines)
+
+
+def test_a_bad_flag_is_blamed_on_the_command_line_not_the_config_file(workdir: Path) -> None:
+    """`--coordinator localhost` was reported as `agent.toml: coordinator: ...` (or `config: ...` without a file)."""
+    (workdir / "agent.toml").write_text('coordinator = "127.0.0.1:50051"\nfleet_token_file = "tok"\n')
+    cases = {"with a valid file": ["--config", "agent.toml", "--coordinator", "localhost"],
+             "without a file": ["--coordinator", "localhost", "--token-file", "tok"]}
+    procs = {name: _flexfl("agent", *args, cwd=workdir) for name, args in cases.items()}
+    for name, proc in procs.items():
+        line = _one_line_error(proc)
+        assert line == ("flexfl: error: command line: coordinator: expected HOST:PORT with a port in 1..65535, "
+                        "got 'localhost'"), (name, line)
+    # A value that is wrong in the file stays the file's, whatever the flags say.
+    (workdir / "bad.toml").write_text('coordinator = "localhost"\n')
+    line = _one_line_error(_flexfl("agent", "--config", "bad.toml", "--device-id", "d1", cwd=workdir))
+    assert line.startswith("flexfl: error: bad.toml: coordinator: expected HOST:PORT"), line
+
+
+def test_traces_validate_of_a_trace_file_says_to_give_its_folder() -> None:
+    """It said `T0.csv/manifest.json:1: ... no trace-set folder at .../T0.csv`: a path that cannot exist."""
+    from trace_recorder import PAPER_TRACE_SET
+
+    line = _one_line_error(_flexfl("traces", "validate", str(PAPER_TRACE_SET / "T0.csv")))
+    assert "T0.csv/manifest.json" not in line, line
+    assert f"{PAPER_TRACE_SET / 'T0.csv'}:1: field 'manifest': a trace file, not a trace-set folder" in line, line
+    assert f"validate the folder that holds it and its manifest.json: {PAPER_TRACE_SET}" in line, line

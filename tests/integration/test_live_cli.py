@@ -63,6 +63,7 @@ def test_live_with_one_device_and_no_events(tmp_path):
     printed, _ = live.communicate(timeout=180)
     assert live.returncode == 0, printed[-3000:]
     assert "no arrival or departure" in printed and "no membership events" in printed
+    assert "flexfl live: 1 agent on loopback, synthetic(1,1) non-IID, 1 device," in printed  # "1 agents", "1 devices"
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
 
 

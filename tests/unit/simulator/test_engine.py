@@ -112,9 +112,10 @@ def test_config_errors_are_clear():
 
 
 def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
+    """--scheme picks the schemes to run (it was the rules' flag, and ignored: A, B and C ran)."""
     out = tmp_path / "out"
     code = main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--rounds", "3", "--E", "4",
-                 "--total-samples", "900", "--schemes", "B,C", "--out", str(out)])
+                 "--total-samples", "900", "--scheme", "B", "--scheme", "C", "--out", str(out)])
     assert code == 0
     rows = list(csv.DictReader(open(out / "rounds.csv")))
     assert len(rows) == 6 and {r["scheme"] for r in rows} == {"B", "C"}
@@ -122,6 +123,14 @@ def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["final_acc"]) == {"B", "C"}
     assert "final test accuracy" in capsys.readouterr().out
+
+
+def test_cli_run_keeps_the_old_schemes_spelling(tmp_path, caplog):
+    out = tmp_path / "out"
+    assert main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--rounds", "2", "--E", "4",
+                 "--total-samples", "900", "--schemes", "a,C", "--out", str(out)]) == 0
+    assert set(json.loads((out / "summary.json").read_text())["final_acc"]) == {"A", "C"}
+    assert "--schemes is deprecated: write --scheme a --scheme C" in caplog.text
 
 
 def test_cli_schemes_writes_table_and_resumes(tmp_path, capsys):

@@ -168,6 +168,13 @@ def test_missing_folder(tmp_path: Path) -> None:
     _expect(tmp_path / "nope", "nope/manifest.json:1:", "field 'manifest'", "no trace-set folder")
 
 
+def test_a_trace_file_given_for_its_set_names_the_folder(trace_dir: Path, tmp_path: Path) -> None:
+    _expect(trace_dir / "A.csv", "A.csv:1:", "field 'manifest'", "a trace file, not a trace-set folder",
+            f"validate the folder that holds it and its manifest.json: {trace_dir}")
+    (tmp_path / "loose.csv").write_text("round,fraction\n0,1\n")
+    _expect(tmp_path / "loose.csv", "a set is a folder with manifest.json and the trace CSVs")
+
+
 def test_missing_manifest(trace_dir: Path) -> None:
     (trace_dir / "manifest.json").unlink()
     _expect(trace_dir, "manifest.json:1:", "field 'manifest'", "file missing")

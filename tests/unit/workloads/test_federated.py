@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
-from workloads.federated import DEFAULTS, FederatedData, WorkloadDefaults, build_federated, load_evaluation
+from workloads.defaults import DEFAULTS, WorkloadDefaults
+from workloads.federated import FederatedData, build_federated, load_evaluation
 from workloads.partition_spec import PartitionSpec
 
 
