@@ -9,7 +9,7 @@ import signal
 import sys
 
 from flexfl import __version__
-from flexfl.errors import FlexFLError
+from flexfl.errors import ERROR_PREFIX, FlexFLError
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except FlexFLError as exc:
-        print(f"flexfl: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         # One line, no traceback; a sweep's says what stopped and how to resume (simulator.sweep.run_sweep).

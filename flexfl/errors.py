@@ -1,6 +1,9 @@
 """The project's exception hierarchy: one base class, narrow subclasses per concern."""
 
 
+# How `flexfl` prints a FlexFLError: one line on stderr (flexfl.cli); the harness finds it in logs.
+ERROR_PREFIX = "flexfl: error: "
+
 class FlexFLError(Exception):
     """Base class of every error FlexFL raises on purpose."""
 

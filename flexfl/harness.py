@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexfl.errors import FlexFLError
+from flexfl.errors import ERROR_PREFIX, FlexFLError
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,7 @@ class Harness:
                 return st
             m = self.procs.get(coordinator)
             if m is not None and m.proc.poll() is not None:
-                raise HarnessError(f"{coordinator} exited with code {m.proc.returncode} while waiting for {what}; "
-                                   f"see {m.log_path}")
+                raise HarnessError(f"{self.exited(coordinator)} while waiting for {what}; see {m.log_path}")
             if time.monotonic() > limit:
                 raise HarnessError(f"timed out after {timeout_s:g} s waiting for {what}; logs in {self.out}")
             time.sleep(0.05)
@@ -190,7 +189,24 @@ class Harness:
         """Raise if process `name` has exited with an error."""
         m = self.procs.get(name)
         if m is not None and m.proc.poll() not in (None, 0):
-            raise HarnessError(f"{name} exited with code {m.proc.returncode}; see {m.log_path}")
+            raise HarnessError(f"{self.exited(name)}; see {m.log_path}")
+
+    def exited(self, name: str) -> str:
+        """'NAME exited with code N', with the process's own error line from its log when it printed one.
+
+        A FlexFL command's bad input is one `flexfl: error: ...` line (e.g. EMNIST not found
+        and where to get it): the user should read it here, not dig it out of a log file.
+        """
+        m = self.procs[name]
+        text = f"{name} exited with code {m.proc.returncode}"
+        try:
+            with open(m.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 8192))
+                tail = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return text
+        errors = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+        return f"{text}: {errors[-1][len(ERROR_PREFIX):].strip()}" if errors else text
 
     def running(self, name: str) -> bool:
         m = self.procs.get(name)

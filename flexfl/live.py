@@ -238,7 +238,7 @@ class LiveRun:
                         st = harness.status()
                         if st is not None and not st.started:
                             # Without it the coordinator would wait for run.min_devices forever.
-                            raise HarnessError(f"{name} exited with code {code} before training started; "
+                            raise HarnessError(f"{harness.exited(name)} before training started; "
                                                f"see {self.out / (name + '.log')}")
                         # The coordinator copes (the device counts as silent); the run goes on.
                         dead[name] = code

@@ -142,3 +142,16 @@ def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
     run = load_coordinator_config(coordinator_toml).run
     assert run.expected_arrivals == {"dev-4": 10} and run.expected_departures == {"dev-0": 20}
     assert run.min_devices == 4
+
+
+def test_live_without_emnist_says_why_on_the_terminal_not_only_in_a_log(tmp_path):
+    """Before: 'coordinator exited with code 2 ...; see coordinator.log', the reason inside the log."""
+    env = {**os.environ, "FLEXFL_CACHE": str(tmp_path / "empty-cache")}
+    live = subprocess.Popen([sys.executable, "-m", "flexfl.cli", "live", "--out", str(tmp_path / "run"),
+                             "--dataset", "emnist", "--devices", "2", "--rounds", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    printed, _ = live.communicate(timeout=120)
+    assert live.returncode == 2, printed[-3000:]
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("flexfl: error: coordinator exited with code 2: EMNIST not found under"), last
+    assert "emnist_root" in last and "Traceback" not in printed
