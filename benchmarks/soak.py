@@ -171,6 +171,9 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
     plan = make_plan(rounds, devices, seed=seed, coordinator_kills=kills, emulate=emulate)
     rng = random.Random(seed + 1)
     me = psutil.Process()
+    # Children that were there before (e.g. multiprocessing's resource tracker when the soak
+    # runs inside a test session that used a process pool) are not the soak's to leak.
+    children_before = {p.pid for p in me.children(recursive=True)}
     fds_before, threads_before = me.num_fds(), me.num_threads()
     fleet = None
     started = time.monotonic()
@@ -333,7 +336,8 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
     # Leaks: processes (harness and fleet closed), the soak's own fds and threads, and the
     # coordinator's fds/threads within each life (no growth from its first to its last rounds).
     time.sleep(0.5)
-    leftovers = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    leftovers = [p for p in me.children(recursive=True)
+                 if p.pid not in children_before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     ours = {str(out / "coordinator.toml"), *(str(out / f"agent-{i}.toml") for i in range(devices))}
     strays = [p.pid for p in psutil.process_iter(["cmdline"]) if ours & set(p.info["cmdline"] or [])]
     if leftovers or strays:

@@ -38,5 +38,5 @@ def test_synthetic_figure_pairs_runs_and_every_page_number_is_in_its_csv(tmp_pat
 
 
 def test_unknown_dataset_is_refused():
-    with pytest.raises(ConfigError, match="dataset must be one of mnist, synthetic"):
+    with pytest.raises(ConfigError, match="dataset must be one of synthetic, mnist"):
         figure_arrivals.groups(seeds=[0], dataset="emnist")
