@@ -19,8 +19,14 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
+    from coordinator.strategies import Scheme, strategy_names
+
     g = p.add_argument_group("rules ([rules] table)")
-    g.add_argument("--scheme", dest=dest("scheme"), choices=["A", "B", "C"], help="aggregation scheme (default C)")
+    agg = g.add_mutually_exclusive_group()
+    agg.add_argument("--strategy", dest=dest("strategy"), choices=strategy_names(),
+                     help="aggregation strategy (default scheme-c)")
+    agg.add_argument("--scheme", dest=dest("scheme"), choices=[s.value for s in Scheme],
+                     help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
     g.add_argument("--eta0", dest=dest("eta0"), type=float, help="initial learning rate (default: the paper's per dataset)")
     g.add_argument("--batch-size", dest=dest("batch_size"), type=int, help="minibatch size (default: the paper's)")

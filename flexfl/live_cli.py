@@ -69,7 +69,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
     print(f"flexfl live: {cfg.devices} agents on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
           f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
-          f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
+          f"{r.aggregation.title}; {'; '.join(events) or 'no arrival or departure'}", flush=True)
     s = LiveRun(cfg, fresh=args.fresh).run()
     happened = []
     if s["arrival_round"] is not None:

@@ -20,9 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("sim", help="simulate federated training over participation traces")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
 
-    run = sim_sub.add_parser("run", help="one simulated run per scheme on the same data and traces")
+    run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run)
-    run.add_argument("--schemes", default="A,B,C", help="comma-separated schemes to run (default A,B,C)")
+    run.add_argument("--schemes", default="A,B,C",
+                     help="comma-separated schemes or strategies to run, e.g. A,scheme-c (default A,B,C); "
+                          "each run's strategy, whatever [rules] says")
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")
     run.set_defaults(func=cmd_run)
@@ -190,20 +192,27 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
+    import torch
 
     from coordinator.metrics import write_run_info
+    from coordinator.strategies import Scheme, get_strategy
     from flexfl.config import to_dict, write_config
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
-    from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
+    from simulator.report import (
+        plot_accuracy_curves,
+        write_csv_atomic,
+        write_jsonl_atomic,
+    )
     from trace_recorder.format import read_trace_set
-
-    import torch
 
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
     torch.set_num_threads(1)
     cfg = config_from_args(args)
-    schemes = [s.strip().upper() for s in args.schemes.split(",") if s.strip()]
+    # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
+    # named as rounds.csv and the report name it (its label). An unknown one fails before any run.
+    schemes = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s).label
+               for s in (item.strip() for item in args.schemes.split(",")) if s]
     started = time.perf_counter()
     data = load_data(cfg)
     traces = read_trace_set(Path(cfg.traces.set))
@@ -218,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, schemes {','.join(schemes)}"
           f"{'; ' + events if events else ''}", flush=True)
     for scheme in schemes:
-        c = replace(cfg, rules=replace(cfg.rules, scheme=scheme))
+        c = replace(cfg, rules=cfg.rules.with_strategy(scheme))
         t0 = time.perf_counter()
 
         def progress(r, scheme=scheme, t0=t0):

@@ -597,6 +597,6 @@ def records_as_rows(result: SimResult) -> list[dict]:
     part = c.partition.identity()
     ident = {
         "dataset": part["dataset"], "iid": int(part["iid"]), "alpha": part.get("alpha"), "beta": part.get("beta"),
-        "num_traces": c.traces.num_traces, "scheme": str(c.rules.scheme), "seed": c.seed,
+        "num_traces": c.traces.num_traces, "scheme": c.rules.aggregation.label, "seed": c.seed,
     }
     return [{**ident, **asdict(r)} for r in result.records]

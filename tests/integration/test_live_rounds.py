@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
-
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from dataclasses import replace
-from pathlib import Path
-
 from coordinator import server
+from coordinator.aggregation import coefficients
 from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
+from coordinator.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
-from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
-                              TracesConfig, run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    FixedParticipation,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    run_simulation,
+)
 from trace_recorder.format import read_trace_set
 from trace_recorder.sampler import assign_traces
 
@@ -96,6 +103,33 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
     assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     assert len(threads) == 12 and all(name.startswith(worker) for name in threads), threads
+
+
+@pytest.mark.parametrize("strategy", [s for s in strategy_names() if s != "scheme-c"])  # C: the test above
+def test_live_model_equals_simulated_model_under_every_strategy(live_config, fleet_factory, strategy):
+    """The coordinator sums each strategy's updates as they arrive, the simulator stacks them: the same model."""
+    schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
+    cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, strategy=strategy)
+    fleet = fleet_factory(cfg)
+    for i in range(4):
+        fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
+    assert fleet.coordinator.wait(timeout=60)
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
+                         participation=FixedParticipation(schedule, E=cfg.rules.required_updates))
+    rows = _metrics(fleet)
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
+    for live_row, sim_row, s in zip(rows, sim.rows, schedule, strict=True):
+        assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
+        p = [live_row["p"][f"dev-{i}"] for i in range(4)]
+        # The strategy's own coefficients, not Scheme C's, reached the live round.
+        expected = coefficients(strategy, s=s, E=cfg.rules.required_updates, p=p).values
+        np.testing.assert_allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], expected, rtol=1e-9)
+        assert not np.allclose(expected, coefficients("C", s=s, E=cfg.rules.required_updates, p=p).values)
+    live = fleet.coordinator.engine.params
+    for name, value in sim.final_params.items():
+        # Agents train per device, the simulator all devices at once: float32 rounding apart.
+        torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
 
 
 @pytest.mark.parametrize("policy", ["exclude", "include"])

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.strategies import Scheme, SchemeStrategy, strategy_names
+from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 
 
@@ -100,15 +102,15 @@ def test_threshold_departures_follow_the_time_left():
         RulesConfig(threshold_k=-1)
 
 
-@pytest.mark.parametrize("scheme", ["A", "B", "C"])
-def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
+@pytest.mark.parametrize("strategy", strategy_names())
+def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy):
     """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds.
 
     Also the same Gamma estimates: both feed the contributors' updates only, so Scheme A's
     incomplete updates, which the live coordinator receives (and which the stacked close is
     given here), count on neither side.
     """
-    batch, live = _federation(scheme=scheme), _federation(scheme=scheme)
+    batch, live = _federation(strategy=strategy), _federation(strategy=strategy)
     g = torch.Generator().manual_seed(0)
     # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
     # complete (Scheme A discards it); in round 5 only the boosted newcomer answers.
@@ -136,9 +138,9 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
         torch.testing.assert_close(live.params["w"], batch.params["w"], rtol=1e-6, atol=1e-6)
         if tau == 2:
             assert w_live.p[2] == pytest.approx(3 * 40 / 80)  # fast-reboot boost entered the sum's weights
-        if tau == 3 and scheme == "A":
+        if tau == 3 and strategy == "scheme-a":
             assert w_live.coefficients.discarded
-    assert fed_incomplete > 0 if scheme == "A" else fed_incomplete == 0
+    assert fed_incomplete > 0 if strategy == "scheme-a" else fed_incomplete == 0
     live_objective, batch_objective = live.objective.to_dict(), batch.objective.to_dict()
     # The Gamma state comes from the same updates, summed in a different order.
     live_gamma, batch_gamma = live_objective.pop("gammas"), batch_objective.pop("gammas")
@@ -161,3 +163,28 @@ def test_a_sum_that_does_not_match_its_weighing_is_refused():
     assert fed.completed_round == 0 and torch.equal(fed.params["w"], torch.zeros(2))
     fed.close(fed.weigh(1, summed.s), summed=summed)
     torch.testing.assert_close(fed.params["w"], torch.full((2,), 0.25 * 4 / 2))
+
+
+def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
+    assert RulesConfig().aggregation.name == "scheme-c"
+    # A scheme strategy is kept as its scheme: one config, written one way, equal to the old spelling.
+    by_name = RulesConfig(strategy="scheme-a")
+    assert by_name == RulesConfig(scheme="A") and by_name.strategy is None
+    assert to_dict(by_name) == to_dict(RulesConfig(scheme="A"))
+    assert "strategy" not in to_dict(RulesConfig(scheme="B"))  # files of scheme runs read as before
+    assert RulesConfig(scheme="B").with_strategy("scheme-a") == RulesConfig(scheme="A")
+    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, "):
+        RulesConfig(strategy="fedfoo")
+    with pytest.raises(ConfigError, match="name two strategies"):
+        RulesConfig(scheme="A", strategy="scheme-b")
+
+
+def test_a_strategy_with_parts_the_round_does_not_run_is_refused():
+    class WithMemory(SchemeStrategy):
+        memory = True
+
+    class Rules(RulesConfig):  # no registered strategy has such parts yet (issue 19: MIFA, FedProx)
+        aggregation = WithMemory(Scheme.C)
+
+    with pytest.raises(ConfigError, match="per-device memory or a local-objective term"):
+        Federation(rules=Rules(), dataset="synthetic", params={"w": torch.zeros(2)})

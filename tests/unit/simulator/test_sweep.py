@@ -13,7 +13,13 @@ from coordinator.round import RulesConfig
 from flexfl.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
-from simulator.engine import SimConfig, TracesConfig, TrainerKind, load_data, run_simulation
+from simulator.engine import (
+    SimConfig,
+    TracesConfig,
+    TrainerKind,
+    load_data,
+    run_simulation,
+)
 from simulator.executors import LocalExecutor, RayExecutor, executor_for
 from simulator.sweep import Group, Run, read_metrics, run_sweep, saved_summary
 from workloads.partition_spec import PartitionSpec
@@ -211,7 +217,13 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
 
 def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_constant_changes():
     from coordinator.objective import DeparturePolicy
-    from simulator.engine import DepartureEvent, ScheduleConfig, _same_configs, _state_key, runs_alike
+    from simulator.engine import (
+        DepartureEvent,
+        ScheduleConfig,
+        _same_configs,
+        _state_key,
+        runs_alike,
+    )
 
     old = SimConfig(rules=RulesConfig(auto_c=23.7137, threshold_k=40.0))  # no departures: neither is used
     new = replace(old, rules=replace(old.rules, auto_c=4.217, threshold_k=80.0))
@@ -229,3 +241,22 @@ def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_consta
     k_new = replace(k_old, rules=replace(k_old.rules, threshold_k=80.0))
     assert not runs_alike(to_dict(k_old), k_new)
     assert runs_alike(to_dict(k_old), replace(k_old, rules=replace(k_old.rules, auto_c=4.217)))
+
+
+def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
+    """A committed run (saved before [rules].strategy existed) reads back byte-equal, so sweeps
+    and checkpoints reuse it; its strategy-spelled twin is the same run."""
+    from flexfl.config import from_dict
+    from simulator.engine import _same_configs, _state_key, runs_alike
+    from simulator.sweep import _plain_config
+
+    repo = Path(__file__).resolve().parents[3]
+    saved = json.loads((repo / "results/epoch-paper/runs/table3_mnist/per-label_niid_T2_seed0_A.json")
+                       .read_text())["config"]
+    cfg = from_dict(SimConfig, saved)
+    assert _plain_config(cfg) == saved  # the fast path: nothing new written for a scheme run
+    assert cfg.rules.aggregation.name == "scheme-a"
+    spelled = replace(cfg, rules=replace(cfg.rules, scheme="C", strategy="scheme-a"))
+    assert spelled == cfg and runs_alike(saved, spelled)
+    assert _same_configs(_state_key([cfg]), [spelled])
+    assert not runs_alike(saved, replace(cfg, rules=cfg.rules.with_strategy("scheme-b")))

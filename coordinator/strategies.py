@@ -1,0 +1,152 @@
+"""Aggregation strategies: the factors each rule gives the round's sum, and the registry `[rules]` picks from.
+
+A round under any strategy updates w <- w + sum_k c_k delta_k, and every strategy here
+factors its coefficients as
+
+    c_k = arrival_weight(s_k, E, p_k) * round_scale(s, E, p)
+
+The first factor is known the moment device k's update arrives, the second only when the
+round closes (it may depend on every device's s and p; s_k = 0 for a device that sent
+nothing). coordinator.aggregation builds both forms of the round from these two factors:
+the coefficients the simulator applies to its stacked updates, and the running sum the
+live coordinator adds each update into; so the two cannot disagree, for any strategy.
+
+Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c".
+A strategy may also need a per-device
+memory (MIFA: each device's latest update) or a term in each device's local objective
+(FedProx: mu/2 ||w - w_G||^2); none here does yet, and the round refuses one that does
+(Strategy.memory, Strategy.local_term) rather than run it without.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+import numpy as np
+
+from flexfl.errors import AggregationError, ConfigError
+
+
+class Scheme(StrEnum):
+    """A: complete devices only. B: incomplete work at weight p_k. C: incomplete work at (E/s_k) p_k."""
+
+    A = "A"
+    B = "B"
+    C = "C"
+
+
+def checked_round(s: Sequence[int] | np.ndarray, E: int,
+                  p: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """s as int64 and p as float64 arrays of one round, or an AggregationError naming the bad index and value."""
+    if not isinstance(E, (int, np.integer)) or E < 1:
+        raise AggregationError(f"E (required local updates) must be an integer >= 1, got {E!r}")
+    s_arr = np.asarray(s)
+    p_arr = np.asarray(p, dtype=np.float64)
+    if s_arr.ndim != 1 or p_arr.ndim != 1 or len(s_arr) != len(p_arr):
+        raise AggregationError(
+            f"s and p must be 1-D and of equal length, got shapes {s_arr.shape} and {p_arr.shape}"
+        )
+    if s_arr.size and not np.issubdtype(s_arr.dtype, np.integer):
+        if not np.all(np.isfinite(s_arr)) or not np.all(s_arr == np.round(s_arr)):
+            raise AggregationError(f"s must hold integers (updates completed), got {s_arr.tolist()}")
+    s_arr = s_arr.astype(np.int64)
+    bad = np.flatnonzero((s_arr < 0) | (s_arr > E))
+    if bad.size:
+        k = int(bad[0])
+        raise AggregationError(f"s[{k}] = {s_arr[k]} is outside 0..E (E = {E})")
+    bad = np.flatnonzero(~np.isfinite(p_arr) | (p_arr < 0))
+    if bad.size:
+        k = int(bad[0])
+        raise AggregationError(f"p[{k}] = {p_arr[k]} must be finite and >= 0")
+    return s_arr, p_arr
+
+
+class Strategy(ABC):
+    """One aggregation rule as the two factors of its coefficients (module docstring).
+
+    Both methods take one round's checked arrays (checked_round): s (int64 [N], 0 for a
+    device that sent nothing) and p (float64 [N], the objective's weights with the
+    fast-reboot boost). A weight of 0 keeps a device's update out of the round.
+    """
+
+    name: ClassVar[str]  # its value of [rules].strategy
+    label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
+    title: ClassVar[str]  # how printed lines and plots name it
+    # Optional parts no strategy here has yet (issue 19: MIFA, FedProx); the round refuses them.
+    memory: ClassVar[bool] = False  # keeps each device's latest update between rounds
+    local_term: ClassVar[str | None] = None  # a term added to every device's local objective
+
+    @abstractmethod
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        """Each device's factor known at its update's arrival, float64 [N]."""
+
+    @abstractmethod
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        """The factor known at the round's close; None: the round is discarded (the model stays)."""
+
+
+# The paper's schemes' arrival weights, p_k times: A [s_k = E], B [s_k > 0], C E/s_k (0 at s_k = 0).
+_SCHEME_WEIGHT = {
+    Scheme.A: lambda s, E, p: p * (s == E),
+    Scheme.B: lambda s, E, p: np.where(s > 0, p, 0.0),
+    Scheme.C: lambda s, E, p: p * np.divide(E, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0),
+}
+
+
+@dataclass(frozen=True)
+class SchemeStrategy(Strategy):
+    """Scheme A, B or C (paper Section 4.1): p_tau^k = N p^k q_k / K_tau (A), p^k (B), (E/s_k) p^k (C).
+
+    A keeps complete devices only (q_k = [s_k = E]) and discards a round with none (K_tau = 0);
+    B and C accept incomplete work, C rescaling it by E/s_k; an inactive device gets 0 in each.
+    """
+
+    scheme: Scheme
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"scheme-{self.scheme.value.lower()}"
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return self.scheme.value
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return f"Scheme {self.scheme.value}"
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[self.scheme](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        if self.scheme is not Scheme.A:
+            return 1.0
+        n_complete = int((s == E).sum())
+        return None if n_complete == 0 else len(s) / n_complete
+
+
+STRATEGIES: dict[str, Strategy] = {
+    **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
+}
+
+
+def strategy_names() -> list[str]:
+    """The registered strategies' names ([rules].strategy values, CLI choices)."""
+    return list(STRATEGIES)
+
+
+def get_strategy(name: str | Scheme | Strategy) -> Strategy:
+    """The strategy registered as `name`; a Scheme or its letter names its scheme's strategy."""
+    if isinstance(name, Strategy):
+        return name
+    if isinstance(name, Scheme) or name in {s.value for s in Scheme}:
+        return STRATEGIES[f"scheme-{Scheme(name).value.lower()}"]
+    try:
+        return STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} "
+                          f"(or a scheme: {', '.join(s.value for s in Scheme)})") from None
