@@ -1,6 +1,6 @@
 """A round's coefficients and the update w <- w + sum_k c_k (w_k - w), stacked or summed as updates arrive.
 
-The coefficients are a strategy's (coordinator.strategies: Schemes A, B, C), pure
+The coefficients are a strategy's (coordinator.strategies: Schemes A, B, C, FedNova), pure
 functions of the round's participation: s_k (local updates device k completed, 0..E), E
 (updates required) and p_k (the device's base weight in the objective, after any
 fast-reboot boost). Applying them to model deltas is a separate step, in two forms built
@@ -41,7 +41,7 @@ class Coefficients:
         return np.flatnonzero(self.values > 0)
 
 
-StrategyLike = Strategy | Scheme | str  # a Strategy, or a name get_strategy knows ("scheme-c", "C")
+StrategyLike = Strategy | Scheme | str  # a Strategy, or a name get_strategy knows ("fednova", "scheme-c", "C")
 
 
 def coefficients(strategy: StrategyLike, *, s: Sequence[int] | np.ndarray, E: int,
@@ -114,10 +114,10 @@ class RunningAggregate:
     """sum_k c_k delta_k accumulated one update at a time, finished by apply() at the round's close.
 
     `p` is the base weight of every device of the round (its keys are the round's devices).
-    Each update enters at its strategy's arrival weight (Scheme C: (E/s_k) p_k); apply()
-    scales the sum by the strategy's round scale, computed from the s of the updates that
-    arrived (0 for the others) and p (Scheme A: N / K_tau, or the round is discarded), and
-    adds it to the global model. Equal
+    Each update enters at its strategy's arrival weight (Scheme C: (E/s_k) p_k; FedNova:
+    p_k / s_k); apply() scales the sum by the strategy's round scale, computed from the s of
+    the updates that arrived (0 for the others) and p (Scheme A: N / K_tau, or the round is
+    discarded; FedNova: tau_eff / sum p over s > 0), and adds it to the global model. Equal
     to apply_update with the strategy's coefficients up to float32 rounding. Holds one
     model-sized sum, never the deltas.
     """

@@ -7,7 +7,7 @@ Round tau under the rules (paper Sections 4.1-4.3):
     ...     each participant k trains s_k local updates from w and returns delta_k
             (live: over gRPC until its deadline; simulated: s from the trace sampler)
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
-            c_k   = strategy(s, E, p): Scheme A/B/C, ...           (coordinator.strategies)
+            c_k   = strategy(s, E, p): Scheme A/B/C, FedNova, ...  (coordinator.strategies)
             w    <- w + sum_k c_k delta_k
             the contributors' (c_k > 0) updates feed the Gamma estimate (coordinator.gamma)
             then the membership events that took effect during tau change the objective:
@@ -120,6 +120,9 @@ class RulesConfig:
                                   f"'scheme-{self.scheme.value.lower()}')")
         if self.required_updates < 1:
             raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
+        if self.aggregation.needs_steps and self.unit is not Unit.STEP:
+            raise ConfigError(f"rules.strategy = {self.aggregation.name!r} normalises by local SGD steps: it needs "
+                              f"rules.unit = 'step', got {self.unit.value!r} (an epoch's steps differ per device)")
         if self.eta0 is not None and not self.eta0 > 0:
             raise ConfigError(f"rules.eta0 must be > 0 (or left out for the paper's value), got {self.eta0}")
         if self.batch_size is not None and self.batch_size < 1:

@@ -11,8 +11,8 @@ nothing). coordinator.aggregation builds both forms of the round from these two 
 the coefficients the simulator applies to its stacked updates, and the running sum the
 live coordinator adds each update into; so the two cannot disagree, for any strategy.
 
-Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c".
-A strategy may also need a per-device
+Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c";
+FedNova (Wang et al., NeurIPS 2020) is "fednova". A strategy may also need a per-device
 memory (MIFA: each device's latest update) or a term in each device's local objective
 (FedProx: mu/2 ||w - w_G||^2); none here does yet, and the round refuses one that does
 (Strategy.memory, Strategy.local_term) rather than run it without.
@@ -79,6 +79,9 @@ class Strategy(ABC):
     # Optional parts no strategy here has yet (issue 19: MIFA, FedProx); the round refuses them.
     memory: ClassVar[bool] = False  # keeps each device's latest update between rounds
     local_term: ClassVar[str | None] = None  # a term added to every device's local objective
+    # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
+    # steps, a count the round does not have).
+    needs_steps: ClassVar[bool] = False
 
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
@@ -129,8 +132,55 @@ class SchemeStrategy(Strategy):
         return None if n_complete == 0 else len(s) / n_complete
 
 
+@dataclass(frozen=True)
+class FedNova(Strategy):
+    """FedNova with plain local SGD: w <- w + tau_eff sum_k q_k delta_k / s_k, tau_eff = sum_k q_k s_k.
+
+    Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+    Optimization", NeurIPS 2020. Their general update is w <- w - tau_eff sum_i w_i eta d_i
+    with weights w_i summing to 1; FedNova takes w_i = p_i and tau_eff = sum_i p_i tau_i. With
+    plain SGD (no momentum, no proximal term) the normalising vector a_i is all ones, so
+    -eta d_i = delta_i / tau_i: device k's update averaged over its s_k local steps.
+
+    Which devices, and how p is normalised: the sums run over the round's devices that did
+    work (s_k > 0), with q_k = p_k / sum_{j: s_j > 0} p_j, p the objective's weights (n_k / n,
+    fast-reboot boost included) renormalised to sum to 1 over them, as the paper's w_i must.
+    A device with s_k = 0 sent no update: it has no d_k (delta_k / s_k is 0/0) and counts in
+    neither sum, like a client the round did not select; keeping its p would shrink tau_eff
+    and the direction twice over. So a departed device kept under `include` (p_k > 0, s_k = 0
+    from then on) changes nothing here; include and exclude differ only in the rate restart.
+    A round where nobody did work leaves the model as it is (not discarded: nothing arrived).
+
+    tau_i counts local SGD steps, so s must too: FedNova needs [rules].unit = "step" (with
+    unit = "epoch" a device's s epochs are s ceil(n_k / B) steps, and the normalisation would
+    use the wrong count; the round refuses it, see RulesConfig).
+
+    When every device completes E steps, tau_eff = E and c_k = q_k: FedAvg, as Schemes A, B
+    and C give when p sums to 1. It factors as arrival weight p_k / s_k and round scale
+    (sum_{s_j>0} p_j s_j) / (sum_{s_j>0} p_j)^2 = tau_eff / sum_{s_j>0} p_j, both sums
+    accumulated as updates arrive.
+    """
+
+    name: ClassVar[str] = "fednova"
+    label: ClassVar[str] = "fednova"
+    title: ClassVar[str] = "FedNova"
+    needs_steps: ClassVar[bool] = True
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return p * np.divide(1.0, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        active = s > 0
+        p_active = float(p[active].sum())
+        if p_active == 0.0:
+            return 1.0  # nobody did work (or all weights are 0): the sum is empty, any scale leaves w
+        tau_eff = float(p[active] @ s[active]) / p_active
+        return tau_eff / p_active
+
+
 STRATEGIES: dict[str, Strategy] = {
     **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
+    FedNova.name: FedNova(),
 }
 
 

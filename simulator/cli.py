@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run)
     run.add_argument("--schemes", default="A,B,C",
-                     help="comma-separated schemes or strategies to run, e.g. A,scheme-c (default A,B,C); "
+                     help="comma-separated schemes or strategies to run, e.g. A,C,fednova (default A,B,C); "
                           "each run's strategy, whatever [rules] says")
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")

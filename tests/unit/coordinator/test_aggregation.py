@@ -1,5 +1,5 @@
-"""Schemes A/B/C by hand (paper Figure 3), FedAvg equivalence, edge cases, C's unbiasedness, and the
-running sum equal to the stacked update for every strategy."""
+"""Schemes A/B/C by hand (paper Figure 3), FedNova against its formula, FedAvg equivalence, edge cases,
+C's unbiasedness, and the running sum equal to the stacked update for every strategy."""
 
 import numpy as np
 import pytest
@@ -91,7 +91,7 @@ def test_bad_inputs_rejected_with_reason(s, E, p, fragment):
 
 
 def test_unknown_strategy_rejected_with_the_choices():
-    with pytest.raises(ConfigError, match="unknown strategy 'D'; choose one of scheme-a, scheme-b, scheme-c"):
+    with pytest.raises(ConfigError, match="unknown strategy 'D'; choose one of scheme-a, scheme-b, scheme-c, fednova"):
         coefficients("D", s=[1], E=1, p=[1.0])
 
 
@@ -100,6 +100,51 @@ def test_the_schemes_are_strategies_under_both_names():
         by_letter = coefficients(scheme.value, s=FIG3_S, E=5, p=FIG3_P).values
         np.testing.assert_array_equal(coefficients(f"scheme-{scheme.value.lower()}", s=FIG3_S, E=5, p=FIG3_P).values,
                                       by_letter)
+
+
+def _fednova_oracle(*, s, p, deltas):
+    """FedNova's update by its formula, in float64: tau_eff sum_k q_k delta_k / s_k over s_k > 0,
+    q = p renormalised over those devices, tau_eff = sum_k q_k s_k."""
+    s, p = np.asarray(s, dtype=np.float64), np.asarray(p, dtype=np.float64)
+    active = s > 0
+    q = p[active] / p[active].sum()
+    tau_eff = q @ s[active]
+    return tau_eff * np.einsum("k,k...->...", q / s[active], np.asarray(deltas, dtype=np.float64)[active])
+
+
+def test_fednova_follows_its_formula_on_hand_made_updates():
+    # Five devices, E = 4: one inactive, two incomplete, two complete; p boosted (sums to 1.3).
+    s, p = [2, 0, 4, 1, 4], [0.2, 0.3, 0.1, 0.4, 0.3]
+    deltas = [[1.0, -2.0], [100.0, 100.0], [0.5, 0.5], [-1.0, 3.0], [2.0, 0.0]]
+    # By hand: active p = (0.2, 0.1, 0.4, 0.3), sum 1.0, so q = p; tau_eff = 0.4 + 0.4 + 0.4 + 1.2 = 2.4.
+    # sum q delta/s = 0.1 (1, -2) + 0.025 (0.5, 0.5) + 0.4 (-1, 3) + 0.075 (2, 0) = (-0.1375, 1.0125).
+    expected = 2.4 * np.array([-0.1375, 1.0125])
+    np.testing.assert_allclose(_fednova_oracle(s=s, p=p, deltas=deltas), expected)
+    c = coefficients("fednova", s=s, E=4, p=p)
+    np.testing.assert_allclose(c.values, [2.4 * 0.2 / 2, 0.0, 2.4 * 0.1 / 4, 2.4 * 0.4 / 1, 2.4 * 0.3 / 4])
+    assert not c.discarded
+    w = {"w": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    new = apply_update(global_state=w, deltas={"w": torch.tensor(deltas, dtype=torch.float64)}, coefficients=c)
+    np.testing.assert_allclose(new["w"].numpy(), 1.0 + expected, rtol=1e-12)
+
+
+def test_fednova_renormalises_p_over_the_devices_that_did_work():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n, E = int(rng.integers(1, 10)), int(rng.integers(1, 8))
+        s = rng.integers(0, E + 1, size=n)
+        p = rng.dirichlet(np.ones(n)) * rng.choice([1.0, 3.0], size=n)
+        deltas = rng.normal(size=(n, 3))
+        c = coefficients("fednova", s=s, E=E, p=p)
+        if not np.any(s > 0):
+            assert not c.discarded and np.all(c.values == 0)  # nothing arrived: the model stays
+            continue
+        np.testing.assert_allclose(c.values @ deltas, _fednova_oracle(s=s, p=p, deltas=deltas), rtol=1e-10, atol=1e-12)
+        # Scaling every p (a boost or another normalisation of n) changes nothing: only ratios count.
+        np.testing.assert_allclose(coefficients("fednova", s=s, E=E, p=7 * p).values, c.values, rtol=1e-12)
+    # An inactive device's weight does not shrink the others': adding one with s = 0 leaves the update.
+    base = coefficients("fednova", s=[3, 1], E=3, p=[0.5, 0.5]).values
+    np.testing.assert_allclose(coefficients("fednova", s=[3, 1, 0], E=3, p=[0.25, 0.25, 0.5]).values[:2], base)
 
 
 def test_apply_update_weights_rows_and_checks_shapes():
@@ -191,8 +236,9 @@ def test_running_aggregate_equals_apply_update_in_any_arrival_order(scheme):
 
 def test_running_aggregate_weights_are_the_strategies_coefficients_before_scaling():
     w = {"w": torch.zeros(2)}
-    arrival = {"A": [0.0, 0.0, 0.25, 0.25], "B": [0.25] * 4, "C": [0.25 * 5 / 3, 0.25 * 5 / 4, 0.25, 0.25]}
-    scale = {"A": 2.0, "B": 1.0, "C": 1.0}
+    arrival = {"A": [0.0, 0.0, 0.25, 0.25], "B": [0.25] * 4, "C": [0.25 * 5 / 3, 0.25 * 5 / 4, 0.25, 0.25],
+               "fednova": [0.25 / 3, 0.25 / 4, 0.25 / 5, 0.25 / 5]}
+    scale = {"A": 2.0, "B": 1.0, "C": 1.0, "fednova": 0.25 * 17}  # FedNova: tau_eff / sum p = (17 / 4) / 1
     for scheme, expected in arrival.items():
         running = RunningAggregate(strategy=scheme, E=5, p=dict.fromkeys(range(4), 0.25), like=w)
         weights = [running.add(k, s=s, delta={"w": np.ones(2, dtype=np.float32)}) for k, s in enumerate(FIG3_S)]
@@ -200,7 +246,7 @@ def test_running_aggregate_weights_are_the_strategies_coefficients_before_scalin
         assert running.scale() == pytest.approx(scale[scheme])
         np.testing.assert_allclose(np.array(weights) * running.scale(),
                                    coefficients(scheme, s=FIG3_S, E=5, p=FIG3_P).values)
-    assert set(arrival) == {s.value for s in Scheme} and set(STRATEGIES) == set(ALL)
+    assert set(arrival) - {"fednova"} == {s.value for s in Scheme} and set(STRATEGIES) == set(ALL)
 
 
 def test_running_aggregate_refuses_a_second_update_and_a_wrong_shape():

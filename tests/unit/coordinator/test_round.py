@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coordinator.round import Arrival, Departure, Federation, RulesConfig
-from coordinator.strategies import Scheme, SchemeStrategy, strategy_names
+from coordinator.strategies import FedNova, Scheme, SchemeStrategy, strategy_names
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 
@@ -167,14 +167,21 @@ def test_a_sum_that_does_not_match_its_weighing_is_refused():
 
 def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
     assert RulesConfig().aggregation.name == "scheme-c"
+    assert isinstance(RulesConfig(strategy="fednova").aggregation, FedNova)
     # A scheme strategy is kept as its scheme: one config, written one way, equal to the old spelling.
     by_name = RulesConfig(strategy="scheme-a")
     assert by_name == RulesConfig(scheme="A") and by_name.strategy is None
     assert to_dict(by_name) == to_dict(RulesConfig(scheme="A"))
     assert "strategy" not in to_dict(RulesConfig(scheme="B"))  # files of scheme runs read as before
-    assert RulesConfig(scheme="B").with_strategy("scheme-a") == RulesConfig(scheme="A")
-    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, "):
+    assert RulesConfig(scheme="B").with_strategy("fednova") == RulesConfig(strategy="fednova")
+    assert RulesConfig(strategy="fednova").with_strategy("A") == RulesConfig(scheme="A")
+    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
         RulesConfig(strategy="fedfoo")
+    with pytest.raises(ConfigError, match="name two strategies"):
+        RulesConfig(scheme="A", strategy="fednova")
+    with pytest.raises(ConfigError, match="'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
+        RulesConfig(strategy="fednova", unit="epoch")
+    assert RulesConfig(scheme="C", unit="epoch").unit == "epoch"
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="scheme-b")
 

@@ -114,13 +114,14 @@ def test_config_errors_are_clear():
 def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--rounds", "3", "--E", "4",
-                 "--total-samples", "900", "--schemes", "b,scheme-c", "--out", str(out)])
+                 "--total-samples", "900", "--schemes", "b,scheme-c,fednova", "--out", str(out)])
     assert code == 0
     rows = list(csv.DictReader(open(out / "rounds.csv")))
-    assert len(rows) == 6 and {r["scheme"] for r in rows} == {"B", "C"}
+    assert len(rows) == 9 and {r["scheme"] for r in rows} == {"B", "C", "fednova"}
     assert (out / "accuracy.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["final_acc"]) == {"B", "C"}
+    assert set(summary["final_acc"]) == {"B", "C", "fednova"}
+    assert "strategy = \"fednova\"" in (out / "fednova" / "sim.toml").read_text()
     assert "final test accuracy" in capsys.readouterr().out
     assert main(["sim", "run", "--schemes", "C,fedfoo", "--out", str(tmp_path / "no")]) == 2
     assert "unknown strategy 'fedfoo'" in capsys.readouterr().err and not (tmp_path / "no").exists()

@@ -245,7 +245,7 @@ def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_consta
 
 def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     """A committed run (saved before [rules].strategy existed) reads back byte-equal, so sweeps
-    and checkpoints reuse it; its strategy-spelled twin is the same run."""
+    and checkpoints reuse it; its strategy-spelled twin is the same run; FedNova is another."""
     from flexfl.config import from_dict
     from simulator.engine import _same_configs, _state_key, runs_alike
     from simulator.sweep import _plain_config
@@ -259,4 +259,7 @@ def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     spelled = replace(cfg, rules=replace(cfg.rules, scheme="C", strategy="scheme-a"))
     assert spelled == cfg and runs_alike(saved, spelled)
     assert _same_configs(_state_key([cfg]), [spelled])
-    assert not runs_alike(saved, replace(cfg, rules=cfg.rules.with_strategy("scheme-b")))
+    in_steps = replace(cfg, rules=replace(cfg.rules, unit="step"))  # FedNova counts steps
+    nova = replace(in_steps, rules=in_steps.rules.with_strategy("fednova"))
+    assert not runs_alike(to_dict(in_steps), nova) and not runs_alike(to_dict(nova), in_steps)
+    assert runs_alike(to_dict(nova), nova) and to_dict(nova)["rules"]["strategy"] == "fednova"
