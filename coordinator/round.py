@@ -29,28 +29,11 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from coordinator.aggregation import (
-    Coefficients,
-    RunningAggregate,
-    apply_update,
-    coefficients,
-)
+from coordinator.aggregation import Coefficients, RunningAggregate, apply_update, coefficients
 from coordinator.gamma import UpdateSketch, dissimilarities
-from coordinator.objective import (
-    AutoDeparture,
-    DeparturePolicy,
-    FastReboot,
-    LearningRate,
-    Objective,
-    ThresholdDeparture,
-)
-from coordinator.strategies import (
-    STRATEGIES,
-    Scheme,
-    SchemeStrategy,
-    Strategy,
-    get_strategy,
-)
+from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
+                                   ThresholdDeparture)
+from coordinator.strategies import STRATEGIES, Scheme, SchemeStrategy, Strategy, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError

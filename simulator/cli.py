@@ -192,18 +192,15 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from coordinator.metrics import write_run_info
     from coordinator.strategies import Scheme, get_strategy
     from flexfl.config import to_dict, write_config
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
-    from simulator.report import (
-        plot_accuracy_curves,
-        write_csv_atomic,
-        write_jsonl_atomic,
-    )
+    from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
+
+    import torch
 
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.

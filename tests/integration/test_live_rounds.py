@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+
 import threading
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from dataclasses import replace
+from pathlib import Path
 
 from coordinator import server
 from coordinator.aggregation import coefficients
@@ -16,15 +18,8 @@ from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
 from coordinator.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
-from simulator.engine import (
-    ArrivalEvent,
-    DepartureEvent,
-    FixedParticipation,
-    ScheduleConfig,
-    SimConfig,
-    TracesConfig,
-    run_simulation,
-)
+from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
+                              TracesConfig, run_simulation)
 from trace_recorder.format import read_trace_set
 from trace_recorder.sampler import assign_traces
 

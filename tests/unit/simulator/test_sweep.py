@@ -13,13 +13,7 @@ from coordinator.round import RulesConfig
 from flexfl.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
-from simulator.engine import (
-    SimConfig,
-    TracesConfig,
-    TrainerKind,
-    load_data,
-    run_simulation,
-)
+from simulator.engine import SimConfig, TracesConfig, TrainerKind, load_data, run_simulation
 from simulator.executors import LocalExecutor, RayExecutor, executor_for
 from simulator.sweep import Group, Run, read_metrics, run_sweep, saved_summary
 from workloads.partition_spec import PartitionSpec
@@ -217,13 +211,7 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
 
 def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_constant_changes():
     from coordinator.objective import DeparturePolicy
-    from simulator.engine import (
-        DepartureEvent,
-        ScheduleConfig,
-        _same_configs,
-        _state_key,
-        runs_alike,
-    )
+    from simulator.engine import DepartureEvent, ScheduleConfig, _same_configs, _state_key, runs_alike
 
     old = SimConfig(rules=RulesConfig(auto_c=23.7137, threshold_k=40.0))  # no departures: neither is used
     new = replace(old, rules=replace(old.rules, auto_c=4.217, threshold_k=80.0))
