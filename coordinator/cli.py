@@ -27,6 +27,8 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
                      help="aggregation strategy (default scheme-c)")
     agg.add_argument("--scheme", dest=dest("scheme"), choices=[s.value for s in Scheme],
                      help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
+    g.add_argument("--mu", dest=dest("mu"), type=float,
+                   help="--strategy fedprox: mu of the proximal term mu/2 ||w - w_G||^2 (required there)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
     g.add_argument("--eta0", dest=dest("eta0"), type=float, help="initial learning rate (default: the paper's per dataset)")
     g.add_argument("--batch-size", dest=dest("batch_size"), type=int, help="minibatch size (default: the paper's)")

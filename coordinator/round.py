@@ -33,7 +33,7 @@ from coordinator.aggregation import Coefficients, RunningAggregate, apply_update
 from coordinator.gamma import UpdateSketch, dissimilarities
 from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
                                    ThresholdDeparture)
-from coordinator.strategies import STRATEGIES, Scheme, SchemeStrategy, Strategy, get_strategy
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -71,6 +71,7 @@ class RulesConfig:
 
     scheme: Scheme = Scheme.C
     strategy: str | None = None
+    mu: float | None = None  # strategy = "fedprox": the weight of its proximal term (required there only)
     required_updates: int = 20  # E
     eta0: float | None = None
     batch_size: int | None = None
@@ -103,6 +104,12 @@ class RulesConfig:
                                   f"'scheme-{self.scheme.value.lower()}')")
         if self.required_updates < 1:
             raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
+        if self.strategy == FedProx.name and self.mu is None:
+            raise ConfigError("rules.strategy = 'fedprox' needs rules.mu, the weight of its proximal term "
+                              "mu/2 ||w - w_G||^2 (FedProx's grid: 0.001, 0.01, 0.1, 1)")
+        if self.strategy != FedProx.name and self.mu is not None:
+            raise ConfigError(f"rules.mu = {self.mu!r} is FedProx's proximal weight, but the strategy is "
+                              f"{self.aggregation.name!r}; leave mu out or use strategy = 'fedprox'")
         if self.aggregation.needs_steps and self.unit is not Unit.STEP:
             raise ConfigError(f"rules.strategy = {self.aggregation.name!r} normalises by local SGD steps: it needs "
                               f"rules.unit = 'step', got {self.unit.value!r} (an epoch's steps differ per device)")
@@ -117,14 +124,16 @@ class RulesConfig:
 
     @property
     def aggregation(self) -> Strategy:
-        """The strategy these rules aggregate with: `strategy`, else `scheme`'s."""
+        """The strategy these rules aggregate with: `strategy`, else `scheme`'s (FedProx with `mu`)."""
+        if self.strategy == FedProx.name:
+            return FedProx(mu=self.mu or 0.0)
         return get_strategy(self.strategy if self.strategy is not None else self.scheme)
 
-    def with_strategy(self, name: str | Scheme) -> RulesConfig:
-        """These rules under another strategy (a name of coordinator.strategies, or a scheme)."""
+    def with_strategy(self, name: str | Scheme, *, mu: float | None = None) -> RulesConfig:
+        """These rules under another strategy (a name of coordinator.strategies, or a scheme); `mu` for FedProx."""
         if isinstance(name, Scheme) or name in {s.value for s in Scheme}:
-            return replace(self, scheme=Scheme(name), strategy=None)
-        return replace(self, scheme=Scheme.C, strategy=name)
+            return replace(self, scheme=Scheme(name), strategy=None, mu=mu)
+        return replace(self, scheme=Scheme.C, strategy=name, mu=mu)
 
     def eta0_for(self, dataset: Dataset) -> float:
         return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
@@ -246,9 +255,8 @@ class Federation:
 
     def __post_init__(self) -> None:
         rule = self.rules.aggregation
-        if rule.memory or rule.local_term is not None:
-            raise ConfigError(f"strategy {rule.name!r} needs a per-device memory or a local-objective term, "
-                              "which the round does not run yet")
+        if rule.memory:
+            raise ConfigError(f"strategy {rule.name!r} needs a per-device memory, which the round does not run yet")
 
     def learning_rate(self, round_index: int) -> float:
         return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,

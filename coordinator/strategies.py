@@ -12,10 +12,12 @@ the coefficients the simulator applies to its stacked updates, and the running s
 live coordinator adds each update into; so the two cannot disagree, for any strategy.
 
 Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c";
-FedNova (Wang et al., NeurIPS 2020) is "fednova". A strategy may also need a per-device
-memory (MIFA: each device's latest update) or a term in each device's local objective
-(FedProx: mu/2 ||w - w_G||^2); none here does yet, and the round refuses one that does
-(Strategy.memory, Strategy.local_term) rather than run it without.
+FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
+"fedprox". A strategy may also add a term to each device's local objective (FedProx's
+mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers run it, edge_agent.trainer and the
+simulator's row trainers alike) or need a per-device memory (MIFA: each device's latest
+update); none here does the latter yet, and the round refuses one that does
+(Strategy.memory) rather than run it without.
 """
 
 from __future__ import annotations
@@ -76,12 +78,17 @@ class Strategy(ABC):
     name: ClassVar[str]  # its value of [rules].strategy
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
-    # Optional parts no strategy here has yet (issue 19: MIFA, FedProx); the round refuses them.
-    memory: ClassVar[bool] = False  # keeps each device's latest update between rounds
-    local_term: ClassVar[str | None] = None  # a term added to every device's local objective
+    # A per-device memory (keeps each device's latest update between rounds: MIFA, issue 19);
+    # no strategy here has one yet, and the round refuses it.
+    memory: ClassVar[bool] = False
     # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
     # steps, a count the round does not have).
     needs_steps: ClassVar[bool] = False
+
+    @property
+    def proximal_mu(self) -> float:
+        """mu of the term mu/2 ||w - w_G||^2 in every device's local objective (0: none)."""
+        return 0.0
 
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
@@ -178,9 +185,42 @@ class FedNova(Strategy):
         return tau_eff / p_active
 
 
+@dataclass(frozen=True)
+class FedProx(Strategy):
+    """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
+
+    Each device minimises F_k(w) + mu/2 ||w - w_G||^2 from the global model w_G: every
+    local SGD step's gradient gains mu (w - w_G) (edge_agent.trainer.train_local, and the
+    simulator's row trainers). The server accepts partial work as Scheme B does: c_k = p_k
+    for every device with s_k > 0 (FedProx's "variable amounts of work" from stragglers,
+    averaged at their base weights), 0 for an inactive one. mu = 0 is Scheme B. `mu` is
+    [rules].mu; the registry's instance has mu = 0 and RulesConfig.aggregation sets it.
+    """
+
+    name: ClassVar[str] = "fedprox"
+    label: ClassVar[str] = "fedprox"
+    title: ClassVar[str] = "FedProx"
+    mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.mu) and self.mu >= 0):
+            raise ConfigError(f"FedProx's mu must be a number >= 0, got {self.mu!r}")
+
+    @property
+    def proximal_mu(self) -> float:
+        return float(self.mu)
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[Scheme.B](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        return 1.0
+
+
 STRATEGIES: dict[str, Strategy] = {
     **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
     FedNova.name: FedNova(),
+    FedProx.name: FedProx(),
 }
 
 

@@ -28,6 +28,7 @@ def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch,
     from coordinator import strategies
 
     assert _rules("--strategy", "fednova") == RulesConfig(strategy="fednova")
+    assert _rules("--strategy", "fedprox", "--mu", "0.01") == RulesConfig(strategy="fedprox", mu=0.01)
     assert _rules("--strategy", "scheme-b") == _rules("--scheme", "B") == RulesConfig(scheme="B")
     # The choices come from the registry: a strategy registered later is a choice too.
     monkeypatch.setitem(strategies.STRATEGIES, "fedlater", strategies.SchemeStrategy(strategies.Scheme.B))
@@ -38,7 +39,7 @@ def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch,
         _rules("--strategy", "fedavg")
     with pytest.raises(SystemExit):  # one aggregation flag, not two
         _rules("--strategy", "scheme-b", "--scheme", "A")
-    assert "{scheme-a,scheme-b,scheme-c,fednova,fedlater}" in capsys.readouterr().err
+    assert "{scheme-a,scheme-b,scheme-c,fednova,fedprox,fedlater}" in capsys.readouterr().err
 
 
 def test_token_refuses_a_folder_that_does_not_exist_and_writes_into_one_that_does(tmp_path, capsys):

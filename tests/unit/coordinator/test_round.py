@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.aggregation import coefficients
 from coordinator.round import Arrival, Departure, Federation, RulesConfig
 from coordinator.strategies import FedNova, Scheme, SchemeStrategy, strategy_names
 from flexfl.config import to_dict
@@ -110,7 +111,8 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy):
     incomplete updates, which the live coordinator receives (and which the stacked close is
     given here), count on neither side.
     """
-    batch, live = _federation(strategy=strategy), _federation(strategy=strategy)
+    rules = {"strategy": strategy, **({"mu": 0.1} if strategy == "fedprox" else {})}
+    batch, live = _federation(**rules), _federation(**rules)
     g = torch.Generator().manual_seed(0)
     # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
     # complete (Scheme A discards it); in round 5 only the boosted newcomer answers.
@@ -186,12 +188,27 @@ def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
         RulesConfig(scheme="A", strategy="scheme-b")
 
 
-def test_a_strategy_with_parts_the_round_does_not_run_is_refused():
+def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objective():
+    rules = RulesConfig(strategy="fedprox", mu=0.01)
+    assert rules.aggregation.proximal_mu == 0.01 and RulesConfig().aggregation.proximal_mu == 0.0
+    s, p = [0, 2, 5, 3], [0.1, 0.2, 0.3, 0.4]
+    np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
+                                  coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
+    assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
+    with pytest.raises(ConfigError, match="'fedprox' needs rules.mu"):
+        RulesConfig(strategy="fedprox")
+    with pytest.raises(ConfigError, match="rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
+        RulesConfig(mu=0.1)
+    with pytest.raises(ConfigError, match="FedProx's mu must be a number >= 0"):
+        RulesConfig(strategy="fedprox", mu=-1.0)
+
+
+def test_a_strategy_with_a_memory_the_round_does_not_run_is_refused():
     class WithMemory(SchemeStrategy):
         memory = True
 
-    class Rules(RulesConfig):  # no registered strategy has such parts yet (issue 19: MIFA, FedProx)
+    class Rules(RulesConfig):  # no registered strategy has a memory yet (issue 19: MIFA)
         aggregation = WithMemory(Scheme.C)
 
-    with pytest.raises(ConfigError, match="per-device memory or a local-objective term"):
+    with pytest.raises(ConfigError, match="needs a per-device memory, which the round does not run yet"):
         Federation(rules=Rules(), dataset="synthetic", params={"w": torch.zeros(2)})
