@@ -195,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from coordinator.metrics import write_run_info
     from coordinator.strategies import Scheme, get_strategy
-    from flexfl.config import to_dict, write_config
+    from flexfl.config import flag_dest, to_dict, write_config
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
     from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
@@ -205,11 +205,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
     torch.set_num_threads(1)
+    # --mu is FedProx's: set aside so that the base rules load whatever their strategy, and given to
+    # the fedprox run (with_strategy leaves it out of the others).
+    mu_flag = flag_dest("rules", "mu")
+    mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
+    mu = mu if mu is not None else cfg.rules.mu
     # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
-    # named as rounds.csv and the report name it (its label). An unknown one fails before any run.
+    # named as rounds.csv and the report name it (its label). Every run's config is made (and an
+    # unknown name or a missing mu refused) before any run.
     schemes = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s).label
                for s in (item.strip() for item in args.schemes.split(",")) if s]
+    configs = {scheme: replace(cfg, rules=cfg.rules.with_strategy(scheme, mu=mu if scheme == "fedprox" else None))
+               for scheme in schemes}
     started = time.perf_counter()
     data = load_data(cfg)
     traces = read_trace_set(Path(cfg.traces.set))
@@ -224,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, schemes {','.join(schemes)}"
           f"{'; ' + events if events else ''}", flush=True)
     for scheme in schemes:
-        c = replace(cfg, rules=cfg.rules.with_strategy(scheme))
+        c = configs[scheme]
         t0 = time.perf_counter()
 
         def progress(r, scheme=scheme, t0=t0):
