@@ -37,7 +37,7 @@ def group(dataset: str, *, schemes: list[str], seeds: list[int], rounds: int) ->
     base = SimConfig(partition=PartitionSpec(dataset=dataset, n_devices=PAPER_DEVICES[dataset], iid=False, seed=0),
                      rules=RulesConfig(required_updates=20, eta0=0.1 if dataset == "mnist" else None),
                      traces=TracesConfig(num_traces=8), rounds=rounds)
-    return [replace(base, seed=seed, rules=replace(base.rules, scheme=scheme)) for seed in seeds for scheme in schemes]
+    return [replace(base, seed=seed, rules=base.rules.with_strategy(scheme)) for seed in seeds for scheme in schemes]
 
 
 def spread(values: list[float], fmt: str = "{:.1f}") -> str:

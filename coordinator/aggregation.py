@@ -1,9 +1,11 @@
-"""Aggregation Schemes A, B and C (paper Section 4.1) and the update w <- w + sum_k p_k (w_k - w).
+"""A round's coefficients and the update w <- w + sum_k c_k (w_k - w), stacked or summed as updates arrive.
 
-The schemes are pure functions of the round's participation: s_k (local updates device k
-completed, 0..E), E (updates required) and p_k (the device's base weight in the objective,
-after any fast-reboot boost). They return the coefficients p_tau^k; applying them to model
-deltas is a separate step so that the live coordinator and the simulator share both.
+The coefficients are a strategy's (coordinator.strategies: Schemes A, B, C, FedNova), pure
+functions of the round's participation: s_k (local updates device k completed, 0..E), E
+(updates required) and p_k (the device's base weight in the objective, after any
+fast-reboot boost). Applying them to model deltas is a separate step, in two forms built
+from the same two factors of each strategy: apply_update on stacked deltas (the simulator)
+and RunningAggregate, one update at a time (the live coordinator).
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coordinator.choices import Scheme  # defined there so that parsers need no torch
+from coordinator.strategies import Scheme, Strategy, checked_round, get_strategy
 from flexfl.errors import AggregationError
+
+__all__ = ["Coefficients", "RunningAggregate", "Scheme", "Strategy", "apply_update", "coefficients", "scheme_a",
+           "scheme_b", "scheme_c", "stack_deltas"]
 
 
 @dataclass(frozen=True)
 class Coefficients:
     """Per-device aggregation coefficients p_tau^k for one round.
 
-    `discarded` is True when Scheme A saw no complete device: the round must leave the
-    global model unchanged. Under Scheme C the values may sum to more than 1 (intended).
+    `discarded` is True when the strategy's round scale is None (Scheme A saw no complete
+    device): the round must leave the global model unchanged. Under Scheme C the values may
+    sum to more than 1 (intended).
     """
 
     values: np.ndarray  # float64 [N]
@@ -35,66 +41,16 @@ class Coefficients:
         return np.flatnonzero(self.values > 0)
 
 
-def _checked(s: Sequence[int] | np.ndarray, E: int, p: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if not isinstance(E, (int, np.integer)) or E < 1:
-        raise AggregationError(f"E (required local updates) must be an integer >= 1, got {E!r}")
-    s_arr = np.asarray(s)
-    p_arr = np.asarray(p, dtype=np.float64)
-    if s_arr.ndim != 1 or p_arr.ndim != 1 or len(s_arr) != len(p_arr):
-        raise AggregationError(
-            f"s and p must be 1-D and of equal length, got shapes {s_arr.shape} and {p_arr.shape}"
-        )
-    if s_arr.size and not np.issubdtype(s_arr.dtype, np.integer):
-        if not np.all(np.isfinite(s_arr)) or not np.all(s_arr == np.round(s_arr)):
-            raise AggregationError(f"s must hold integers (updates completed), got {s_arr.tolist()}")
-    s_arr = s_arr.astype(np.int64)
-    bad = np.flatnonzero((s_arr < 0) | (s_arr > E))
-    if bad.size:
-        k = int(bad[0])
-        raise AggregationError(f"s[{k}] = {s_arr[k]} is outside 0..E (E = {E})")
-    bad = np.flatnonzero(~np.isfinite(p_arr) | (p_arr < 0))
-    if bad.size:
-        k = int(bad[0])
-        raise AggregationError(f"p[{k}] = {p_arr[k]} must be finite and >= 0")
-    return s_arr, p_arr
+StrategyLike = Strategy | Scheme | str  # a Strategy, or a name get_strategy knows ("fednova", "scheme-c", "C")
 
 
-# Every scheme factors as c_k = f(s_k, E, p_k) * g(N, K): the first factor is known the
-# moment device k's update arrives, the second only when the round closes (N devices in the
-# objective, K of them complete). The batch form (coefficients) and the running one
-# (RunningAggregate) are both built from these two functions, so they cannot disagree.
-_ARRIVAL_WEIGHT = {
-    Scheme.A: lambda s, E, p: p * (s == E),  # complete devices only
-    Scheme.B: lambda s, E, p: np.where(s > 0, p, 0.0),  # any work at its base weight
-    Scheme.C: lambda s, E, p: p * np.divide(E, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0),
-}
-
-
-def _scheme(scheme: Scheme | str) -> Scheme:
-    try:
-        return Scheme(scheme)
-    except ValueError:
-        raise AggregationError(f"unknown scheme {scheme!r}; choose one of A, B, C") from None
-
-
-def arrival_weights(scheme: Scheme | str, *, s: Sequence[int] | np.ndarray, E: int,
-                    p: Sequence[float] | np.ndarray) -> np.ndarray:
-    """The part of each coefficient known at the update's arrival: A p_k [s_k = E], B p_k [s_k > 0], C (E/s_k) p_k."""
-    s_arr, p_arr = _checked(s, E, p)
-    return _ARRIVAL_WEIGHT[_scheme(scheme)](s_arr, E, p_arr)
-
-
-def round_scale(scheme: Scheme | str, *, n_devices: int, n_complete: int) -> float | None:
-    """The part known at the round's close: A N / K_tau (None: discarded, K_tau = 0); B and C 1."""
-    if _scheme(scheme) is not Scheme.A:
-        return 1.0
-    return None if n_complete == 0 else n_devices / n_complete
-
-
-def _coefficients(scheme: Scheme, s, E, p) -> Coefficients:
-    s_arr, p_arr = _checked(s, E, p)
-    weights = _ARRIVAL_WEIGHT[scheme](s_arr, E, p_arr)
-    scale = round_scale(scheme, n_devices=len(weights), n_complete=int((s_arr == E).sum()))
+def coefficients(strategy: StrategyLike, *, s: Sequence[int] | np.ndarray, E: int,
+                 p: Sequence[float] | np.ndarray) -> Coefficients:
+    """c_k = arrival weight x round scale of `strategy` (coordinator.strategies) for one round."""
+    rule = get_strategy(strategy)
+    s_arr, p_arr = checked_round(s, E, p)
+    scale = rule.round_scale(s=s_arr, E=E, p=p_arr)
+    weights = rule.arrival_weights(s=s_arr, E=E, p=p_arr)
     if scale is None:
         return Coefficients(values=np.zeros_like(weights), discarded=True)
     return Coefficients(values=weights * scale)
@@ -102,24 +58,17 @@ def _coefficients(scheme: Scheme, s, E, p) -> Coefficients:
 
 def scheme_a(*, s: Sequence[int] | np.ndarray, E: int, p: Sequence[float] | np.ndarray) -> Coefficients:
     """p_tau^k = N p^k q_k / K_tau with q_k = [s_k == E]; the round is discarded when K_tau = 0."""
-    return _coefficients(Scheme.A, s, E, p)
+    return coefficients(Scheme.A, s=s, E=E, p=p)
 
 
 def scheme_b(*, s: Sequence[int] | np.ndarray, E: int, p: Sequence[float] | np.ndarray) -> Coefficients:
     """p_tau^k = p^k for every device that did any work (s_k > 0); an inactive device sends nothing."""
-    return _coefficients(Scheme.B, s, E, p)
+    return coefficients(Scheme.B, s=s, E=E, p=p)
 
 
 def scheme_c(*, s: Sequence[int] | np.ndarray, E: int, p: Sequence[float] | np.ndarray) -> Coefficients:
     """p_tau^k = (E / s_k) p^k, and 0 for an inactive device (s_k = 0)."""
-    return _coefficients(Scheme.C, s, E, p)
-
-
-def coefficients(
-    scheme: Scheme | str, *, s: Sequence[int] | np.ndarray, E: int, p: Sequence[float] | np.ndarray
-) -> Coefficients:
-    """Coefficients of the named scheme; see scheme_a/scheme_b/scheme_c."""
-    return _coefficients(_scheme(scheme), s, E, p)
+    return coefficients(Scheme.C, s=s, E=E, p=p)
 
 
 def apply_update(
@@ -164,25 +113,34 @@ def apply_update(
 class RunningAggregate:
     """sum_k c_k delta_k accumulated one update at a time, finished by apply() at the round's close.
 
-    Each update enters at its arrival weight (arrival_weights: A p_k [s_k = E], B p_k [s_k > 0],
-    C (E/s_k) p_k); apply() scales the sum by round_scale (Scheme A: N / K_tau, or the round
-    is discarded) and adds it to the global model. Equal to apply_update with the scheme's
-    coefficients up to float32 rounding. Holds one model-sized sum, never the deltas.
+    `p` is the base weight of every device of the round (its keys are the round's devices).
+    Each update enters at its strategy's arrival weight (Scheme C: (E/s_k) p_k; FedNova:
+    p_k / s_k); apply() scales the sum by the strategy's round scale, computed from the s of
+    the updates that arrived (0 for the others) and p (Scheme A: N / K_tau, or the round is
+    discarded; FedNova: tau_eff / sum p over s > 0), and adds it to the global model. Equal
+    to apply_update with the strategy's coefficients up to float32 rounding. Holds one
+    model-sized sum, never the deltas.
     """
 
-    def __init__(self, *, scheme: Scheme | str, E: int, like: Mapping[str, torch.Tensor]) -> None:
-        self.scheme = _scheme(scheme)
+    def __init__(self, *, strategy: StrategyLike, E: int, p: Mapping[Hashable, float],
+                 like: Mapping[str, torch.Tensor]) -> None:
+        self.strategy = get_strategy(strategy)
         self.E = E
+        self.p = dict(p)
+        checked_round([0] * len(self.p), E, list(self.p.values()))
         self._sum = {name: torch.zeros_like(w, dtype=torch.float32) for name, w in like.items()}
         self._scratch = {name: np.empty(tuple(w.shape), dtype=np.float32) for name, w in like.items()}
         self.weights: dict[Hashable, float] = {}  # key -> arrival weight (0: not in the sum)
-        self.n_complete = 0
+        self.s: dict[Hashable, int] = {}
 
-    def add(self, key: Hashable, *, s: int, p: float, delta: Mapping[str, np.ndarray | torch.Tensor]) -> float:
-        """Add `key`'s update (s updates done, base weight p); returns its arrival weight."""
+    def add(self, key: Hashable, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> float:
+        """Add `key`'s update of s local updates; returns its arrival weight (raises, changing nothing, if refused)."""
         if key in self.weights:
             raise AggregationError(f"an update from {key!r} is already in the sum")
-        weight = float(arrival_weights(self.scheme, s=[s], E=self.E, p=[p])[0])
+        if key not in self.p:
+            raise AggregationError(f"an update from {key!r}, which is not a device of this round")
+        s_arr, p_arr = checked_round([s], self.E, [self.p[key]])
+        weight = float(self.strategy.arrival_weights(s=s_arr, E=self.E, p=p_arr)[0])
         if weight > 0:
             if set(delta) != set(self._sum):
                 raise AggregationError(f"update from {key!r} has tensors {sorted(delta)}, expected {sorted(self._sum)}")
@@ -197,16 +155,17 @@ class RunningAggregate:
                 np.multiply(d, np.float32(weight), out=scratch)  # float32, as apply_update casts c_k
                 np.add(acc.numpy(), scratch, out=acc.numpy())
         self.weights[key] = weight
-        self.n_complete += int(s == self.E)
+        self.s[key] = int(s_arr[0])
         return weight
 
-    def scale(self, *, n_devices: int) -> float | None:
-        """round_scale for a round of `n_devices` (None: the round is discarded)."""
-        return round_scale(self.scheme, n_devices=n_devices, n_complete=self.n_complete)
+    def scale(self) -> float | None:
+        """The strategy's round scale over the round's devices (None: the round is discarded)."""
+        s = np.array([self.s.get(key, 0) for key in self.p], dtype=np.int64)
+        return self.strategy.round_scale(s=s, E=self.E, p=np.array(list(self.p.values()), dtype=np.float64))
 
-    def apply(self, *, global_state: Mapping[str, torch.Tensor], n_devices: int) -> dict[str, torch.Tensor]:
-        """w + scale * sum over a round of `n_devices` (the objective's members); w copied when discarded or empty."""
-        scale = self.scale(n_devices=n_devices)
+    def apply(self, *, global_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """w + scale * sum; w copied when the round is discarded or the sum empty."""
+        scale = self.scale()
         if scale is None or not any(v > 0 for v in self.weights.values()):
             return {name: w.detach().clone() for name, w in global_state.items()}
         return {name: w.detach() + self._sum[name].to(w.dtype) * scale for name, w in global_state.items()}

@@ -28,11 +28,18 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
+    from coordinator.strategies import strategy_names
+
     eta0 = {str(ds): d.eta0 for ds, d in DEFAULTS.items()} | dict(eta0_defaults or {})
     g = p.add_argument_group("rules ([rules] table)")
     if scheme:
-        g.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
-                       help="aggregation scheme (default C)")
+        agg = g.add_mutually_exclusive_group()
+        agg.add_argument("--strategy", dest=dest("strategy"), choices=strategy_names(),
+                         help="aggregation strategy (default scheme-c)")
+        agg.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
+                         help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
+    g.add_argument("--mu", dest=dest("mu"), type=float,
+                   help="--strategy fedprox: mu of the proximal term mu/2 ||w - w_G||^2 (required there)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
     per_dataset = ", ".join(f"{dataset} {value:g}" for dataset, value in eta0.items())
     g.add_argument("--eta0", dest=dest("eta0"), type=float,

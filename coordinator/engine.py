@@ -384,7 +384,7 @@ class RoundEngine:
                     learning_rate=r.lr, batch_size=self.cfg.batch_size, deadline_s=run.deadline_s,
                     model=self.model_description, payload=r.payload, seed=run.seed, unit=str(rules.unit),
                     device_index=self._seed_index(record), trace_sampling=str(rules.trace_sampling),
-                    s_rule=str(rules.s_rule),
+                    s_rule=str(rules.s_rule), proximal_mu=rules.aggregation.proximal_mu,
                 )
                 return header, r.chunks
             if wake is not None:

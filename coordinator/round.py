@@ -7,7 +7,7 @@ Round tau under the rules (paper Sections 4.1-4.3):
     ...     each participant k trains s_k local updates from w and returns delta_k
             (live: over gRPC until its deadline; simulated: s from the trace sampler)
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
-            c_k   = scheme(s, E, p)                                (coordinator.aggregation)
+            c_k   = strategy(s, E, p): Scheme A/B/C, FedNova, ...  (coordinator.strategies)
             w    <- w + sum_k c_k delta_k
             the contributors' (c_k > 0) updates feed the Gamma estimate (coordinator.gamma)
             then the membership events that took effect during tau change the objective:
@@ -29,10 +29,11 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from coordinator.aggregation import Coefficients, RunningAggregate, Scheme, apply_update, coefficients
+from coordinator.aggregation import Coefficients, RunningAggregate, apply_update, coefficients
 from coordinator.gamma import UpdateSketch, dissimilarities
 from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
                                    ThresholdDeparture)
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -59,9 +60,18 @@ class RulesConfig:
     eta0 and batch_size left out are the paper's values for the dataset. trace_sampling and
     s_rule say how a device that follows a trace turns it into s (trace_recorder.sampler);
     the coordinator sends them to its agents with every round.
+
+    The aggregation rule is `strategy` (coordinator.strategies), or when it is left out
+    `scheme`, its older spelling for the paper's three: scheme = "A" is strategy =
+    "scheme-a". A scheme strategy is kept as its `scheme` (strategy left out), so a config
+    means one thing, written one way, and runs saved before strategies existed (whose files
+    say scheme = "C") are the same runs (simulator.engine.runs_alike). With another
+    strategy, `scheme` must stay at its default.
     """
 
     scheme: Scheme = Scheme.C
+    strategy: str | None = None
+    mu: float | None = None  # strategy = "fedprox": the weight of its proximal term (required there only)
     required_updates: int = 20  # E
     eta0: float | None = None
     batch_size: int | None = None
@@ -77,8 +87,32 @@ class RulesConfig:
 
     def __post_init__(self) -> None:
         coerce_enums(self)
+        if self.strategy is not None:
+            chosen = STRATEGIES.get(self.strategy)
+            if chosen is None:
+                raise ConfigError(f"rules.strategy: unknown strategy {self.strategy!r}; choose one of "
+                                  f"{', '.join(STRATEGIES)}")
+            if isinstance(chosen, SchemeStrategy):
+                if self.scheme not in (Scheme.C, chosen.scheme):
+                    raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} "
+                                      "name two strategies; give one")
+                object.__setattr__(self, "scheme", chosen.scheme)
+                object.__setattr__(self, "strategy", None)
+            elif self.scheme is not Scheme.C:
+                raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} name "
+                                  f"two strategies; give one (scheme is the older spelling of strategy = "
+                                  f"'scheme-{self.scheme.value.lower()}')")
         if self.required_updates < 1:
             raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
+        if self.strategy == FedProx.name and self.mu is None:
+            raise ConfigError("rules.strategy = 'fedprox' needs rules.mu, the weight of its proximal term "
+                              "mu/2 ||w - w_G||^2 (FedProx's grid: 0.001, 0.01, 0.1, 1)")
+        if self.strategy != FedProx.name and self.mu is not None:
+            raise ConfigError(f"rules.mu = {self.mu!r} is FedProx's proximal weight, but the strategy is "
+                              f"{self.aggregation.name!r}; leave mu out or use strategy = 'fedprox'")
+        if self.aggregation.needs_steps and self.unit is not Unit.STEP:
+            raise ConfigError(f"rules.strategy = {self.aggregation.name!r} normalises by local SGD steps: it needs "
+                              f"rules.unit = 'step', got {self.unit.value!r} (an epoch's steps differ per device)")
         if self.eta0 is not None and not self.eta0 > 0:
             raise ConfigError(f"rules.eta0 must be > 0 (or left out for the paper's value), got {self.eta0}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -87,6 +121,19 @@ class RulesConfig:
         AutoDeparture(c=self.auto_c)
         if not (np.isfinite(self.threshold_k) and self.threshold_k >= 0):
             raise ConfigError(f"rules.threshold_k (rounds left) must be a number >= 0, got {self.threshold_k!r}")
+
+    @property
+    def aggregation(self) -> Strategy:
+        """The strategy these rules aggregate with: `strategy`, else `scheme`'s (FedProx with `mu`)."""
+        if self.strategy == FedProx.name:
+            return FedProx(mu=self.mu or 0.0)
+        return get_strategy(self.strategy if self.strategy is not None else self.scheme)
+
+    def with_strategy(self, name: str | Scheme, *, mu: float | None = None) -> RulesConfig:
+        """These rules under another strategy (a name of coordinator.strategies, or a scheme); `mu` for FedProx."""
+        if isinstance(name, Scheme) or name in {s.value for s in Scheme}:
+            return replace(self, scheme=Scheme(name), strategy=None, mu=mu)
+        return replace(self, scheme=Scheme.C, strategy=name, mu=mu)
 
     def eta0_for(self, dataset: Dataset) -> float:
         return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
@@ -166,23 +213,22 @@ class RoundSum:
     """A round's updates summed as they arrive (the live coordinator), instead of stacked at its close.
 
     p is fixed when the round opens (membership events wait for its close), so each update
-    enters the sum at its final weight up to the scheme's round-wide factor; see
+    enters the sum at its final weight up to the strategy's round scale; see
     coordinator.aggregation.RunningAggregate. An update that enters the sum (arrival weight
     > 0: a contributor) is also sketched for the Gamma estimate (coordinator.gamma).
     """
 
     round_index: int
-    p: dict[str, float]  # base weight of every objective member, fast-reboot boost included
-    running: RunningAggregate
+    running: RunningAggregate  # its p: the base weight of every objective member, fast-reboot boost included
     sketch: UpdateSketch
     s: dict[str, int] = field(default_factory=dict)
     sketches: dict[str, np.ndarray] = field(default_factory=dict)  # contributor -> C delta, float64 [m]
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
-        if device not in self.p:
+        if device not in self.running.p:
             raise ConfigError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
-        if self.running.add(device, s=s, p=self.p[device], delta=delta) > 0:
+        if self.running.add(device, s=s, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
         self.s[device] = int(s)
 
@@ -207,6 +253,11 @@ class Federation:
         """The Gamma estimate's sketch of this model's updates (the same for every run of the model)."""
         return UpdateSketch(self.params)
 
+    def __post_init__(self) -> None:
+        rule = self.rules.aggregation
+        if rule.memory:
+            raise ConfigError(f"strategy {rule.name!r} needs a per-device memory, which the round does not run yet")
+
     def learning_rate(self, round_index: int) -> float:
         return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,
                                                                    shift_round=self.objective.shift_round)
@@ -222,19 +273,20 @@ class Federation:
         """An empty RoundSum for the round `opening` opened; pass it to close() as `summed`."""
         devices = self.objective.members()
         p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
-        return RoundSum(round_index=opening.round_index, p=dict(zip(devices, p.tolist())),
-                        running=RunningAggregate(scheme=self.rules.scheme, E=self.E, like=self.params),
+        return RoundSum(round_index=opening.round_index,
+                        running=RunningAggregate(strategy=self.rules.aggregation, E=self.E,
+                                                 p=dict(zip(devices, p.tolist())), like=self.params),
                         sketch=self.sketch)
 
     def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
-        """p and the scheme's coefficients for the updates counts `s` (a member not in `s`: 0)."""
+        """p and the strategy's coefficients for the updates counts `s` (a member not in `s`: 0)."""
         unknown = set(s) - set(self.objective.sample_counts)
         if unknown:
             raise ConfigError(f"round {round_index}: s given for devices outside the objective: {sorted(unknown)}")
         devices = tuple(self.objective.members())
         s_arr = np.array([int(s.get(d, 0)) for d in devices], dtype=np.int64)
         p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
-        coef = coefficients(self.rules.scheme, s=s_arr, E=self.E, p=p)
+        coef = coefficients(self.rules.aggregation, s=s_arr, E=self.E, p=p)
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
     def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor] | None = None,
@@ -257,7 +309,7 @@ class Federation:
                 raise ConfigError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
             self._check_sum(weighing, summed)
             sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
-            self.params = summed.running.apply(global_state=self.params, n_devices=len(weighing.devices))
+            self.params = summed.running.apply(global_state=self.params)
         else:
             index = {d: i for i, d in enumerate(weighing.devices)}
             missing = set(contributors) - set(rows)
@@ -339,13 +391,13 @@ class Federation:
         if summed.round_index != tau:
             raise ConfigError(f"round {tau}: the updates were summed for round {summed.round_index}")
         s = {d: int(v) for d, v in zip(weighing.devices, weighing.s) if v or d in summed.s}
-        if s != summed.s or list(summed.p) != list(weighing.devices):
+        if s != summed.s or list(summed.running.p) != list(weighing.devices):
             raise ConfigError(f"round {tau}: the summed updates (devices {sorted(summed.s)}) are not the ones weighed")
-        scale = summed.running.scale(n_devices=len(weighing.devices)) or 0.0
+        scale = summed.running.scale() or 0.0
         weights = summed.running.weights
         expected = np.array([weights.get(d, 0.0) * scale for d in weighing.devices])
         if not np.allclose(expected, weighing.coefficients.values, rtol=1e-9, atol=0.0):
-            raise ConfigError(f"round {tau}: the running sum's weights disagree with the scheme's coefficients")
+            raise ConfigError(f"round {tau}: the running sum's weights disagree with the strategy's coefficients")
 
     def apply_events(self, *, arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> None:
         """Membership changes before training starts (round 0): initial members, early departures."""

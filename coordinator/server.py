@@ -42,8 +42,8 @@ from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
-from flexfl.proto.options import (AUTH_HEADER, DEVICE_HEADER, ERROR_HEADER, PROTOCOL_VERSION, SERVER_OPTIONS,
-                                  ErrorReason)
+from flexfl.proto.options import (AUTH_HEADER, DEVICE_HEADER, ERROR_HEADER, PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL,
+                                  SERVER_OPTIONS, ErrorReason)
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +204,14 @@ class FleetServicer(pb_grpc.FleetServicer):
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
         caller = self._caller(context)
         self._same(caller, request.device_id or "(none)", "join")
-        if request.protocol_version not in (0, PROTOCOL_VERSION):
+        if request.protocol_version > PROTOCOL_VERSION:
             raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
                                    f"(coordinator speaks {PROTOCOL_VERSION})")
+        mu = self.engine.cfg.rules.aggregation.proximal_mu
+        if mu > 0 and request.protocol_version < PROXIMAL_MU_PROTOCOL:
+            raise ProtocolMismatch(f"this run's strategy trains with FedProx's mu = {mu:g}, which agents of "
+                                   f"protocol version {request.protocol_version} ignore; update the agent "
+                                   f"(version {PROXIMAL_MU_PROTOCOL} or later)")
         return self.engine.join(request)
 
     @_mapped

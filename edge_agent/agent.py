@@ -424,7 +424,7 @@ class EdgeAgent:
         else:
             result = train_local(model, self.shard, updates=cap, lr=header.learning_rate, batch_size=header.batch_size,
                                  rng=device_rng(header.seed, header.round_id, header.device_index),
-                                 unit=header.unit or "step", keep_going=keep_going)
+                                 unit=header.unit or "step", keep_going=keep_going, mu=header.proximal_mu)
             delta, s, samples, loss = result.delta, result.updates_completed, result.samples_used, result.mean_loss
             model.zero_grad(set_to_none=True)  # the last step's gradients (the model's size), not kept between rounds
             if part.min_update_s and s:

@@ -96,18 +96,24 @@ def train_local(
     rng: np.random.Generator,
     unit: Unit | str = Unit.STEP,
     keep_going: Callable[[int], bool] | None = None,
+    mu: float = 0.0,
 ) -> LocalResult:
     """Run up to `updates` local updates of plain SGD on `model` (trained in place).
 
     `keep_going(done)` is asked before each update after the first `done` ones and may stop
     early (the edge agent's deadline check); the result reports the updates completed.
-    The delta is taken against the model's parameters at entry.
+    The delta is taken against the model's parameters at entry, w_G. `mu` > 0 adds FedProx's
+    proximal term mu/2 ||w - w_G||^2 to the local objective: each step's gradient gains
+    mu (w - w_G), taken at the weights before the step (the reported loss stays the
+    minibatch cross-entropy), as simulator.fast_trainer and simulator.cache_trainer do.
     """
     unit = _unit(unit)
     if updates < 0:
         raise ConfigError(f"updates must be >= 0, got {updates}")
     if not (math.isfinite(lr) and lr > 0):
         raise ConfigError(f"learning rate must be a positive number, got {lr!r}")
+    if not (math.isfinite(mu) and mu >= 0):
+        raise ConfigError(f"mu (FedProx's proximal weight) must be a number >= 0, got {mu!r}")
     start = time.perf_counter()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     x_all = torch.from_numpy(data.x)
@@ -126,7 +132,9 @@ def train_local(
             model.zero_grad(set_to_none=True)
             loss.backward()
             with torch.no_grad():
-                for p in model.parameters():
+                for name, p in model.named_parameters():
+                    if mu > 0:  # FedProx: the gradient of mu/2 ||w - w_G||^2, before this step's update
+                        p.grad.add_(p - initial[name], alpha=mu)
                     p.sub_(p.grad, alpha=lr)
             loss_sum += float(loss.detach())
             steps += 1

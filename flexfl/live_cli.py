@@ -76,7 +76,7 @@ def banner(cfg) -> str:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
     return (f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
             f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
-            f"Scheme {r.scheme}; {'; '.join(events) or 'no arrival or departure'}")
+            f"{r.aggregation.title}; {'; '.join(events) or 'no arrival or departure'}")
 
 
 def cmd_live(args: argparse.Namespace) -> int:

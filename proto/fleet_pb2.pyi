@@ -129,7 +129,7 @@ class ModelDescription(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., num_classes: _Optional[int] = ..., in_features: _Optional[int] = ...) -> None: ...
 
 class RoundHeader(_message.Message):
-    __slots__ = ("status", "round_id", "required_updates", "learning_rate", "batch_size", "deadline_s", "model", "payload", "seed", "unit", "device_index", "trace_sampling", "s_rule")
+    __slots__ = ("status", "round_id", "required_updates", "learning_rate", "batch_size", "deadline_s", "model", "payload", "seed", "unit", "device_index", "trace_sampling", "s_rule", "proximal_mu")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[RoundHeader.Status]
@@ -153,6 +153,7 @@ class RoundHeader(_message.Message):
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TRACE_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     S_RULE_FIELD_NUMBER: _ClassVar[int]
+    PROXIMAL_MU_FIELD_NUMBER: _ClassVar[int]
     status: RoundHeader.Status
     round_id: int
     required_updates: int
@@ -166,7 +167,8 @@ class RoundHeader(_message.Message):
     device_index: int
     trace_sampling: str
     s_rule: str
-    def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ..., trace_sampling: _Optional[str] = ..., s_rule: _Optional[str] = ...) -> None: ...
+    proximal_mu: float
+    def __init__(self, status: _Optional[_Union[RoundHeader.Status, str]] = ..., round_id: _Optional[int] = ..., required_updates: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[ModelDescription, _Mapping]] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., seed: _Optional[int] = ..., unit: _Optional[str] = ..., device_index: _Optional[int] = ..., trace_sampling: _Optional[str] = ..., s_rule: _Optional[str] = ..., proximal_mu: _Optional[float] = ...) -> None: ...
 
 class RoundChunk(_message.Message):
     __slots__ = ("header", "data", "reply")

@@ -56,4 +56,7 @@ def error_reason(exc: object) -> str:
             return value
     return ""
 DEVICE_HEADER = "x-flexfl-device"
-PROTOCOL_VERSION = 1
+# 2: RoundHeader.proximal_mu (FedProx). An agent of version 1 (or 0: unsaid) would ignore it
+# and train without the term, so a run whose strategy has one refuses such agents at join.
+PROTOCOL_VERSION = 2
+PROXIMAL_MU_PROTOCOL = 2

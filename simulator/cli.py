@@ -23,13 +23,16 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from coordinator.strategies import strategy_names
+
     sim = sub.add_parser("sim", help="simulate federated training over participation traces")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
 
-    run = sim_sub.add_parser("run", help="one simulated run per scheme on the same data and traces")
+    run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run)
-    run.add_argument("--scheme", dest="schemes", action="append", choices=enum_choices(Scheme),
-                     help="a scheme to run, repeatable (default: A, B and C)")
+    run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
+                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ") to run, "
+                          "repeatable (default: A, B and C); each run's strategy, whatever [rules] says")
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
     run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
@@ -198,23 +201,28 @@ def _parse_ints(text: str, what: str) -> list[int]:
     return out
 
 
-def _schemes(args: argparse.Namespace) -> list[Scheme]:
-    """--scheme X (repeatable), or the old --schemes X,Y; neither: every scheme."""
+def run_choices() -> list[str]:
+    """What `sim run --scheme` takes: the paper's scheme letters and every registered strategy's name."""
+    from coordinator.strategies import strategy_names
+
+    return [*enum_choices(Scheme), *strategy_names()]
+
+
+def _schemes(args: argparse.Namespace) -> list[str]:
+    """--scheme NAME (repeatable), or the old --schemes X,Y; neither: the paper's three schemes."""
     if args.schemes_list is not None:
-        log.warning("--schemes is deprecated: write --scheme %s", " --scheme ".join(args.schemes_list.split(",")))
-        try:
-            return [Scheme(s.strip().upper()) for s in args.schemes_list.split(",") if s.strip()]
-        except ValueError:
-            raise ConfigError(f"--schemes {args.schemes_list!r}: expected {', '.join(Scheme)} separated by "
-                              "commas") from None
-    return [Scheme(s) for s in args.schemes] if args.schemes else list(Scheme)
+        names = [s.strip() for s in args.schemes_list.split(",") if s.strip()]
+        log.warning("--schemes is deprecated: write --scheme %s", " --scheme ".join(names))
+        return names
+    return list(args.schemes) if args.schemes else list(enum_choices(Scheme))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from coordinator.metrics import write_run_info
-    from flexfl.config import to_dict, write_config
+    from coordinator.strategies import Scheme, get_strategy
+    from flexfl.config import flag_dest, to_dict, write_config
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
     from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
@@ -224,8 +232,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
     torch.set_num_threads(1)
+    # --mu is FedProx's: set aside so that the base rules load whatever their strategy, and given to
+    # the fedprox run (with_strategy leaves it out of the others).
+    mu_flag = flag_dest("rules", "mu")
+    mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
-    schemes = _schemes(args)
+    mu = mu if mu is not None else cfg.rules.mu
+    # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
+    # named as rounds.csv and the report name it (its label). Every run's config is made (and an
+    # unknown name or a missing mu refused) before any run.
+    schemes = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s).label for s in _schemes(args)]
+    configs = {scheme: replace(cfg, rules=cfg.rules.with_strategy(scheme, mu=mu if scheme == "fedprox" else None))
+               for scheme in schemes}
     started = time.perf_counter()
     data = load_data(cfg)
     traces = read_trace_set(Path(cfg.traces.set))
@@ -240,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, schemes {','.join(schemes)}"
           f"{'; ' + events if events else ''}", flush=True)
     for scheme in schemes:
-        c = replace(cfg, rules=replace(cfg.rules, scheme=scheme))
+        c = configs[scheme]
         t0 = time.perf_counter()
 
         def progress(r, scheme=scheme, t0=t0):

@@ -323,6 +323,9 @@ def run_paired(
             raise ConfigError(f"run_paired: config {i} uses the {cfg.trainer_kind} trainer, config 0 the "
                               f"{first.trainer_kind}; paired runs train together in one row trainer (cache or fast; "
                               "run the plain one alone with run_simulation)")
+        if cfg.rules.aggregation.proximal_mu != first.rules.aggregation.proximal_mu:
+            raise ConfigError(f"run_paired: config {i} trains with FedProx's mu = {cfg.rules.aggregation.proximal_mu}, "
+                              f"config 0 with {first.rules.aggregation.proximal_mu}; one trainer call takes one mu")
         if cfg.rules.batch_size_for(cfg.partition.dataset) != first.rules.batch_size_for(first.partition.dataset):
             raise ConfigError(f"run_paired: config {i} has batch size {cfg.rules.batch_size_for(cfg.partition.dataset)}, "
                               f"config 0 {first.rules.batch_size_for(first.partition.dataset)}; one trainer call needs one")
@@ -363,7 +366,8 @@ def run_paired(
                 steps=np.concatenate([w.steps for w in works]).astype(np.int64),
                 lr=np.concatenate([np.full(len(w.shards), w.opening.lr) for w in works]),
                 rngs=[generators[key] for key in keys],
-                start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out)
+                start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out,
+                mu=first.rules.aggregation.proximal_mu)
         # The shared training is split evenly; each run's close and evaluation is its own.
         share = (time.perf_counter() - t0) / len(going)
         for j, (i, w) in enumerate(zip(going, works)):
@@ -553,6 +557,7 @@ class _Trainer:
         self.model = model
         self.data = data
         self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
+        self.mu = cfg.rules.aggregation.proximal_mu  # FedProx's local term (0: plain SGD)
         self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train, batch_size=self.batch_size) if cfg.batched else None
         self._out: dict[str, torch.Tensor] | None = None  # delta buffers kept from round to round
 
@@ -566,7 +571,8 @@ class _Trainer:
             if self._out is None:
                 n = len(self.data.train)
                 self._out = {name: torch.empty((n, *p.shape)) for name, p in params.items()}
-            return self.fast.train(dict(params), shard_of_row=shards, steps=steps, lr=lr, rngs=rngs, out=self._out)
+            return self.fast.train(dict(params), shard_of_row=shards, steps=steps, lr=lr, rngs=rngs, out=self._out,
+                                   mu=self.mu)
         deltas, losses = [], []
         for k, s, rng in zip(shards, steps, rngs):
             with torch.no_grad():
@@ -574,7 +580,7 @@ class _Trainer:
                     p.copy_(params[name])
             # `steps` already counts epochs as their steps (same stream: edge_agent.trainer).
             res = train_local(self.model, self.data.train[k], updates=s, lr=lr, batch_size=self.batch_size, rng=rng,
-                              unit="step")
+                              unit="step", mu=self.mu)
             deltas.append(res.delta)
             losses.append(res.mean_loss)
         return stack_deltas(deltas), np.array(losses)
@@ -586,6 +592,6 @@ def records_as_rows(result: SimResult) -> list[dict]:
     part = c.partition.identity()
     ident = {
         "dataset": part["dataset"], "iid": int(part["iid"]), "alpha": part.get("alpha"), "beta": part.get("beta"),
-        "num_traces": c.traces.num_traces, "scheme": str(c.rules.scheme), "seed": c.seed,
+        "num_traces": c.traces.num_traces, "scheme": c.rules.aggregation.label, "seed": c.seed,
     }
     return [{**ident, **asdict(r)} for r in result.records]

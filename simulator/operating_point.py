@@ -79,7 +79,7 @@ def base_config(dataset: str, unit: Unit | str):
 
     reading = READINGS[HEADLINE]
     cfg = table3_base(dataset, reading)
-    cfg = replace(cfg, rounds=horizon(dataset, unit), rules=replace(cfg.rules, unit=Unit(unit), scheme="C"))
+    cfg = replace(cfg, rounds=horizon(dataset, unit), rules=replace(cfg.rules.with_strategy("C"), unit=Unit(unit)))
     return cfg, reading
 
 

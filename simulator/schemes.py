@@ -32,7 +32,7 @@ def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, sc
     setting_fields = SETTINGS[str(base.partition.dataset)][setting]
     return replace(base, seed=seed, partition=replace(base.partition, seed=seed, **setting_fields),
                    traces=replace(base.traces, num_traces=num_traces),
-                   rules=replace(base.rules, scheme=scheme) if scheme else base.rules)
+                   rules=base.rules.with_strategy(scheme) if scheme else base.rules)
 
 
 def comparison_groups(

@@ -13,8 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from coordinator import server
+from coordinator.aggregation import coefficients
 from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
+from coordinator.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
 from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
                               TracesConfig, run_simulation)
@@ -96,6 +98,66 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
     assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     assert len(threads) == 12 and all(name.startswith(worker) for name in threads), threads
+
+
+@pytest.mark.parametrize("strategy", [s for s in strategy_names() if s != "scheme-c"])  # C: the test above
+def test_live_model_equals_simulated_model_under_every_strategy(live_config, fleet_factory, strategy):
+    """The coordinator sums each strategy's updates as they arrive, the simulator stacks them: the same model.
+
+    FedProx also changes training: the agents (edge_agent.trainer) and the simulator's row
+    trainer both run its proximal term, with the mu the coordinator sends in each round."""
+    schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
+    mu = {"mu": 2.0} if strategy == "fedprox" else {}  # large, so that the term shows in 3 rounds
+    cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, strategy=strategy, **mu)
+    fleet = fleet_factory(cfg)
+    for i in range(4):
+        fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
+    assert fleet.coordinator.wait(timeout=60)
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
+                         participation=FixedParticipation(schedule, E=cfg.rules.required_updates))
+    rows = _metrics(fleet)
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
+    for live_row, sim_row, s in zip(rows, sim.rows, schedule, strict=True):
+        assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
+        p = [live_row["p"][f"dev-{i}"] for i in range(4)]
+        # The strategy's own coefficients, not Scheme C's, reached the live round.
+        expected = coefficients(strategy, s=s, E=cfg.rules.required_updates, p=p).values
+        np.testing.assert_allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], expected, rtol=1e-9)
+        assert not np.allclose(expected, coefficients("C", s=s, E=cfg.rules.required_updates, p=p).values)
+    live = fleet.coordinator.engine.params
+    for name, value in sim.final_params.items():
+        # Agents train per device, the simulator all devices at once: float32 rounding apart.
+        torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+    if mu:  # the term was there on both sides: without it (Scheme B) the model is another
+        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"), rounds=3,
+                                         seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))
+        assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
+
+
+@pytest.mark.parametrize("rules, refused", [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
+def test_a_fedprox_run_refuses_agents_that_would_train_without_its_term(live_config, fleet_factory, rules, refused):
+    """Protocol 1 agents do not know RoundHeader.proximal_mu: they would run plain SGD and call it FedProx."""
+    import grpc
+
+    from flexfl.proto import fleet_pb2 as pb
+    from flexfl.proto import fleet_pb2_grpc as pb_grpc
+    from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION
+
+    from .conftest import TOKEN
+
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, **rules))
+    with grpc.insecure_channel(f"127.0.0.1:{fleet.port}") as channel:
+        stub = pb_grpc.FleetStub(channel)
+        md = [(AUTH_HEADER, f"Bearer {TOKEN}"), (DEVICE_HEADER, "dev-0")]
+        old = pb.JoinRequest(device_id="dev-0", sample_count=100, protocol_version=1)
+        if refused:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Join(old, metadata=md, timeout=5)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "FedProx's mu = 0.1, which agents of protocol version 1 ignore" in info.value.details()
+            old.protocol_version = PROTOCOL_VERSION  # a current agent joins
+        assert stub.Join(old, metadata=md, timeout=5).device_id == "dev-0"
 
 
 @pytest.mark.parametrize("policy", ["exclude", "include"])

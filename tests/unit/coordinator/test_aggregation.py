@@ -1,4 +1,5 @@
-"""Schemes A/B/C by hand (paper Figure 3), FedAvg equivalence, edge cases, and C's unbiasedness."""
+"""Schemes A/B/C by hand (paper Figure 3), FedNova against its formula, FedAvg equivalence, edge cases,
+C's unbiasedness, and the running sum equal to the stacked update for every strategy."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,10 @@ import torch
 
 from coordinator.aggregation import (RunningAggregate, Scheme, apply_update, coefficients, scheme_a, scheme_b,
                                       scheme_c)
-from flexfl.errors import AggregationError
+from coordinator.strategies import STRATEGIES, strategy_names
+from flexfl.errors import AggregationError, ConfigError
+
+ALL = strategy_names()
 
 FIG3_S = [3, 4, 5, 5]
 FIG3_P = [0.25, 0.25, 0.25, 0.25]
@@ -29,8 +33,8 @@ def test_figure3_scheme_c_scales_incomplete_by_e_over_s():
     assert c.values.sum() > 1.0  # intended: C rescales step counts, not a convex combination
 
 
-@pytest.mark.parametrize("scheme", list(Scheme))
-def test_all_schemes_equal_fedavg_when_everyone_completes(scheme):
+@pytest.mark.parametrize("scheme", ALL)
+def test_all_strategies_equal_fedavg_when_everyone_completes(scheme):
     p = np.array([0.1, 0.2, 0.3, 0.4])
     c = coefficients(scheme, s=[7, 7, 7, 7], E=7, p=p)
     np.testing.assert_allclose(c.values, p)
@@ -45,13 +49,13 @@ def test_scheme_a_discards_round_without_complete_device():
     assert torch.equal(new["w"], w["w"])
 
 
-@pytest.mark.parametrize("scheme", list(Scheme))
+@pytest.mark.parametrize("scheme", ALL)
 def test_inactive_devices_get_zero(scheme):
     c = coefficients(scheme, s=[0, 5, 0, 5], E=5, p=[0.25] * 4)
     assert c.values[0] == 0 and c.values[2] == 0
 
 
-@pytest.mark.parametrize("scheme", list(Scheme))
+@pytest.mark.parametrize("scheme", ALL)
 def test_coefficients_finite_for_every_participation_pattern(scheme):
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -79,9 +83,61 @@ def test_bad_inputs_rejected_with_reason(s, E, p, fragment):
         coefficients("C", s=s, E=E, p=p)
 
 
-def test_unknown_scheme_rejected():
-    with pytest.raises(AggregationError, match="unknown scheme"):
+def test_unknown_strategy_rejected_with_the_choices():
+    with pytest.raises(ConfigError, match="unknown strategy 'D'; choose one of scheme-a, scheme-b, scheme-c, fednova"):
         coefficients("D", s=[1], E=1, p=[1.0])
+
+
+def test_the_schemes_are_strategies_under_both_names():
+    for scheme in Scheme:
+        by_letter = coefficients(scheme.value, s=FIG3_S, E=5, p=FIG3_P).values
+        np.testing.assert_array_equal(coefficients(f"scheme-{scheme.value.lower()}", s=FIG3_S, E=5, p=FIG3_P).values,
+                                      by_letter)
+
+
+def _fednova_oracle(*, s, p, deltas):
+    """FedNova's update by its formula, in float64: tau_eff sum_k q_k delta_k / s_k over s_k > 0,
+    q = p renormalised over those devices, tau_eff = sum_k q_k s_k."""
+    s, p = np.asarray(s, dtype=np.float64), np.asarray(p, dtype=np.float64)
+    active = s > 0
+    q = p[active] / p[active].sum()
+    tau_eff = q @ s[active]
+    return tau_eff * np.einsum("k,k...->...", q / s[active], np.asarray(deltas, dtype=np.float64)[active])
+
+
+def test_fednova_follows_its_formula_on_hand_made_updates():
+    # Five devices, E = 4: one inactive, two incomplete, two complete; p boosted (sums to 1.3).
+    s, p = [2, 0, 4, 1, 4], [0.2, 0.3, 0.1, 0.4, 0.3]
+    deltas = [[1.0, -2.0], [100.0, 100.0], [0.5, 0.5], [-1.0, 3.0], [2.0, 0.0]]
+    # By hand: active p = (0.2, 0.1, 0.4, 0.3), sum 1.0, so q = p; tau_eff = 0.4 + 0.4 + 0.4 + 1.2 = 2.4.
+    # sum q delta/s = 0.1 (1, -2) + 0.025 (0.5, 0.5) + 0.4 (-1, 3) + 0.075 (2, 0) = (-0.1375, 1.0125).
+    expected = 2.4 * np.array([-0.1375, 1.0125])
+    np.testing.assert_allclose(_fednova_oracle(s=s, p=p, deltas=deltas), expected)
+    c = coefficients("fednova", s=s, E=4, p=p)
+    np.testing.assert_allclose(c.values, [2.4 * 0.2 / 2, 0.0, 2.4 * 0.1 / 4, 2.4 * 0.4 / 1, 2.4 * 0.3 / 4])
+    assert not c.discarded
+    w = {"w": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    new = apply_update(global_state=w, deltas={"w": torch.tensor(deltas, dtype=torch.float64)}, coefficients=c)
+    np.testing.assert_allclose(new["w"].numpy(), 1.0 + expected, rtol=1e-12)
+
+
+def test_fednova_renormalises_p_over_the_devices_that_did_work():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n, E = int(rng.integers(1, 10)), int(rng.integers(1, 8))
+        s = rng.integers(0, E + 1, size=n)
+        p = rng.dirichlet(np.ones(n)) * rng.choice([1.0, 3.0], size=n)
+        deltas = rng.normal(size=(n, 3))
+        c = coefficients("fednova", s=s, E=E, p=p)
+        if not np.any(s > 0):
+            assert not c.discarded and np.all(c.values == 0)  # nothing arrived: the model stays
+            continue
+        np.testing.assert_allclose(c.values @ deltas, _fednova_oracle(s=s, p=p, deltas=deltas), rtol=1e-10, atol=1e-12)
+        # Scaling every p (a boost or another normalisation of n) changes nothing: only ratios count.
+        np.testing.assert_allclose(coefficients("fednova", s=s, E=E, p=7 * p).values, c.values, rtol=1e-12)
+    # An inactive device's weight does not shrink the others': adding one with s = 0 leaves the update.
+    base = coefficients("fednova", s=[3, 1], E=3, p=[0.5, 0.5]).values
+    np.testing.assert_allclose(coefficients("fednova", s=[3, 1, 0], E=3, p=[0.25, 0.25, 0.5]).values[:2], base)
 
 
 def test_apply_update_weights_rows_and_checks_shapes():
@@ -141,7 +197,7 @@ def _random_round(rng, n: int, E: int, shapes: dict[str, tuple[int, ...]]):
     return s, p, deltas
 
 
-@pytest.mark.parametrize("scheme", list(Scheme))
+@pytest.mark.parametrize("scheme", ALL)
 def test_running_aggregate_equals_apply_update_in_any_arrival_order(scheme):
     rng = np.random.default_rng(7)
     shapes = {"w": (5, 3), "b": (3,)}
@@ -153,15 +209,15 @@ def test_running_aggregate_equals_apply_update_in_any_arrival_order(scheme):
         w = {name: torch.randn(*shape) for name, shape in shapes.items()}
         c = coefficients(scheme, s=s, E=E, p=p)
         batch = apply_update(global_state=w, deltas=deltas, coefficients=c)
-        running = RunningAggregate(scheme=scheme, E=E, like=w)
+        running = RunningAggregate(strategy=scheme, E=E, p=dict(enumerate(p.tolist())), like=w)
         arrived = rng.permutation(n)[: int(rng.integers(0, n + 1))]  # the rest never answer: s = 0
         for k in arrived:
-            running.add(int(k), s=int(s[k]), p=float(p[k]), delta={name: d[k].numpy() for name, d in deltas.items()})
+            running.add(int(k), s=int(s[k]), delta={name: d[k].numpy() for name, d in deltas.items()})
         s_seen = np.zeros(n, dtype=np.int64)
         s_seen[arrived] = s[arrived]
         c_seen = coefficients(scheme, s=s_seen, E=E, p=p)
         expected = apply_update(global_state=w, deltas=deltas, coefficients=c_seen)
-        got = running.apply(global_state=w, n_devices=n)
+        got = running.apply(global_state=w)
         for name in shapes:
             torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
         if c_seen.discarded or not np.any(c_seen.values > 0):
@@ -171,22 +227,29 @@ def test_running_aggregate_equals_apply_update_in_any_arrival_order(scheme):
                 torch.testing.assert_close(got[name], batch[name], rtol=1e-5, atol=1e-6)
 
 
-def test_running_aggregate_weights_are_the_schemes_coefficients_before_scaling():
+def test_running_aggregate_weights_are_the_strategies_coefficients_before_scaling():
     w = {"w": torch.zeros(2)}
-    for scheme, expected in [("A", [0.0, 0.0, 0.25, 0.25]), ("B", [0.25] * 4), ("C", [0.25 * 5 / 3, 0.25 * 5 / 4, 0.25, 0.25])]:
-        running = RunningAggregate(scheme=scheme, E=5, like=w)
-        weights = [running.add(k, s=s, p=0.25, delta={"w": np.ones(2, dtype=np.float32)}) for k, s in enumerate(FIG3_S)]
+    arrival = {"A": [0.0, 0.0, 0.25, 0.25], "B": [0.25] * 4, "C": [0.25 * 5 / 3, 0.25 * 5 / 4, 0.25, 0.25],
+               "fednova": [0.25 / 3, 0.25 / 4, 0.25 / 5, 0.25 / 5]}
+    scale = {"A": 2.0, "B": 1.0, "C": 1.0, "fednova": 0.25 * 17}  # FedNova: tau_eff / sum p = (17 / 4) / 1
+    for scheme, expected in arrival.items():
+        running = RunningAggregate(strategy=scheme, E=5, p=dict.fromkeys(range(4), 0.25), like=w)
+        weights = [running.add(k, s=s, delta={"w": np.ones(2, dtype=np.float32)}) for k, s in enumerate(FIG3_S)]
         np.testing.assert_allclose(weights, expected)
-        scale = running.scale(n_devices=4)
-        np.testing.assert_allclose(np.array(weights) * scale, coefficients(scheme, s=FIG3_S, E=5, p=FIG3_P).values)
+        assert running.scale() == pytest.approx(scale[scheme])
+        np.testing.assert_allclose(np.array(weights) * running.scale(),
+                                   coefficients(scheme, s=FIG3_S, E=5, p=FIG3_P).values)
+    assert set(arrival) - {"fednova"} == {s.value for s in Scheme} and set(STRATEGIES) == set(ALL)
 
 
 def test_running_aggregate_refuses_a_second_update_and_a_wrong_shape():
-    running = RunningAggregate(scheme="C", E=5, like={"w": torch.zeros(2)})
-    running.add("a", s=2, p=0.5, delta={"w": np.ones(2, dtype=np.float32)})
+    running = RunningAggregate(strategy="C", E=5, p={"a": 0.5, "b": 0.5}, like={"w": torch.zeros(2)})
+    running.add("a", s=2, delta={"w": np.ones(2, dtype=np.float32)})
     with pytest.raises(AggregationError, match="already in the sum"):
-        running.add("a", s=3, p=0.5, delta={"w": np.ones(2, dtype=np.float32)})
+        running.add("a", s=3, delta={"w": np.ones(2, dtype=np.float32)})
     with pytest.raises(AggregationError, match=r"'w' has shape \(3,\)"):
-        running.add("b", s=3, p=0.5, delta={"w": np.ones(3, dtype=np.float32)})
-    torch.testing.assert_close(running.apply(global_state={"w": torch.zeros(2)}, n_devices=2)["w"],
+        running.add("b", s=3, delta={"w": np.ones(3, dtype=np.float32)})
+    with pytest.raises(AggregationError, match="'z', which is not a device of this round"):
+        running.add("z", s=3, delta={"w": np.ones(2, dtype=np.float32)})
+    torch.testing.assert_close(running.apply(global_state={"w": torch.zeros(2)})["w"],
                                torch.full((2,), 0.5 * 5 / 2))

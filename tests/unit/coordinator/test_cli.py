@@ -24,6 +24,24 @@ def test_every_departure_policy_and_its_constant_can_be_given_as_flags():
         _rules("--departure-policy", "sometimes")
 
 
+def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch, capsys):
+    from coordinator import strategies
+
+    assert _rules("--strategy", "fednova") == RulesConfig(strategy="fednova")
+    assert _rules("--strategy", "fedprox", "--mu", "0.01") == RulesConfig(strategy="fedprox", mu=0.01)
+    assert _rules("--strategy", "scheme-b") == _rules("--scheme", "B") == RulesConfig(scheme="B")
+    # The choices come from the registry: a strategy registered later is a choice too.
+    monkeypatch.setitem(strategies.STRATEGIES, "fedlater", strategies.SchemeStrategy(strategies.Scheme.B))
+    p = argparse.ArgumentParser()
+    add_rules_flags(p)
+    assert p.parse_args(["--strategy", "fedlater"]).__dict__["cfg.rules.strategy"] == "fedlater"
+    with pytest.raises(SystemExit):
+        _rules("--strategy", "fedavg")
+    with pytest.raises(SystemExit):  # one aggregation flag, not two
+        _rules("--strategy", "scheme-b", "--scheme", "A")
+    assert "{scheme-a,scheme-b,scheme-c,fednova,fedprox,fedlater}" in capsys.readouterr().err
+
+
 def test_token_refuses_a_folder_that_does_not_exist_and_writes_into_one_that_does(tmp_path, capsys):
     import stat
 

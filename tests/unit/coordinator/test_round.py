@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.aggregation import coefficients
 from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.strategies import FedNova, Scheme, SchemeStrategy, strategy_names
+from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 
 
@@ -100,15 +103,16 @@ def test_threshold_departures_follow_the_time_left():
         RulesConfig(threshold_k=-1)
 
 
-@pytest.mark.parametrize("scheme", ["A", "B", "C"])
-def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
+@pytest.mark.parametrize("strategy", strategy_names())
+def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy):
     """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds.
 
     Also the same Gamma estimates: both feed the contributors' updates only, so Scheme A's
     incomplete updates, which the live coordinator receives (and which the stacked close is
     given here), count on neither side.
     """
-    batch, live = _federation(scheme=scheme), _federation(scheme=scheme)
+    rules = {"strategy": strategy, **({"mu": 0.1} if strategy == "fedprox" else {})}
+    batch, live = _federation(**rules), _federation(**rules)
     g = torch.Generator().manual_seed(0)
     # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
     # complete (Scheme A discards it); in round 5 only the boosted newcomer answers.
@@ -136,9 +140,9 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(scheme):
         torch.testing.assert_close(live.params["w"], batch.params["w"], rtol=1e-6, atol=1e-6)
         if tau == 2:
             assert w_live.p[2] == pytest.approx(3 * 40 / 80)  # fast-reboot boost entered the sum's weights
-        if tau == 3 and scheme == "A":
+        if tau == 3 and strategy == "scheme-a":
             assert w_live.coefficients.discarded
-    assert fed_incomplete > 0 if scheme == "A" else fed_incomplete == 0
+    assert fed_incomplete > 0 if strategy == "scheme-a" else fed_incomplete == 0
     live_objective, batch_objective = live.objective.to_dict(), batch.objective.to_dict()
     # The Gamma state comes from the same updates, summed in a different order.
     live_gamma, batch_gamma = live_objective.pop("gammas"), batch_objective.pop("gammas")
@@ -161,3 +165,50 @@ def test_a_sum_that_does_not_match_its_weighing_is_refused():
     assert fed.completed_round == 0 and torch.equal(fed.params["w"], torch.zeros(2))
     fed.close(fed.weigh(1, summed.s), summed=summed)
     torch.testing.assert_close(fed.params["w"], torch.full((2,), 0.25 * 4 / 2))
+
+
+def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
+    assert RulesConfig().aggregation.name == "scheme-c"
+    assert isinstance(RulesConfig(strategy="fednova").aggregation, FedNova)
+    # A scheme strategy is kept as its scheme: one config, written one way, equal to the old spelling.
+    by_name = RulesConfig(strategy="scheme-a")
+    assert by_name == RulesConfig(scheme="A") and by_name.strategy is None
+    assert to_dict(by_name) == to_dict(RulesConfig(scheme="A"))
+    assert "strategy" not in to_dict(RulesConfig(scheme="B"))  # files of scheme runs read as before
+    assert RulesConfig(scheme="B").with_strategy("fednova") == RulesConfig(strategy="fednova")
+    assert RulesConfig(strategy="fednova").with_strategy("A") == RulesConfig(scheme="A")
+    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
+        RulesConfig(strategy="fedfoo")
+    with pytest.raises(ConfigError, match="name two strategies"):
+        RulesConfig(scheme="A", strategy="fednova")
+    with pytest.raises(ConfigError, match="'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
+        RulesConfig(strategy="fednova", unit="epoch")
+    assert RulesConfig(scheme="C", unit="epoch").unit == "epoch"
+    with pytest.raises(ConfigError, match="name two strategies"):
+        RulesConfig(scheme="A", strategy="scheme-b")
+
+
+def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objective():
+    rules = RulesConfig(strategy="fedprox", mu=0.01)
+    assert rules.aggregation.proximal_mu == 0.01 and RulesConfig().aggregation.proximal_mu == 0.0
+    s, p = [0, 2, 5, 3], [0.1, 0.2, 0.3, 0.4]
+    np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
+                                  coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
+    assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
+    with pytest.raises(ConfigError, match="'fedprox' needs rules.mu"):
+        RulesConfig(strategy="fedprox")
+    with pytest.raises(ConfigError, match="rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
+        RulesConfig(mu=0.1)
+    with pytest.raises(ConfigError, match="FedProx's mu must be a number >= 0"):
+        RulesConfig(strategy="fedprox", mu=-1.0)
+
+
+def test_a_strategy_with_a_memory_the_round_does_not_run_is_refused():
+    class WithMemory(SchemeStrategy):
+        memory = True
+
+    class Rules(RulesConfig):  # no registered strategy has a memory yet (issue 19: MIFA)
+        aggregation = WithMemory(Scheme.C)
+
+    with pytest.raises(ConfigError, match="needs a per-device memory, which the round does not run yet"):
+        Federation(rules=Rules(), dataset="synthetic", params={"w": torch.zeros(2)})

@@ -125,3 +125,40 @@ def test_bad_arguments_rejected(kwargs, fragment):
     args = {"updates": 1, "lr": 0.1, "batch_size": 8, "rng": np.random.default_rng(0)} | kwargs
     with pytest.raises(ConfigError, match=fragment):
         train_local(_model(), _data(), **args)
+
+
+def _prox_reference(model, data, *, steps, lr, mu, rng, batch_size):
+    """FedProx's local SGD in float64 through autograd: steps on cross-entropy + mu/2 ||w - w_G||^2."""
+    from workloads.datasets import scaled
+
+    ref = build_model("logreg", in_features=60, num_classes=10).double()
+    ref.load_state_dict({n: p.double() for n, p in model.state_dict().items()})
+    w_g = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    x, y = torch.from_numpy(scaled(data.x)).double(), torch.from_numpy(data.y)
+    for idx in torch.from_numpy(step_plan(len(data), batch_size=batch_size, steps=steps, rng=rng)):
+        loss = torch.nn.functional.cross_entropy(ref(x[idx]), y[idx])
+        loss = loss + mu / 2 * sum(((p - w_g[n]) ** 2).sum() for n, p in ref.named_parameters())
+        grads = torch.autograd.grad(loss, list(ref.parameters()))
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), grads):
+                p.sub_(g, alpha=lr)
+    return {n: (p.detach() - w_g[n]).float() for n, p in ref.named_parameters()}
+
+
+@pytest.mark.parametrize("unit, updates", [("step", 7), ("epoch", 2)])
+def test_fedprox_mu_adds_the_proximal_gradient_mu_w_minus_w_global(unit, updates):
+    data = _data(n=30, seed=4)
+    model, plain_model = _model(seed=2), _model(seed=2)
+    mu, lr = 3.0, 0.1
+    res = train_local(model, data, updates=updates, lr=lr, batch_size=8, rng=np.random.default_rng(1), unit=unit, mu=mu)
+    steps = updates * (1 if unit == "step" else 4)
+    assert res.steps_completed == steps
+    ref = _prox_reference(_model(seed=2), data, steps=steps, lr=lr, mu=mu, rng=np.random.default_rng(1), batch_size=8)
+    plain = train_local(plain_model, data, updates=updates, lr=lr, batch_size=8, rng=np.random.default_rng(1), unit=unit)
+    for name, d in ref.items():
+        torch.testing.assert_close(res.delta[name], d, rtol=1e-4, atol=1e-6)
+        assert not torch.allclose(plain.delta[name], d, rtol=1e-4, atol=1e-6)  # the term is really there
+    # mu pulls towards w_G: the update is shorter than plain SGD's.
+    assert sum(float(d.norm()) for d in res.delta.values()) < sum(float(d.norm()) for d in plain.delta.values())
+    with pytest.raises(ConfigError, match="mu \\(FedProx's proximal weight\\) must be a number >= 0"):
+        train_local(_model(), data, updates=1, lr=0.1, batch_size=8, rng=np.random.default_rng(1), mu=-1.0)

@@ -13,6 +13,7 @@ import pytest
 from coordinator.choices import Scheme
 from coordinator.config import CoordinatorConfig
 from coordinator.round import RulesConfig
+from coordinator.strategies import strategy_names
 from edge_agent.units import Unit
 from flexfl.cli import build_parser
 from flexfl.config import FLAG_PREFIX
@@ -33,7 +34,7 @@ ROOTS = {("coordinator",): CoordinatorConfig, ("live",): LiveConfig, ("sim", "ru
          ("sim", "schemes"): SimConfig, ("data", "show"): _PartitionOnly}
 # Choice lists of flags that set no config field, and their owners.
 OWNERS = {
-    (("sim", "run"), "--scheme"): list(Scheme),
+    (("sim", "run"), "--scheme"): [*Scheme, *strategy_names()],
     (("sim", "table3"), "--dataset"): SWEEP_DATASETS,
     (("sim", "table3"), "--unit"): list(Unit),
     (("sim", "table4"), "--unit"): list(Unit),

@@ -35,11 +35,12 @@ def _models(name, dim, classes, count):
 
 
 def _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, *, starts, shard_of_row, steps, lrs,
-                                   rng_keys, batch=BATCH):
+                                   rng_keys, batch=BATCH, mu=0.0):
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
         ref = build_model(name, in_features=dim, num_classes=classes)
         ref.load_state_dict({n: p.clone() for n, p in starts[i].items()})
-        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch, rng=device_rng(*rng_keys[i]))
+        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch, rng=device_rng(*rng_keys[i]),
+                          mu=mu)
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:
@@ -178,8 +179,12 @@ def test_fedprox_mu_equals_a_float64_reference(name, dim, classes, trainer_class
     mu = 2.0
     trainer = trainer_class(build_model(name, in_features=dim, num_classes=classes), shards, batch_size=BATCH)
     args = dict(shard_of_row=shard_of_row, steps=steps, lr=lrs, start_of_row=start_of_row)
-    deltas, _ = trainer.train(start, **args, rngs=[device_rng(5, 1, k) for k in range(4)], mu=mu)
+    deltas, losses = trainer.train(start, **args, rngs=[device_rng(5, 1, k) for k in range(4)], mu=mu)
     plain, _ = trainer.train(start, **args, rngs=[device_rng(5, 1, k) for k in range(4)])
+    # The plain trainer (edge agents, the simulator's reference) runs the same proximal steps.
+    _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[starts[r] for r in start_of_row],
+                                   shard_of_row=shard_of_row, steps=steps, lrs=lrs,
+                                   rng_keys=[(5, 1, k) for k in range(4)], mu=mu)
     for i in range(4):
         ref = _prox_reference(name, dim, classes, starts[start_of_row[i]], shards[shard_of_row[i]], steps=steps[i],
                               lr=lrs[i], mu=mu, rng=device_rng(5, 1, i))

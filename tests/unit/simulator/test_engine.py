@@ -115,14 +115,21 @@ def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
     """--scheme picks the schemes to run (it was the rules' flag, and ignored: A, B and C ran)."""
     out = tmp_path / "out"
     code = main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--rounds", "3", "--E", "4",
-                 "--total-samples", "900", "--scheme", "B", "--scheme", "C", "--out", str(out)])
+                 "--total-samples", "900", "--scheme", "B", "--scheme", "scheme-c", "--scheme", "fednova",
+                 "--scheme", "fedprox", "--mu", "0.5", "--out", str(out)])
     assert code == 0
     rows = list(csv.DictReader(open(out / "rounds.csv")))
-    assert len(rows) == 6 and {r["scheme"] for r in rows} == {"B", "C"}
+    assert len(rows) == 12 and {r["scheme"] for r in rows} == {"B", "C", "fednova", "fedprox"}
     assert (out / "accuracy.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["final_acc"]) == {"B", "C"}
+    assert set(summary["final_acc"]) == {"B", "C", "fednova", "fedprox"}
+    assert "strategy = \"fednova\"" in (out / "fednova" / "sim.toml").read_text()
+    assert "mu = 0.5" in (out / "fedprox" / "sim.toml").read_text() and "mu =" not in (out / "B" / "sim.toml").read_text()
     assert "final test accuracy" in capsys.readouterr().out
+    assert main(["sim", "run", "--schemes", "C,fedfoo", "--out", str(tmp_path / "no")]) == 2
+    assert "unknown strategy 'fedfoo'" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert main(["sim", "run", "--schemes", "C,fedprox", "--out", str(tmp_path / "no")]) == 2  # no mu
+    assert "'fedprox' needs rules.mu" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_cli_run_keeps_the_old_schemes_spelling(tmp_path, caplog):

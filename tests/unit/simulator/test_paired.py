@@ -47,6 +47,16 @@ def test_schemes_a_b_c_trained_together_equal_each_run_alone():
     assert any(not torch.equal(results[0].final_params[n], results[2].final_params[n]) for n in results[0].final_params)
 
 
+def test_strategies_trained_together_equal_each_run_alone_and_one_call_takes_one_mu():
+    data = load_data(BASE)
+    for configs in ([BASE, replace(BASE, rules=BASE.rules.with_strategy("fednova"))],
+                    [replace(BASE, rules=BASE.rules.with_strategy("fedprox", mu=1.0), seed=s) for s in (0, 2)]):
+        for cfg, res in zip(configs, run_paired(configs, data=data)):
+            assert_same_run(res, run_simulation(cfg, data=data))  # FedProx: the plain path runs the same mu
+    with pytest.raises(ConfigError, match="config 1 trains with FedProx's mu = 1.0, config 0 with 0.0"):
+        run_paired([BASE, configs[0]], data=data)
+
+
 def test_fast_reboot_on_and_off_with_an_arrival_equal_each_run_alone():
     events = ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2), ArrivalEvent(device=6, round=4)),
                             departures=(DepartureEvent(device=0, round=3, policy="include"),))

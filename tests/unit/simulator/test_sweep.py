@@ -229,3 +229,25 @@ def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_consta
     k_new = replace(k_old, rules=replace(k_old.rules, threshold_k=80.0))
     assert not runs_alike(to_dict(k_old), k_new)
     assert runs_alike(to_dict(k_old), replace(k_old, rules=replace(k_old.rules, auto_c=4.217)))
+
+
+def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
+    """A committed run (saved before [rules].strategy existed) reads back byte-equal, so sweeps
+    and checkpoints reuse it; its strategy-spelled twin is the same run; FedNova is another."""
+    from flexfl.config import from_dict
+    from simulator.engine import _same_configs, _state_key, runs_alike
+    from simulator.sweep import _plain_config
+
+    repo = Path(__file__).resolve().parents[3]
+    saved = json.loads((repo / "results/epoch-paper/runs/table3_mnist/per-label_niid_T2_seed0_A.json")
+                       .read_text())["config"]
+    cfg = from_dict(SimConfig, saved)
+    assert _plain_config(cfg) == saved  # the fast path: nothing new written for a scheme run
+    assert cfg.rules.aggregation.name == "scheme-a"
+    spelled = replace(cfg, rules=replace(cfg.rules, scheme="C", strategy="scheme-a"))
+    assert spelled == cfg and runs_alike(saved, spelled)
+    assert _same_configs(_state_key([cfg]), [spelled])
+    in_steps = replace(cfg, rules=replace(cfg.rules, unit="step"))  # FedNova counts steps
+    nova = replace(in_steps, rules=in_steps.rules.with_strategy("fednova"))
+    assert not runs_alike(to_dict(in_steps), nova) and not runs_alike(to_dict(nova), in_steps)
+    assert runs_alike(to_dict(nova), nova) and to_dict(nova)["rules"]["strategy"] == "fednova"

@@ -1,0 +1,234 @@
+"""Aggregation strategies: the factors each rule gives the round's sum, and the registry `[rules]` picks from.
+
+A round under any strategy updates w <- w + sum_k c_k delta_k, and every strategy here
+factors its coefficients as
+
+    c_k = arrival_weight(s_k, E, p_k) * round_scale(s, E, p)
+
+The first factor is known the moment device k's update arrives, the second only when the
+round closes (it may depend on every device's s and p; s_k = 0 for a device that sent
+nothing). coordinator.aggregation builds both forms of the round from these two factors:
+the coefficients the simulator applies to its stacked updates, and the running sum the
+live coordinator adds each update into; so the two cannot disagree, for any strategy.
+
+Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c";
+FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
+"fedprox". A strategy may also add a term to each device's local objective (FedProx's
+mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers run it, edge_agent.trainer and the
+simulator's row trainers alike) or need a per-device memory (MIFA: each device's latest
+update); none here does the latter yet, and the round refuses one that does
+(Strategy.memory) rather than run it without.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from coordinator.choices import Scheme  # its owner: light, for parsers
+from flexfl.errors import AggregationError, ConfigError
+
+
+def checked_round(s: Sequence[int] | np.ndarray, E: int,
+                  p: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """s as int64 and p as float64 arrays of one round, or an AggregationError naming the bad index and value."""
+    if not isinstance(E, (int, np.integer)) or E < 1:
+        raise AggregationError(f"E (required local updates) must be an integer >= 1, got {E!r}")
+    s_arr = np.asarray(s)
+    p_arr = np.asarray(p, dtype=np.float64)
+    if s_arr.ndim != 1 or p_arr.ndim != 1 or len(s_arr) != len(p_arr):
+        raise AggregationError(
+            f"s and p must be 1-D and of equal length, got shapes {s_arr.shape} and {p_arr.shape}"
+        )
+    if s_arr.size and not np.issubdtype(s_arr.dtype, np.integer):
+        if not np.all(np.isfinite(s_arr)) or not np.all(s_arr == np.round(s_arr)):
+            raise AggregationError(f"s must hold integers (updates completed), got {s_arr.tolist()}")
+    s_arr = s_arr.astype(np.int64)
+    bad = np.flatnonzero((s_arr < 0) | (s_arr > E))
+    if bad.size:
+        k = int(bad[0])
+        raise AggregationError(f"s[{k}] = {s_arr[k]} is outside 0..E (E = {E})")
+    bad = np.flatnonzero(~np.isfinite(p_arr) | (p_arr < 0))
+    if bad.size:
+        k = int(bad[0])
+        raise AggregationError(f"p[{k}] = {p_arr[k]} must be finite and >= 0")
+    return s_arr, p_arr
+
+
+class Strategy(ABC):
+    """One aggregation rule as the two factors of its coefficients (module docstring).
+
+    Both methods take one round's checked arrays (checked_round): s (int64 [N], 0 for a
+    device that sent nothing) and p (float64 [N], the objective's weights with the
+    fast-reboot boost). A weight of 0 keeps a device's update out of the round.
+    """
+
+    name: ClassVar[str]  # its value of [rules].strategy
+    label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
+    title: ClassVar[str]  # how printed lines and plots name it
+    # A per-device memory (keeps each device's latest update between rounds: MIFA, issue 19);
+    # no strategy here has one yet, and the round refuses it.
+    memory: ClassVar[bool] = False
+    # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
+    # steps, a count the round does not have).
+    needs_steps: ClassVar[bool] = False
+
+    @property
+    def proximal_mu(self) -> float:
+        """mu of the term mu/2 ||w - w_G||^2 in every device's local objective (0: none)."""
+        return 0.0
+
+    @abstractmethod
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        """Each device's factor known at its update's arrival, float64 [N]."""
+
+    @abstractmethod
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        """The factor known at the round's close; None: the round is discarded (the model stays)."""
+
+
+# The paper's schemes' arrival weights, p_k times: A [s_k = E], B [s_k > 0], C E/s_k (0 at s_k = 0).
+_SCHEME_WEIGHT = {
+    Scheme.A: lambda s, E, p: p * (s == E),
+    Scheme.B: lambda s, E, p: np.where(s > 0, p, 0.0),
+    Scheme.C: lambda s, E, p: p * np.divide(E, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0),
+}
+
+
+@dataclass(frozen=True)
+class SchemeStrategy(Strategy):
+    """Scheme A, B or C (paper Section 4.1): p_tau^k = N p^k q_k / K_tau (A), p^k (B), (E/s_k) p^k (C).
+
+    A keeps complete devices only (q_k = [s_k = E]) and discards a round with none (K_tau = 0);
+    B and C accept incomplete work, C rescaling it by E/s_k; an inactive device gets 0 in each.
+    """
+
+    scheme: Scheme
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"scheme-{self.scheme.value.lower()}"
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return self.scheme.value
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return f"Scheme {self.scheme.value}"
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[self.scheme](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        if self.scheme is not Scheme.A:
+            return 1.0
+        n_complete = int((s == E).sum())
+        return None if n_complete == 0 else len(s) / n_complete
+
+
+@dataclass(frozen=True)
+class FedNova(Strategy):
+    """FedNova with plain local SGD: w <- w + tau_eff sum_k q_k delta_k / s_k, tau_eff = sum_k q_k s_k.
+
+    Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+    Optimization", NeurIPS 2020. Their general update is w <- w - tau_eff sum_i w_i eta d_i
+    with weights w_i summing to 1; FedNova takes w_i = p_i and tau_eff = sum_i p_i tau_i. With
+    plain SGD (no momentum, no proximal term) the normalising vector a_i is all ones, so
+    -eta d_i = delta_i / tau_i: device k's update averaged over its s_k local steps.
+
+    Which devices, and how p is normalised: the sums run over the round's devices that did
+    work (s_k > 0), with q_k = p_k / sum_{j: s_j > 0} p_j, p the objective's weights (n_k / n,
+    fast-reboot boost included) renormalised to sum to 1 over them, as the paper's w_i must.
+    A device with s_k = 0 sent no update: it has no d_k (delta_k / s_k is 0/0) and counts in
+    neither sum, like a client the round did not select; keeping its p would shrink tau_eff
+    and the direction twice over. So a departed device kept under `include` (p_k > 0, s_k = 0
+    from then on) changes nothing here; include and exclude differ only in the rate restart.
+    A round where nobody did work leaves the model as it is (not discarded: nothing arrived).
+
+    tau_i counts local SGD steps, so s must too: FedNova needs [rules].unit = "step" (with
+    unit = "epoch" a device's s epochs are s ceil(n_k / B) steps, and the normalisation would
+    use the wrong count; the round refuses it, see RulesConfig).
+
+    When every device completes E steps, tau_eff = E and c_k = q_k: FedAvg, as Schemes A, B
+    and C give when p sums to 1. It factors as arrival weight p_k / s_k and round scale
+    (sum_{s_j>0} p_j s_j) / (sum_{s_j>0} p_j)^2 = tau_eff / sum_{s_j>0} p_j, both sums
+    accumulated as updates arrive.
+    """
+
+    name: ClassVar[str] = "fednova"
+    label: ClassVar[str] = "fednova"
+    title: ClassVar[str] = "FedNova"
+    needs_steps: ClassVar[bool] = True
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return p * np.divide(1.0, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        active = s > 0
+        p_active = float(p[active].sum())
+        if p_active == 0.0:
+            return 1.0  # nobody did work (or all weights are 0): the sum is empty, any scale leaves w
+        tau_eff = float(p[active] @ s[active]) / p_active
+        return tau_eff / p_active
+
+
+@dataclass(frozen=True)
+class FedProx(Strategy):
+    """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
+
+    Each device minimises F_k(w) + mu/2 ||w - w_G||^2 from the global model w_G: every
+    local SGD step's gradient gains mu (w - w_G) (edge_agent.trainer.train_local, and the
+    simulator's row trainers). The server accepts partial work as Scheme B does: c_k = p_k
+    for every device with s_k > 0 (FedProx's "variable amounts of work" from stragglers,
+    averaged at their base weights), 0 for an inactive one. mu = 0 is Scheme B. `mu` is
+    [rules].mu; the registry's instance has mu = 0 and RulesConfig.aggregation sets it.
+    """
+
+    name: ClassVar[str] = "fedprox"
+    label: ClassVar[str] = "fedprox"
+    title: ClassVar[str] = "FedProx"
+    mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.mu) and self.mu >= 0):
+            raise ConfigError(f"FedProx's mu must be a number >= 0, got {self.mu!r}")
+
+    @property
+    def proximal_mu(self) -> float:
+        return float(self.mu)
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[Scheme.B](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        return 1.0
+
+
+STRATEGIES: dict[str, Strategy] = {
+    **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
+    FedNova.name: FedNova(),
+    FedProx.name: FedProx(),
+}
+
+
+def strategy_names() -> list[str]:
+    """The registered strategies' names ([rules].strategy values, CLI choices)."""
+    return list(STRATEGIES)
+
+
+def get_strategy(name: str | Scheme | Strategy) -> Strategy:
+    """The strategy registered as `name`; a Scheme or its letter names its scheme's strategy."""
+    if isinstance(name, Strategy):
+        return name
+    if isinstance(name, Scheme) or name in {s.value for s in Scheme}:
+        return STRATEGIES[f"scheme-{Scheme(name).value.lower()}"]
+    try:
+        return STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} "
+                          f"(or a scheme: {', '.join(s.value for s in Scheme)})") from None
