@@ -32,6 +32,8 @@ class _PartitionOnly:  # `flexfl data show` reads only a [partition] table
 # The config class behind each command's flag_dest() flags.
 ROOTS = {("coordinator",): CoordinatorConfig, ("live",): LiveConfig, ("sim", "run"): SimConfig,
          ("sim", "schemes"): SimConfig, ("data", "show"): _PartitionOnly}
+# Config fields that hold a name from a registry (not an enum), and the registry's names.
+REGISTRY_FIELDS = {"strategy": strategy_names()}
 # Choice lists of flags that set no config field, and their owners.
 OWNERS = {
     (("sim", "run"), "--scheme"): [*Scheme, *strategy_names()],
@@ -82,6 +84,9 @@ def test_every_choice_list_is_its_owners() -> None:
                 if isinstance(tp, type) and issubclass(tp, enum.Enum):
                     assert action.choices is not None, (path, flag, "an enum field needs its choices")
                     assert _values(action.choices) == _values(tp), (path, flag)
+                    checked += 1
+                elif action.dest.rpartition(".")[2] in REGISTRY_FIELDS:
+                    assert _values(action.choices) == _values(REGISTRY_FIELDS[action.dest.rpartition(".")[2]])
                     checked += 1
                 else:
                     assert action.choices is None, (path, flag, tp)
