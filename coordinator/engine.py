@@ -28,8 +28,10 @@ does not hold (they run again) and reports rounds that have no row.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -58,6 +60,9 @@ from workloads.partition_spec import PartitionSpec
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"  # in the output folder, beside metrics.jsonl
+# Announced departures and returns, appended (fsynced) as they happen: a crash before the next
+# checkpoint must not lose a departure, since the device is gone and will not announce it again.
+EVENTS_NAME = "events.jsonl"
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
 
 
@@ -222,6 +227,7 @@ class RoundEngine:
         if self.folder.moved_aside is not None:
             log.info("--fresh: moved the earlier run in %s to %s", self.out_dir, self.folder.moved_aside)
         self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
+        self.events_path = self.out_dir / EVENTS_NAME
         metrics_path = self.out_dir / "metrics.jsonl"
         try:
             if resume:
@@ -281,6 +287,7 @@ class RoundEngine:
                 record.departed = False
                 record.sample_count = n_samples
                 record.joined_after_round = self.completed_round
+                self._journal("rejoin", device_id)
                 if device_id in self._pending_departures:
                     self._pending_departures.remove(device_id)
                 elif self._training_begun:
@@ -339,6 +346,7 @@ class RoundEngine:
             record = self._known(device_id)
             if not record.departed:
                 record.departed = True
+                self._journal("leave", device_id)
                 r = self.current
                 if r is not None and not r.closed and device_id in r.taking_part:
                     r.left.add(device_id)  # the round does not wait for a device that is gone
@@ -351,6 +359,44 @@ class RoundEngine:
                          self.cfg.rules.departure_policy)
             self._cond.notify_all()
             return str(self.cfg.rules.departure_policy)  # auto, threshold: decided when the round closes (metrics)
+
+    def _journal(self, event: str, device_id: str) -> None:
+        """Append a membership event to events.jsonl and fsync it (lock held; departures are rare)."""
+        with open(self.events_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": event, "device": device_id, "after_round": self.completed_round}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _replay_journal(self) -> None:
+        """After a restore: apply each device's last journaled event that the checkpoint does not hold.
+
+        A departure announced after the checkpoint's close (or held pending when a stop saved
+        it) leaves a member in the objective: it departs at the next close. A device that came
+        back after its departure was checkpointed is back (its agent is running and will not
+        join again). Replaying is idempotent: what the checkpoint holds is left alone.
+        """
+        if not self.events_path.exists():
+            return
+        last: dict[str, str] = {}
+        for n, line in enumerate(self.events_path.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                e = json.loads(line)
+                last[str(e["device"])] = str(e["event"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s line %d is unreadable (a crash mid-write?): skipped", self.events_path, n)
+        objective = self.objective
+        for device_id, event in last.items():
+            record = self.registry.get(device_id)
+            if record is None:
+                continue
+            if event == "leave" and device_id in objective.active_members():
+                record.departed = True
+                self._pending_departures.append(device_id)
+                log.info("device %s announced its departure after the checkpoint: it takes effect at the next close",
+                         device_id)
+            elif event == "rejoin" and record.departed:
+                record.departed = False
+                log.info("device %s came back after the checkpoint", device_id)
 
     def pull_wait_s(self, wait_s: float) -> float:
         """How long a PullRound asking for `wait_s` may be held (server.pull_wait_s at most)."""
@@ -808,10 +854,13 @@ class RoundEngine:
         self.federation.objective = Objective.from_dict(ckpt.objective)
         self.run_id = ckpt.run_id
         self.registry = Registry.from_dict(ckpt.registry)
-        # Devices that joined after the checkpoint's last close (pending arrivals when it was
-        # written at a stop) are in its registry but not yet in the objective: they still arrive.
+        self._replay_journal()
+        # Devices that joined (or came back) after the checkpoint's last close are in the registry
+        # but not (or no longer) training in the objective: they still arrive.
+        objective = self.objective
         self._pending_arrivals = [d for d, rec in self.registry.devices.items()
-                                  if not rec.departed and d not in self.objective.sample_counts]
+                                  if not rec.departed and (d not in objective.sample_counts
+                                                           or d in objective.departed_included)]
         log.info("resumed from %s after round %d", self.checkpoint_path, self.completed_round)
 
     def _repair_metrics(self, path: Path) -> None:

@@ -156,3 +156,19 @@ def procs():
         if p.poll() is None:
             p.kill()
         p.communicate(timeout=10)
+
+
+@pytest.fixture
+def agents(fleet_factory, live_config):
+    """agents(port, index, **kw): a thread agent (EdgeAgent) of a `flexfl coordinator` process on `port`.
+
+    fleet_factory's in-process coordinator only lends its agent configs (it waits for 99
+    devices and never starts); keywords go to Fleet.agent_config.
+    """
+    helper = fleet_factory(live_config(rounds=1, n_devices=3, min_devices=99))
+
+    def start(port: int, index: int, **kw) -> EdgeAgent:
+        helper.port = port
+        return helper.start_agent(index, **kw)
+
+    return start

@@ -26,25 +26,13 @@ def _coordinator(config: Path, log: Path, *args: str) -> subprocess.Popen:
     return flexfl_process("coordinator", "--config", str(config), *args, log=log)
 
 
-@pytest.fixture
-def agents(fleet_factory, live_config):
-    """Thread agents for a subprocess coordinator (the in-process one of fleet_factory never starts)."""
-    helper = fleet_factory(live_config(rounds=1, n_devices=3, min_devices=99))
-
-    def start(port: int, index: int):
-        helper.port = port
-        return helper.start_agent(index, participation=FAST)
-
-    return start
-
-
 def test_every_device_departing_pauses_the_run_until_one_comes_back_also_after_resume(tmp_path, procs, agents,
                                                                                         wait_for):
     port = free_port()
     config = coordinator_toml(tmp_path, port, rounds=6)
     coord = _coordinator(config, tmp_path / "c1.log")
     procs.append(coord)
-    fleet = [agents(port, i) for i in range(3)]
+    fleet = [agents(port, i, participation=FAST) for i in range(3)]
     metrics = tmp_path / "out" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 2, timeout=90, what="two rounds")
     for agent in fleet:
@@ -65,7 +53,7 @@ def test_every_device_departing_pauses_the_run_until_one_comes_back_also_after_r
 
     resumed = _coordinator(config, tmp_path / "c2.log", "--resume")
     procs.append(resumed)
-    agents(port, 1)  # dev-1 comes back: it arrives and the run goes on to the end
+    agents(port, 1, participation=FAST)  # dev-1 comes back: it arrives and the run goes on to the end
     assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
     rows = read_metrics(metrics)
     assert [r["round"] for r in rows] == list(range(1, 7))
@@ -79,7 +67,7 @@ def test_on_empty_stop_ends_with_exit_code_3_and_one_line_and_resume_continues(t
     log = tmp_path / "c1.log"
     coord = _coordinator(config, log)
     procs.append(coord)
-    fleet = [agents(port, i) for i in range(3)]
+    fleet = [agents(port, i, participation=FAST) for i in range(3)]
     metrics = tmp_path / "out" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 1, timeout=90, what="a round")
     for agent in fleet:
@@ -91,6 +79,6 @@ def test_on_empty_stop_ends_with_exit_code_3_and_one_line_and_resume_continues(t
 
     resumed = _coordinator(config, tmp_path / "c2.log", "--resume")
     procs.append(resumed)
-    agents(port, 2)
+    agents(port, 2, participation=FAST)
     assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
     assert [r["round"] for r in read_metrics(metrics)] == [1, 2, 3, 4]

@@ -90,3 +90,39 @@ def test_sigterm_leaves_a_final_checkpoint(tmp_path, procs, wait_for):
     raw = torch.load(ckpt, weights_only=True)
     assert raw["completed_round"] == 0 and set(raw["params"]) == {"linear.weight", "linear.bias"}
     assert "stopped after round 0" in (tmp_path / "c.log").read_text()
+
+
+def test_a_departure_announced_before_a_crash_is_not_lost(tmp_path, procs, agents, wait_for):
+    """Before: the Leave lived only in memory until its round's checkpoint; a coordinator killed in
+    between came back with the device still in the objective (silent forever: it will not announce
+    again). Found by the soak, whose departures sometimes vanished after its coordinator kill."""
+    port = free_port()
+    config = coordinator_toml(tmp_path, port, rounds=3, deadline_s=60.0)
+    log = tmp_path / "c1.log"
+    coord = flexfl_process("coordinator", "--config", str(config), log=log)
+    procs.append(coord)
+    slow = agents(port, 0, participation=ParticipationConfig(min_update_s=3.0))  # holds each round ~15 s
+    leaving = agents(port, 1, participation=ParticipationConfig(min_update_s=0.05))
+    agents(port, 2, participation=ParticipationConfig(min_update_s=0.05))
+    client = CoordinatorClient(f"127.0.0.1:{port}", TOKEN)
+    try:
+        checkpoint = tmp_path / "out" / "checkpoint.pt"
+        wait_for(lambda: (st := client.status()) is not None and st.open_round == 2 and checkpoint.exists(),
+                 timeout=90, what="round 1's checkpoint and round 2 open")
+        leaving.stop(announce=True)
+        wait_for(lambda: any(d.device_id == "dev-1" and d.departed for d in client.status().devices), timeout=30,
+                 what="dev-1's departure to reach the coordinator")
+        assert client.status().open_round == 2  # round 2 (and its checkpoint) have not closed
+    finally:
+        client.close()
+    coord.send_signal(signal.SIGKILL)
+    coord.wait(timeout=10)
+    slow.stop(announce=False)  # let the resumed rounds run at the others' pace
+    resumed = flexfl_process("coordinator", "--config", str(config), "--resume", log=tmp_path / "c2.log")
+    procs.append(resumed)
+    agents(port, 0, participation=ParticipationConfig(min_update_s=0.05))
+    assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
+    rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[1]["departures"] == ["dev-1"], [r["departures"] for r in rows]
+    assert "dev-1" not in rows[2]["participants"] and "dev-1" not in rows[2]["p"]
