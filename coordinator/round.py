@@ -33,7 +33,7 @@ from coordinator.aggregation import Coefficients, RunningAggregate, apply_update
 from coordinator.gamma import UpdateSketch, dissimilarities
 from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
                                    ThresholdDeparture)
-from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, get_strategy
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, configured_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -125,9 +125,7 @@ class RulesConfig:
     @property
     def aggregation(self) -> Strategy:
         """The strategy these rules aggregate with: `strategy`, else `scheme`'s (FedProx with `mu`)."""
-        if self.strategy == FedProx.name:
-            return FedProx(mu=self.mu or 0.0)
-        return get_strategy(self.strategy if self.strategy is not None else self.scheme)
+        return configured_strategy(self.strategy if self.strategy is not None else self.scheme, mu=self.mu)
 
     def with_strategy(self, name: str | Scheme, *, mu: float | None = None) -> RulesConfig:
         """These rules under another strategy (a name of coordinator.strategies, or a scheme); `mu` for FedProx."""

@@ -82,6 +82,17 @@ class Strategy(ABC):
         """mu of the term mu/2 ||w - w_G||^2 in every device's local objective (0: none)."""
         return 0.0
 
+    @property
+    def parameters(self) -> dict[str, float]:
+        """The strategy's own settings, by their [rules] key (FedProx: mu); empty when it has none."""
+        return {}
+
+    @property
+    def description(self) -> str:
+        """Its title with its parameters, as reports and printed lines name a run's strategy: "FedProx (mu = 0.01)"."""
+        params = ", ".join(f"{key} = {value:g}" for key, value in self.parameters.items())
+        return f"{self.title} ({params})" if params else self.title
+
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         """Each device's factor known at its update's arrival, float64 [N]."""
@@ -202,6 +213,10 @@ class FedProx(Strategy):
     def proximal_mu(self) -> float:
         return float(self.mu)
 
+    @property
+    def parameters(self) -> dict[str, float]:
+        return {"mu": float(self.mu)}
+
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.B](s, E, p)
 
@@ -221,6 +236,12 @@ def strategy_names() -> list[str]:
     return list(STRATEGIES)
 
 
+def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
+    """The strategy `name` with its [rules] parameters (FedProx's mu; None there: 0), as a run uses it."""
+    rule = get_strategy(name)
+    return FedProx(mu=mu or 0.0) if isinstance(rule, FedProx) else rule
+
+
 def get_strategy(name: str | Scheme | Strategy) -> Strategy:
     """The strategy registered as `name`; a Scheme or its letter names its scheme's strategy."""
     if isinstance(name, Strategy):
@@ -232,3 +253,14 @@ def get_strategy(name: str | Scheme | Strategy) -> Strategy:
     except (KeyError, TypeError):
         raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} "
                           f"(or a scheme: {', '.join(s.value for s in Scheme)})") from None
+
+
+def title_of(label: str) -> str:
+    """The title of the strategy whose run-table label is `label` ("C" -> "Scheme C"); an unknown label as it is.
+
+    Run tables and folders name a strategy by its label, which carries no parameters (FedProx's
+    mu): use Strategy.description where the run's config is at hand."""
+    try:
+        return get_strategy(label).title
+    except ConfigError:
+        return label
