@@ -13,11 +13,11 @@ live coordinator adds each update into; so the two cannot disagree, for any stra
 
 Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c";
 FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
-"fedprox". A strategy may also add a term to each device's local objective (FedProx's
-mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers run it, edge_agent.trainer and the
-simulator's row trainers alike) or need a per-device memory (MIFA: each device's latest
-update); none here does the latter yet, and the round refuses one that does
-(Strategy.memory) rather than run it without.
+"fedprox"; MIFA (Gu et al., NeurIPS 2021) is "mifa". A strategy may also add a term to each
+device's local objective (FedProx's mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers
+run it, edge_agent.trainer and the simulator's row trainers alike) or need a per-device
+memory (Strategy.memory, MIFA's latest update of each device: coordinator.memory, kept by
+coordinator.round.Federation for both engines).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Strategy(ABC):
     name: ClassVar[str]  # its value of [rules].strategy
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
-    # A per-device memory (keeps each device's latest update between rounds: MIFA, issue 19);
-    # no strategy here has one yet, and the round refuses it.
+    # A per-device memory: the round keeps each device's latest update between rounds and
+    # applies them all every round (MIFA; coordinator.round.Federation runs it).
     memory: ClassVar[bool] = False
     # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
     # steps, a count the round does not have).
@@ -224,10 +224,55 @@ class FedProx(Strategy):
         return 1.0
 
 
+@dataclass(frozen=True)
+class MIFA(Strategy):
+    """MIFA (Gu et al., "Fast Federated Learning in the Presence of Arbitrary Device Unavailability", NeurIPS 2021).
+
+    The server keeps each device's latest update and applies the weighted average of all of
+    them every round, so a device that sent nothing this round contributes its last update
+    instead of nothing. With plain local SGD, MIFA's memory G^k = (w - w_k) / eta_t is the sum
+    of the K gradients device k took from w in the round t it last trained, and the server
+    steps w <- w - eta_tau (1/N) sum_k G^k with the *current* rate eta_tau.
+
+    What FlexFL keeps (coordinator.memory.UpdateMemory, run by coordinator.round.Federation):
+    m_k = (E / s_k) delta_k / eta_t, delta_k = w_k - w the update of s_k steps made at rate
+    eta_t, i.e. -G^k scaled to E steps: MIFA assumes every active device completes its K = E
+    steps; an incomplete update (0 < s_k < E) is scaled up by E / s_k as Scheme C scales it, so
+    every memory estimates a full round's work. The round is then
+
+        w <- w + eta_tau sum_k p_k m_k     over every objective member k with a memory,
+
+    p_k the objective's weight (n_k / n, fast-reboot boost included): MIFA's 1/N is its
+    uniform objective; FlexFL's objective weighs devices by their samples. A device that
+    updated this round thus enters at (E / s_k) p_k delta_k, Scheme C's coefficient (these
+    are the arrival weights and Weighing's coefficients; the memory term of the others is
+    beside them). A device before its first update (a founding member that has not yet
+    sent one, an arrival) has no memory and contributes nothing: its G^k starts at 0, as
+    MIFA's Algorithm 1 starts it (as recalled: check against the paper before relying on it).
+    A departed device under `include` stays in the objective and keeps contributing its last
+    update every round (MIFA's answer to a device that went silent); under `exclude` it
+    leaves the objective and its memory is dropped. A device that rejoins keeps its memory
+    until its next update replaces it. Checkpoints of the live coordinator hold the memories
+    (coordinator.checkpoint), so a restarted coordinator resumes with them.
+    """
+
+    name: ClassVar[str] = "mifa"
+    label: ClassVar[str] = "mifa"
+    title: ClassVar[str] = "MIFA"
+    memory: ClassVar[bool] = True
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[Scheme.C](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        return 1.0  # never discarded: with no update at all the memories still move w
+
+
 STRATEGIES: dict[str, Strategy] = {
     **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
     FedNova.name: FedNova(),
     FedProx.name: FedProx(),
+    MIFA.name: MIFA(),
 }
 
 
