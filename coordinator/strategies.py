@@ -253,7 +253,11 @@ class MIFA(Strategy):
     update every round (MIFA's answer to a device that went silent); under `exclude` it
     leaves the objective and its memory is dropped. A device that rejoins keeps its memory
     until its next update replaces it. Checkpoints of the live coordinator hold the memories
-    (coordinator.checkpoint), so a restarted coordinator resumes with them.
+    (coordinator.checkpoint), so a restarted coordinator resumes with them (the simulator's
+    checkpoints pickle the whole Federation, memory included). Memory costs one float32 model
+    per device with a memory, plus, live, a copy of each update received in the open round;
+    there is no budget check. A round's recorded coefficients (metrics rows, the report's
+    heatmap) are those of its own updates: the memories of the others are not in them.
     """
 
     name: ClassVar[str] = "mifa"
