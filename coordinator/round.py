@@ -207,6 +207,8 @@ class RoundOutcome:
     shifted: bool = False  # the objective changed (arrival, or a departure under exclude)
     departure_gammas: dict[str, float | None] = field(default_factory=dict)  # Gamma estimates at departure
     founded: tuple[str, ...] = ()  # founding members that entered at this close (Arrival.founding)
+    # MIFA: the devices whose memory entered w (this round's contributors and the remembered others)
+    remembered: tuple[str, ...] = ()
 
 
 @dataclass
@@ -341,7 +343,8 @@ class Federation:
             self.params = params
         self._note_gamma(weighing, contributors, sketches, lr=lr)
         self.completed_round = tau
-        return RoundOutcome(weighing=weighing, lr=lr, params=self.params,
+        remembered = tuple(self.memory.memories) if self.memory is not None else ()
+        return RoundOutcome(weighing=weighing, lr=lr, params=self.params, remembered=remembered,
                             **self.apply_between_rounds(arrivals=arrivals, departures=departures))
 
     def apply_between_rounds(self, *, arrivals: Sequence[Arrival] = (),

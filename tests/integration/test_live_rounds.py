@@ -131,6 +131,8 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     if strategy == "mifa":  # dev-3, inactive in round 2, applied its round-1 memory on both sides: not Scheme C
+        assert [r["remembered"] for r in rows] == [r["remembered"] for r in sim.rows] == \
+            [["dev-0", "dev-1", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"]]
         plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"), rounds=3,
                                          seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
