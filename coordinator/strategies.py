@@ -257,7 +257,7 @@ class MIFA(Strategy):
     checkpoints pickle the whole Federation, memory included). Memory costs one float32 model
     per device with a memory, plus, live, a copy of each update received in the open round;
     there is no budget check. A round's recorded coefficients (metrics rows, the report's
-    heatmap) are those of its own updates: the memories of the others are not in them.
+    heatmap) are those of its own updates; rows list the devices whose memory entered w as "remembered".
     """
 
     name: ClassVar[str] = "mifa"
