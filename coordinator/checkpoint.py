@@ -1,4 +1,4 @@
-"""Atomic checkpoints of the coordinator: global model, round, registry, objective (schedule state)."""
+"""Atomic checkpoints of the coordinator: global model, round, registry, objective (schedule state), update memory."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class Checkpoint:
     run_id: str
     registry: dict
     objective: dict
+    # A strategy with a per-device memory (MIFA): coordinator.memory.UpdateMemory.snapshot(); None without
+    memory: dict | None = None
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -30,6 +32,7 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
             "version": CHECKPOINT_VERSION, "params": {n: p.detach().cpu() for n, p in ckpt.params.items()},
             "completed_round": ckpt.completed_round, "run_id": ckpt.run_id,
             "registry": ckpt.registry, "objective": ckpt.objective,
+            **({"memory": ckpt.memory} if ckpt.memory is not None else {}),
         }, f)
 
 
@@ -60,6 +63,7 @@ def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np
             raise ConfigError(f"checkpoint {path}: tensor '{name}' has shape {tuple(params[name].shape)}, model needs {shape}")
     try:
         return Checkpoint(params=params, completed_round=int(raw["completed_round"]), run_id=str(raw["run_id"]),
-                          registry=dict(raw["registry"]), objective=dict(raw["objective"]))
+                          registry=dict(raw["registry"]), objective=dict(raw["objective"]),
+                          memory=dict(raw["memory"]) if raw.get("memory") is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"checkpoint {path} is malformed: {exc!r}") from None

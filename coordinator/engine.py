@@ -49,7 +49,7 @@ from coordinator.metrics import MetricsWriter, read_metrics_and_torn, round_row
 from coordinator.objective import Objective
 from coordinator.registry import DeviceRecord, Registry
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RoundOutcome, RoundSum
-from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
+from flexfl.errors import AggregationError, ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 from flexfl.run_folder import claim_run_folder
@@ -116,6 +116,7 @@ class _Closed:
     shards: list[int | None]  # of the objective's members after the close: they choose the test set
     objective: dict  # the objective and the registry as they were at the close, for its checkpoint
     registry: Registry
+    memory: dict | None  # the update memory at the close (MIFA), for its checkpoint; None: the strategy has none
 
 
 class _Stage:
@@ -776,7 +777,12 @@ class RoundEngine:
         shards = [self.registry.get(d).shard_index for d in self.objective.members()]
         return _Closed(r=r, outcome=outcome, reason=reason, overhead_s=overhead_s, closed_at=closed_at,
                        aggregate_s=time.monotonic() - closed_at, shards=shards, objective=self.objective.to_dict(),
-                       registry=self.registry.snapshot())
+                       registry=self.registry.snapshot(), memory=self._memory_snapshot())
+
+    def _memory_snapshot(self) -> dict | None:
+        # UpdateMemory replaces its tensors, never changes them: a shallow copy stays as it was at the close
+        memory = self.federation.memory
+        return memory.snapshot() if memory is not None else None
 
     # ---- after the close, beside the next round: evaluation, metrics row, checkpoint -------
 
@@ -823,7 +829,7 @@ class RoundEngine:
         c, _ = done[-1]
         save_checkpoint(self.checkpoint_path, Checkpoint(
             params=c.outcome.params, completed_round=c.r.round_id, run_id=self.run_id,
-            registry=c.registry.to_dict(), objective=c.objective))
+            registry=c.registry.to_dict(), objective=c.objective, memory=c.memory))
         for c, row in done:
             log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", c.r.round_id, 100 * row["test_acc"],
                      row["test_loss"], row["s"], c.reason)
@@ -844,7 +850,8 @@ class RoundEngine:
     def _save(self) -> None:
         with self._lock:
             ckpt = Checkpoint(params=self.params, completed_round=self.completed_round, run_id=self.run_id,
-                              registry=self.registry.to_dict(), objective=self.objective.to_dict())
+                              registry=self.registry.to_dict(), objective=self.objective.to_dict(),
+                              memory=self._memory_snapshot())
         save_checkpoint(self.checkpoint_path, ckpt)
 
     def _restore(self) -> None:
@@ -852,6 +859,14 @@ class RoundEngine:
         self.federation.params = {n: v.clone() for n, v in ckpt.params.items()}
         self.federation.completed_round = ckpt.completed_round
         self.federation.objective = Objective.from_dict(ckpt.objective)
+        if self.federation.memory is not None:
+            if ckpt.memory is None:
+                raise ConfigError(f"checkpoint {self.checkpoint_path} holds no update memory, which strategy "
+                                  f"{self.cfg.rules.aggregation.name!r} needs to resume (written under another strategy)")
+            try:
+                self.federation.memory.restore(ckpt.memory)
+            except (AggregationError, KeyError, TypeError) as exc:
+                raise ConfigError(f"checkpoint {self.checkpoint_path}: its update memory is malformed: {exc}") from None
         self.run_id = ckpt.run_id
         self.registry = Registry.from_dict(ckpt.registry)
         self._replay_journal()

@@ -43,6 +43,8 @@ def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, 
         "departures": [d for d, _ in outcome.departures],
         "departure_policies": {d: str(policy) for d, policy in outcome.departures},
         "departure_gammas": dict(outcome.departure_gammas),
+        # MIFA's memories in w: the recorded coefficients are only this round's updates'
+        **({"remembered": sorted(outcome.remembered)} if outcome.remembered else {}),
     }
 
 

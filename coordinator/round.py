@@ -9,6 +9,8 @@ Round tau under the rules (paper Sections 4.1-4.3):
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
             c_k   = strategy(s, E, p): Scheme A/B/C, FedNova, ...  (coordinator.strategies)
             w    <- w + sum_k c_k delta_k
+                    (MIFA instead: each contributor's memory m_k <- (E/s_k) delta_k / eta_tau,
+                     then w <- w + eta_tau sum_k p_k m_k over every member with a memory)
             the contributors' (c_k > 0) updates feed the Gamma estimate (coordinator.gamma)
             then the membership events that took effect during tau change the objective:
             arrivals join it, departures leave it under their policy (include / exclude);
@@ -31,9 +33,10 @@ import torch
 
 from coordinator.aggregation import Coefficients, RunningAggregate, apply_update, coefficients
 from coordinator.gamma import UpdateSketch, dissimilarities
+from coordinator.memory import UpdateMemory
 from coordinator.objective import (AutoDeparture, DeparturePolicy, FastReboot, LearningRate, Objective,
                                    ThresholdDeparture)
-from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, get_strategy
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, configured_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -125,9 +128,7 @@ class RulesConfig:
     @property
     def aggregation(self) -> Strategy:
         """The strategy these rules aggregate with: `strategy`, else `scheme`'s (FedProx with `mu`)."""
-        if self.strategy == FedProx.name:
-            return FedProx(mu=self.mu or 0.0)
-        return get_strategy(self.strategy if self.strategy is not None else self.scheme)
+        return configured_strategy(self.strategy if self.strategy is not None else self.scheme, mu=self.mu)
 
     def with_strategy(self, name: str | Scheme, *, mu: float | None = None) -> RulesConfig:
         """These rules under another strategy (a name of coordinator.strategies, or a scheme); `mu` for FedProx."""
@@ -206,6 +207,8 @@ class RoundOutcome:
     shifted: bool = False  # the objective changed (arrival, or a departure under exclude)
     departure_gammas: dict[str, float | None] = field(default_factory=dict)  # Gamma estimates at departure
     founded: tuple[str, ...] = ()  # founding members that entered at this close (Arrival.founding)
+    # MIFA: the devices whose memory entered w (this round's contributors and the remembered others)
+    remembered: tuple[str, ...] = ()
 
 
 @dataclass
@@ -223,6 +226,8 @@ class RoundSum:
     sketch: UpdateSketch
     s: dict[str, int] = field(default_factory=dict)
     sketches: dict[str, np.ndarray] = field(default_factory=dict)  # contributor -> C delta, float64 [m]
+    # A strategy with a memory (MIFA): each contributor's update, copied (float32), for the close to remember
+    kept: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
@@ -230,6 +235,9 @@ class RoundSum:
             raise ConfigError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
         if self.running.add(device, s=s, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
+            if self.running.strategy.memory:  # the caller may reuse its buffers: a copy
+                self.kept[device] = {name: np.array(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d,
+                                                    dtype=np.float32) for name, d in delta.items()}
         self.s[device] = int(s)
 
 
@@ -243,6 +251,7 @@ class Federation:
     objective: Objective = field(default_factory=Objective)
     completed_round: int = 0
     horizon: int | None = None  # T, the run's last round (the auto departure rule needs it)
+    memory: UpdateMemory | None = field(default=None, init=False)
 
     @property
     def E(self) -> int:
@@ -254,9 +263,8 @@ class Federation:
         return UpdateSketch(self.params)
 
     def __post_init__(self) -> None:
-        rule = self.rules.aggregation
-        if rule.memory:
-            raise ConfigError(f"strategy {rule.name!r} needs a per-device memory, which the round does not run yet")
+        # Each device's latest update, for a strategy that applies them every round (MIFA)
+        self.memory = UpdateMemory(like=self.params) if self.rules.aggregation.memory else None
 
     def learning_rate(self, round_index: int) -> float:
         return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,
@@ -309,7 +317,10 @@ class Federation:
                 raise ConfigError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
             self._check_sum(weighing, summed)
             sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
-            self.params = summed.running.apply(global_state=self.params)
+            if self.memory is not None:
+                self.params = self._remember(weighing, {d: summed.kept[d] for d in contributors}, lr=lr)
+            else:
+                self.params = summed.running.apply(global_state=self.params)
         else:
             index = {d: i for i, d in enumerate(weighing.devices)}
             missing = set(contributors) - set(rows)
@@ -320,16 +331,20 @@ class Federation:
             except KeyError as exc:
                 raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
             params = self.params
-            if device_rows:  # apply_update checks the deltas before they are sketched
+            row_of = {d: i for i, d in enumerate(rows)}
+            if self.memory is not None:
+                params = self._remember(weighing, {c: {name: d[row_of[c]] for name, d in (deltas or {}).items()}
+                                                   for c in contributors}, lr=lr)
+            elif device_rows:  # apply_update checks the deltas before they are sketched
                 params = apply_update(global_state=self.params, deltas=deltas or {},
                                       coefficients=weighing.coefficients, rows=device_rows)
-            row_of = {d: i for i, d in enumerate(rows)}
             sketches = np.array([self.sketch.of({name: d[row_of[c]] for name, d in deltas.items()})
                                  for c in contributors], dtype=np.float64)
             self.params = params
         self._note_gamma(weighing, contributors, sketches, lr=lr)
         self.completed_round = tau
-        return RoundOutcome(weighing=weighing, lr=lr, params=self.params,
+        remembered = tuple(self.memory.memories) if self.memory is not None else ()
+        return RoundOutcome(weighing=weighing, lr=lr, params=self.params, remembered=remembered,
                             **self.apply_between_rounds(arrivals=arrivals, departures=departures))
 
     def apply_between_rounds(self, *, arrivals: Sequence[Arrival] = (),
@@ -361,8 +376,25 @@ class Federation:
             policy = self.departure_policy(d, tau0=tau)
             self.objective.depart(d.device, round_index=tau, policy=policy)
             applied.append((d.device, policy))
+        if self.memory is not None:  # an excluded device's memory leaves with it; an included one's stays
+            self.memory.keep_only(set(self.objective.sample_counts))
         return {"arrivals": tuple(arrived), "founded": tuple(founded), "departures": tuple(applied),
                 "shifted": self.objective.shift_round != shifted_before, "departure_gammas": gammas}
+
+    def _remember(self, weighing: Weighing, updates: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]], *,
+                  lr: float) -> dict[str, torch.Tensor]:
+        """MIFA's close (coordinator.strategies.MIFA): each contributor's m_k <- (E / s_k) delta_k / lr, then
+        w + lr sum_k p_k m_k over every memory, from the memories' running sum."""
+        memory = self.memory
+        if memory is None:
+            raise ConfigError(f"strategy {self.rules.aggregation.name!r} keeps no update memory")
+        s = {d: int(v) for d, v in zip(weighing.devices, weighing.s)}
+        for device, update in updates.items():
+            memory.replace(device, n_samples=self.objective.sample_counts[device], update=update,
+                                scale=self.E / (s[device] * lr))
+        term = memory.term(p=dict(zip(weighing.devices, weighing.p.tolist())),
+                                n_total=sum(self.objective.sample_counts.values()))
+        return {name: w.detach() + (term[name] * lr).to(w.dtype) for name, w in self.params.items()}
 
     def _note_gamma(self, weighing: Weighing, contributors: list[str], sketches: np.ndarray, *, lr: float) -> None:
         """Feed the contributors' update sketches (row i: contributors[i]) to the Gamma estimate."""

@@ -13,11 +13,11 @@ live coordinator adds each update into; so the two cannot disagree, for any stra
 
 Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "scheme-c";
 FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
-"fedprox". A strategy may also add a term to each device's local objective (FedProx's
-mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers run it, edge_agent.trainer and the
-simulator's row trainers alike) or need a per-device memory (MIFA: each device's latest
-update); none here does the latter yet, and the round refuses one that does
-(Strategy.memory) rather than run it without.
+"fedprox"; MIFA (Gu et al., NeurIPS 2021) is "mifa". A strategy may also add a term to each
+device's local objective (FedProx's mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers
+run it, edge_agent.trainer and the simulator's row trainers alike) or need a per-device
+memory (Strategy.memory, MIFA's latest update of each device: coordinator.memory, kept by
+coordinator.round.Federation for both engines).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Strategy(ABC):
     name: ClassVar[str]  # its value of [rules].strategy
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
-    # A per-device memory (keeps each device's latest update between rounds: MIFA, issue 19);
-    # no strategy here has one yet, and the round refuses it.
+    # A per-device memory: the round keeps each device's latest update between rounds and
+    # applies them all every round (MIFA; coordinator.round.Federation runs it).
     memory: ClassVar[bool] = False
     # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
     # steps, a count the round does not have).
@@ -81,6 +81,17 @@ class Strategy(ABC):
     def proximal_mu(self) -> float:
         """mu of the term mu/2 ||w - w_G||^2 in every device's local objective (0: none)."""
         return 0.0
+
+    @property
+    def parameters(self) -> dict[str, float]:
+        """The strategy's own settings, by their [rules] key (FedProx: mu); empty when it has none."""
+        return {}
+
+    @property
+    def description(self) -> str:
+        """Its title with its parameters, as reports and printed lines name a run's strategy: "FedProx (mu = 0.01)"."""
+        params = ", ".join(f"{key} = {value:g}" for key, value in self.parameters.items())
+        return f"{self.title} ({params})" if params else self.title
 
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
@@ -202,6 +213,10 @@ class FedProx(Strategy):
     def proximal_mu(self) -> float:
         return float(self.mu)
 
+    @property
+    def parameters(self) -> dict[str, float]:
+        return {"mu": float(self.mu)}
+
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.B](s, E, p)
 
@@ -209,16 +224,71 @@ class FedProx(Strategy):
         return 1.0
 
 
+@dataclass(frozen=True)
+class MIFA(Strategy):
+    """MIFA (Gu et al., "Fast Federated Learning in the Presence of Arbitrary Device Unavailability", NeurIPS 2021).
+
+    The server keeps each device's latest update and applies the weighted average of all of
+    them every round, so a device that sent nothing this round contributes its last update
+    instead of nothing. With plain local SGD, MIFA's memory G^k = (w - w_k) / eta_t is the sum
+    of the K gradients device k took from w in the round t it last trained, and the server
+    steps w <- w - eta_tau (1/N) sum_k G^k with the *current* rate eta_tau.
+
+    What FlexFL keeps (coordinator.memory.UpdateMemory, run by coordinator.round.Federation):
+    m_k = (E / s_k) delta_k / eta_t, delta_k = w_k - w the update of s_k steps made at rate
+    eta_t, i.e. -G^k scaled to E steps: MIFA assumes every active device completes its K = E
+    steps; an incomplete update (0 < s_k < E) is scaled up by E / s_k as Scheme C scales it, so
+    every memory estimates a full round's work. The round is then
+
+        w <- w + eta_tau sum_k p_k m_k     over every objective member k with a memory,
+
+    p_k the objective's weight (n_k / n, fast-reboot boost included): MIFA's 1/N is its
+    uniform objective; FlexFL's objective weighs devices by their samples. A device that
+    updated this round thus enters at (E / s_k) p_k delta_k, Scheme C's coefficient (these
+    are the arrival weights and Weighing's coefficients; the memory term of the others is
+    beside them). A device before its first update (a founding member that has not yet
+    sent one, an arrival) has no memory and contributes nothing: its G^k starts at 0, as
+    MIFA's Algorithm 1 starts it (as recalled: check against the paper before relying on it).
+    A departed device under `include` stays in the objective and keeps contributing its last
+    update every round (MIFA's answer to a device that went silent); under `exclude` it
+    leaves the objective and its memory is dropped. A device that rejoins keeps its memory
+    until its next update replaces it. Checkpoints of the live coordinator hold the memories
+    (coordinator.checkpoint), so a restarted coordinator resumes with them (the simulator's
+    checkpoints pickle the whole Federation, memory included). Memory costs one float32 model
+    per device with a memory, plus, live, a copy of each update received in the open round;
+    there is no budget check. A round's recorded coefficients (metrics rows, the report's
+    heatmap) are those of its own updates; rows list the devices whose memory entered w as "remembered".
+    """
+
+    name: ClassVar[str] = "mifa"
+    label: ClassVar[str] = "mifa"
+    title: ClassVar[str] = "MIFA"
+    memory: ClassVar[bool] = True
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return _SCHEME_WEIGHT[Scheme.C](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        return 1.0  # never discarded: with no update at all the memories still move w
+
+
 STRATEGIES: dict[str, Strategy] = {
     **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
     FedNova.name: FedNova(),
     FedProx.name: FedProx(),
+    MIFA.name: MIFA(),
 }
 
 
 def strategy_names() -> list[str]:
     """The registered strategies' names ([rules].strategy values, CLI choices)."""
     return list(STRATEGIES)
+
+
+def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
+    """The strategy `name` with its [rules] parameters (FedProx's mu; None there: 0), as a run uses it."""
+    rule = get_strategy(name)
+    return FedProx(mu=mu or 0.0) if isinstance(rule, FedProx) else rule
 
 
 def get_strategy(name: str | Scheme | Strategy) -> Strategy:
@@ -232,3 +302,14 @@ def get_strategy(name: str | Scheme | Strategy) -> Strategy:
     except (KeyError, TypeError):
         raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} "
                           f"(or a scheme: {', '.join(s.value for s in Scheme)})") from None
+
+
+def title_of(label: str) -> str:
+    """The title of the strategy whose run-table label is `label` ("C" -> "Scheme C"); an unknown label as it is.
+
+    Run tables and folders name a strategy by its label, which carries no parameters (FedProx's
+    mu): use Strategy.description where the run's config is at hand."""
+    try:
+        return get_strategy(label).title
+    except ConfigError:
+        return label

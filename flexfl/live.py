@@ -310,6 +310,7 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
         "departure_asked": cfg.departure or None, "departure_round": departure,
         "inactive_device_rounds": sum(v == 0 for r in rows for d, v in r["s"].items() if d in r["participants"]),
         "dead_agents": dead_agents, "wall_s": wall_s, "scheme": cfg.rules.aggregation.label,
+        "strategy": cfg.rules.aggregation.name, "strategy_parameters": cfg.rules.aggregation.parameters,
         "departure_policy": str(cfg.rules.departure_policy), "fast_reboot": cfg.rules.fast_reboot,
     }
 
@@ -322,7 +323,7 @@ def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.plot([r["round"] for r in rows], [100 * r["test_acc"] for r in rows], color="tab:green",
-            label=cfg.rules.aggregation.title)
+            label=cfg.rules.aggregation.description)
     for r in rows:
         if r["arrivals"]:
             # Evaluated from this round on with the newcomer's holdout; it trains from the next.

@@ -76,7 +76,7 @@ def banner(cfg) -> str:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")
     return (f"flexfl live: {count(cfg.devices, 'agent')} on {where}, {cfg.partition.describe()}, {cfg.rounds} rounds, "
             f"E={r.required_updates}, eta0={r.eta0_for(cfg.partition.dataset):g}, deadline {cfg.deadline_s:g} s, "
-            f"{r.aggregation.title}; {'; '.join(events) or 'no arrival or departure'}")
+            f"{r.aggregation.description}; {'; '.join(events) or 'no arrival or departure'}")
 
 
 def cmd_live(args: argparse.Namespace) -> int:
@@ -91,7 +91,8 @@ def cmd_live(args: argparse.Namespace) -> int:
         happened.append(f"arrival took effect at round {s['arrival_round']} (asked {s['arrival_asked']})")
     if s["departure_round"] is not None:
         happened.append(f"departure at round {s['departure_round']} (asked {s['departure_asked']})")
-    print(f"final test accuracy {100 * s['final_acc']:.2f}% after {s['rounds']} rounds ({s['wall_s']:.0f} s); "
+    print(f"final test accuracy {100 * s['final_acc']:.2f}% under {cfg.rules.aggregation.description} after "
+          f"{s['rounds']} rounds ({s['wall_s']:.0f} s); "
           f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
           f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
     from flexfl.report import report_line

@@ -255,15 +255,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                        + [f"device {d.device} departs after round {d.round} ({d.policy or cfg.rules.departure_policy})"
                           for d in schedule.departures])
     print(f"flexfl sim: {cfg.partition.describe()}, |T|={cfg.traces.num_traces} of {traces.path}, "
-          f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, schemes {','.join(schemes)}"
+          f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, "
+          f"{', '.join(configs[s].rules.aggregation.description for s in schemes)}"
           f"{'; ' + events if events else ''}", flush=True)
     for scheme in schemes:
         c = configs[scheme]
         t0 = time.perf_counter()
 
-        def progress(r, scheme=scheme, t0=t0):
+        def progress(r, title=c.rules.aggregation.title, t0=t0):
             if r.round % every == 0 or r.round == c.rounds or r.events:
-                print(f"  scheme {scheme} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
+                print(f"  {title} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
                       f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
                       f"{'  ' + r.events if r.events else ''} ({time.perf_counter() - t0:.1f} s)", flush=True)
 
@@ -285,13 +286,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
                "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    accs = " ".join(f"{k} {100 * v:.2f}%" for k, v in finals.items())
+    accs = ", ".join(f"{configs[k].rules.aggregation.title} {100 * v:.2f}%" for k, v in finals.items())
     print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
           f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
     from flexfl.report import report_line
 
     for scheme in schemes:
-        print(f"scheme {scheme} {report_line(out / scheme)}")
+        print(f"{configs[scheme].rules.aggregation.title} {report_line(out / scheme)}")
     return 0
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flexfl.errors import ConfigError, ReportError
+from flexfl.errors import ConfigError, FlexFLError, ReportError
 
 RUN_JSON = "run.json"
 METRICS_FILES = ("metrics.jsonl", "coordinator/metrics.jsonl")
@@ -82,6 +82,8 @@ class Run:
     deadline_s: float | None = None
     required_updates: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    # variant -> its strategy's description, where each variant had its own config (_scheme_runs)
+    strategies: dict[str, str] = field(default_factory=dict)
 
     def variants(self) -> dict[str | None, list[RoundRow]]:
         """Rounds grouped by scheme (one group, key None, unless a file holds several schemes)."""
@@ -89,6 +91,38 @@ class Run:
         for r in self.rounds:
             out.setdefault(r.scheme, []).append(r)
         return out
+
+    def strategy_of(self, variant: str | None) -> str | None:
+        """How the report names a variant's strategy ("FedProx (mu = 0.01)"); None: the run does not record it.
+
+        A variant key is a strategy's label (rounds.csv's scheme column: "C", "fednova"), which
+        names its strategy but not its parameters: those come from the variant's config."""
+        if variant in self.strategies:
+            return self.strategies[variant]
+        if variant is None:
+            return strategy_description(self.config)
+        return label_title(variant)
+
+
+def strategy_description(config: dict[str, Any]) -> str | None:
+    """The strategy a run's config ([rules] strategy or scheme, and mu) names, with its parameters."""
+    from coordinator.strategies import configured_strategy
+
+    rules = config.get("rules")
+    name = (rules.get("strategy") or rules.get("scheme")) if isinstance(rules, dict) else None
+    if not isinstance(name, str):
+        return None
+    try:
+        return configured_strategy(name, mu=rules.get("mu")).description
+    except FlexFLError:  # a strategy this FlexFL does not know (or a bad mu): show the run's own words
+        return name
+
+
+def label_title(label: str) -> str:
+    """A strategy's title from its run-table label ("C" -> "Scheme C"); an unknown label as it is."""
+    from coordinator.strategies import title_of
+
+    return title_of(label)
 
 
 @dataclass(frozen=True)
@@ -187,8 +221,10 @@ def _scheme_runs(path: Path) -> Run | None:
     config = dict(first.config)
     if isinstance(config.get("rules"), dict):  # the one setting the schemes' configs differ in
         config["rules"] = {**config["rules"], "scheme": ", ".join(schemes)}
+    strategies = {s: run.strategy_of(None) or label_title(s) for s, run in runs.items()}
     return replace(first, path=path, sources=tuple(f"{s}/{src}" for s, run in runs.items() for src in run.sources),
-                   rounds=tuple(replace(r, scheme=s) for s, run in runs.items() for r in run.rounds), config=config)
+                   rounds=tuple(replace(r, scheme=s) for s, run in runs.items() for r in run.rounds), config=config,
+                   strategies=strategies)
 
 
 def _load_json(path: Path) -> Any:

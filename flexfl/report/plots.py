@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Mapping
 
 import matplotlib as mpl
 import numpy as np
@@ -64,20 +65,25 @@ def _mark_events(ax, events: list[tuple[int, str, str]], *, label: bool, offset:
 Series = dict[str | None, tuple[list[int], list[float | None], list[float | None]]]
 
 
-def accuracy_loss(series: Series, events: list[tuple[int, str, str]]) -> str:
+def accuracy_loss(series: Series, events: list[tuple[int, str, str]], *,
+                  titles: Mapping[str | None, str | None] | None = None) -> str:
     """Test accuracy (fixed 0-100 %) and loss (fixed 0..max) per round, one line per scheme."""
-    return svg_uri(accuracy_loss_figure(series, events))
+    return svg_uri(accuracy_loss_figure(series, events, titles=titles))
 
 
-def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]]) -> Figure:
-    """The figure of `accuracy_loss`: {scheme: (rounds, accuracy 0..1, loss)}, None = not recorded."""
+def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]], *,
+                         titles: Mapping[str | None, str | None] | None = None) -> Figure:
+    """The figure of `accuracy_loss`: {scheme: (rounds, accuracy 0..1, loss)}, None = not recorded.
+
+    A line's legend is its strategy as `titles` names it ("FedNova", "FedProx (mu = 0.01)"),
+    else its label, else "test"."""
     with mpl.rc_context(RC):
         fig, axes = _figure(10, 3.4, ncols=2)
         ax_acc, ax_loss = axes[0]
         loss_max = 0.0
         for scheme, (rounds, acc, loss) in series.items():
             color, ls = SCHEME_STYLE.get(scheme, (None, "-"))
-            label = f"Scheme {scheme}" if scheme else "test"
+            label = (titles or {}).get(scheme) or scheme or "test"
             x = np.array(rounds)
             a = np.array([math.nan if v is None else 100 * v for v in acc])
             lo = np.array([math.nan if v is None else v for v in loss])

@@ -99,7 +99,8 @@ def _run_context(path: Path) -> dict[str, Any]:
     all_events = sorted({e for rows in variants.values() for e in _events(rows)})
     blocks = []
     for scheme, rows in variants.items():
-        block: dict[str, Any] = {"scheme": scheme, "summary": sections.run_summary(run, rows),
+        block: dict[str, Any] = {"scheme": scheme, "strategy": run.strategy_of(scheme),
+                                 "summary": sections.run_summary(run, rows),
                                  "participation_svg": None, "coefficients_svg": None, "devices": None}
         if sections.has_per_device(rows):
             part = sections.participation(run, rows)
@@ -120,7 +121,7 @@ def _run_context(path: Path) -> dict[str, Any]:
     return {
         "title": f"{run.kind} run: {path.resolve().name}",
         "run": run,
-        "acc_loss_svg": plots.accuracy_loss(series, all_events),
+        "acc_loss_svg": plots.accuracy_loss(series, all_events, titles={k: run.strategy_of(k) for k in series}),
         "blocks": blocks,
         "shown": shown,
         "counters": [(key, label) for key, label in COUNTERS if any(b["summary"][key] is not None for b in blocks)],

@@ -155,3 +155,23 @@ def test_live_without_emnist_says_why_on_the_terminal_not_only_in_a_log(tmp_path
     last = printed.strip().splitlines()[-1]
     assert last.startswith("flexfl: error: coordinator exited with code 2: EMNIST not found under"), last
     assert "emnist_root" in last and "Traceback" not in printed
+
+
+def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_path):
+    out = tmp_path / "fedprox"
+    # Paper traces T0/T30 (the later --trace-set wins): incomplete work, where FedProx and Scheme C differ.
+    live = _live(out, "--devices", "2", "--rounds", "2", "--arrive-round", "0", "--depart-round", "0", "--E", "20",
+                 "--trace-set", str(REPO / "traces" / "paper"), "--num-traces", "2", "--strategy", "fedprox", "--mu", "0.1")
+    printed, _ = live.communicate(timeout=180)
+    assert live.returncode == 0, printed[-3000:]
+    banner, *_, final, _report_line = printed.strip().splitlines()
+    assert banner.endswith("FedProx (mu = 0.1); no arrival or departure"), banner
+    assert "under FedProx (mu = 0.1) after 2 rounds" in final, final
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["strategy"], summary["strategy_parameters"]) == ("fedprox", {"mu": 0.1})
+    # The coordinator aggregated as FedProx does (Scheme B's c_k = p_k), not as the default Scheme C.
+    rows = read_metrics(out / "coordinator" / "metrics.jsonl")
+    assert any(0 < s < 20 for row in rows for s in row["s"].values()), [row["s"] for row in rows]
+    for row in rows:
+        assert all(row["coefficients"][d] == pytest.approx(row["p"][d] if row["s"][d] > 0 else 0.0) for d in row["p"])
+    assert 'Aggregation strategy: <b class="strategy">FedProx (mu = 0.1)</b>' in (out / "report.html").read_text()

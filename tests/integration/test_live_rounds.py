@@ -123,12 +123,19 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         # The strategy's own coefficients, not Scheme C's, reached the live round.
         expected = coefficients(strategy, s=s, E=cfg.rules.required_updates, p=p).values
         np.testing.assert_allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], expected, rtol=1e-9)
-        assert not np.allclose(expected, coefficients("C", s=s, E=cfg.rules.required_updates, p=p).values)
+        if strategy != "mifa":  # MIFA's this-round coefficients are Scheme C's; its memories are checked below
+            assert not np.allclose(expected, coefficients("C", s=s, E=cfg.rules.required_updates, p=p).values)
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+    if strategy == "mifa":  # dev-3, inactive in round 2, applied its round-1 memory on both sides: not Scheme C
+        assert [r["remembered"] for r in rows] == [r["remembered"] for r in sim.rows] == \
+            [["dev-0", "dev-1", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"]]
+        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"), rounds=3,
+                                         seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))
+        assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
     if mu:  # the term was there on both sides: without it (Scheme B) the model is another
         plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"), rounds=3,
                                          seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))

@@ -39,7 +39,7 @@ def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch,
         _rules("--strategy", "fedavg")
     with pytest.raises(SystemExit):  # one aggregation flag, not two
         _rules("--strategy", "scheme-b", "--scheme", "A")
-    assert "{scheme-a,scheme-b,scheme-c,fednova,fedprox,fedlater}" in capsys.readouterr().err
+    assert "{scheme-a,scheme-b,scheme-c,fednova,fedprox,mifa,fedlater}" in capsys.readouterr().err
 
 
 def test_token_refuses_a_folder_that_does_not_exist_and_writes_into_one_that_does(tmp_path, capsys):

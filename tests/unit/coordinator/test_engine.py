@@ -139,3 +139,51 @@ def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_aft
     stage.drain()
     stage.close()
     assert calls == [[1], [2, 3], [4]] and isinstance(stage.error, OSError)
+
+
+def _mifa_config(tmp_path, strategy: str = "mifa") -> CoordinatorConfig:
+    return CoordinatorConfig(
+        server=ServerConfig(fleet_token="t", pull_wait_s=60.0),
+        partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(required_updates=E, strategy=strategy), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=2),
+        output=OutputConfig(dir=str(tmp_path / "out")))
+
+
+def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_them_is_refused(tmp_path):
+    from flexfl.errors import ConfigError
+
+    cfg = _mifa_config(tmp_path)
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    thread = threading.Thread(target=eng.run, daemon=True)
+    _join(eng, "a")
+    _join(eng, "b")
+    thread.start()
+    try:
+        _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
+        _answer(eng, "a", 1.0)
+        _answer(eng, "b", 3.0)
+        thread.join(timeout=60)
+        assert eng.finished
+    finally:
+        eng.stop()
+    before = eng.federation.memory.snapshot()
+    assert set(before["memories"]) == {"a", "b"}
+    resumed = RoundEngine(cfg, data=build_federated(cfg.partition), resume=True)
+    try:
+        after = resumed.federation.memory
+        assert after is not None and after.samples == before["samples"]
+        for device, m in before["memories"].items():
+            for name, value in m.items():  # m = (E / s) delta / lr with s = E, lr = eta_0 = 1: the delta
+                torch.testing.assert_close(after.memories[device][name], value)
+                torch.testing.assert_close(value, torch.full_like(value, 1.0 if device == "a" else 3.0))
+    finally:
+        resumed.stop()
+        resumed.folder.release()
+    other = _mifa_config(tmp_path / "c", strategy="scheme-c")
+    (tmp_path / "c").mkdir()
+    plain = RoundEngine(other, data=build_federated(other.partition))
+    plain._save()  # a Scheme C checkpoint: no memories in it
+    plain.stop()
+    plain.folder.release()  # it never ran, which is what releases the folder
+    with pytest.raises(ConfigError, match="holds no update memory, which strategy 'mifa' needs to resume"):
+        RoundEngine(_mifa_config(tmp_path / "c"), data=build_federated(other.partition), resume=True)

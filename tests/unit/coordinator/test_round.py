@@ -8,7 +8,7 @@ import torch
 
 from coordinator.aggregation import coefficients
 from coordinator.round import Arrival, Departure, Federation, RulesConfig
-from coordinator.strategies import FedNova, Scheme, SchemeStrategy, strategy_names
+from coordinator.strategies import FedNova, strategy_names
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 
@@ -203,12 +203,44 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
         RulesConfig(strategy="fedprox", mu=-1.0)
 
 
-def test_a_strategy_with_a_memory_the_round_does_not_run_is_refused():
-    class WithMemory(SchemeStrategy):
-        memory = True
+def test_mifa_applies_every_members_latest_update_every_round():
+    """MIFA (coordinator.strategies.MIFA) against its formula in numpy, on hand-made updates over six rounds:
+    m_k = (E / s_k) delta_k / eta_t at device k's latest update, w <- w + eta_tau sum_k p_k m_k over the
+    objective's members with a memory; an inactive device contributes its memory, a device before its
+    first update nothing, an included departure its memory forever, an excluded one nothing."""
+    E, n = 4, {"a": 10, "b": 30, "c": 20}
+    fed = Federation(rules=RulesConfig(required_updates=E, eta0=1.0, strategy="mifa"), dataset="synthetic",
+                     params={"w": torch.zeros(3)})
+    fed.apply_events(arrivals=[Arrival(d, k) for d, k in n.items()])
+    rng = np.random.default_rng(0)
+    # s per round (absent: sent nothing). c before its first update (1); b inactive (2, 3); nobody (3);
+    # b departs under include after round 3 and keeps contributing; c is excluded after round 4.
+    plan = {1: {"a": 4, "b": 2}, 2: {"a": 1, "c": 4}, 3: {}, 4: {"a": 4}, 5: {"a": 2}, 6: {}}
+    events = {3: [Departure("b", "include")], 4: [Departure("c", "exclude")]}
+    w, memory, members = np.zeros(3), {}, dict(n)
+    for tau, s in plan.items():
+        lr = fed.open(tau).lr
+        deltas = {d: rng.normal(size=3).astype(np.float32) for d in s}
+        for d, k in s.items():
+            memory[d] = (E / k) * deltas[d].astype(np.float64) / lr
+        total = sum(members.values())
+        w = w + lr * sum(members[d] / total * m for d, m in memory.items())
+        rows = list(s)
+        fed.close(fed.weigh(tau, s), deltas={"w": torch.tensor(np.array([deltas[d] for d in rows]).reshape(-1, 3))},
+                  rows=rows, departures=events.get(tau, ()))
+        np.testing.assert_allclose(fed.params["w"].numpy(), w, rtol=1e-5, atol=1e-6, err_msg=f"round {tau}")
+        if tau == 4:  # excluded: out of the objective and of the memory
+            del members["c"], memory["c"]
+    assert set(fed.memory.memories) == {"a", "b"} and "b" in fed.objective.departed_included
+    assert not np.allclose(w, 0)
 
-    class Rules(RulesConfig):  # no registered strategy has a memory yet (issue 19: MIFA)
-        aggregation = WithMemory(Scheme.C)
 
-    with pytest.raises(ConfigError, match="needs a per-device memory, which the round does not run yet"):
-        Federation(rules=Rules(), dataset="synthetic", params={"w": torch.zeros(2)})
+def test_mifa_memories_survive_a_snapshot_and_restore():
+    fed = _federation(strategy="mifa")
+    fed.close(fed.weigh(1, {"a": 2, "b": 4}), deltas={"w": torch.tensor([[1.0, 2.0], [3.0, -1.0]])}, rows=["a", "b"])
+    saved = fed.memory.snapshot()
+    term = fed.memory.term(p={"a": 0.25, "b": 0.75}, n_total=40)
+    other = _federation(strategy="mifa")
+    other.memory.restore(saved)
+    torch.testing.assert_close(other.memory.term(p={"a": 0.25, "b": 0.75}, n_total=40), term)
+    torch.testing.assert_close(term["w"], other.memory.stacked_term(p={"a": 0.25, "b": 0.75})["w"])

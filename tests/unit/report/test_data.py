@@ -164,3 +164,16 @@ def test_the_table3_page_reads_as_one_dataset_per_reading(tmp_path):
 
 def test_natural_order():
     assert sorted(["dev-10", "dev-2", "dev-1"], key=natural_key) == ["dev-1", "dev-2", "dev-10"]
+
+
+def test_a_strategy_is_named_by_its_title_from_a_label_and_with_its_parameters_from_a_config(tmp_path):
+    from flexfl.report.data import Run, strategy_description
+
+    run = Run(path=tmp_path, kind="sim", sources=(), rounds=(), config={"rules": {"strategy": "fedprox", "mu": 0.5}})
+    assert run.strategy_of(None) == "FedProx (mu = 0.5)"
+    # rounds.csv's labels name a strategy, not its parameters; an unknown one (a plug-in's) stays as it is
+    assert [run.strategy_of(k) for k in ("C", "fednova", "fedprox", "my-rule")] == \
+        ["Scheme C", "FedNova", "FedProx", "my-rule"]
+    assert strategy_description({"rules": {"scheme": "A"}}) == "Scheme A"
+    assert strategy_description({"rules": {"strategy": "fednova", "scheme": "C"}}) == "FedNova"
+    assert strategy_description({"dataset": "synthetic"}) is None  # not recorded: the page says so

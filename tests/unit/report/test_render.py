@@ -150,3 +150,36 @@ def test_parser_does_not_import_the_report_libraries_or_torch():
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def _svg_text(img: dict) -> str:
+    return base64.b64decode(img["src"][len(SVG_URI):]).decode()
+
+
+def test_a_runs_page_names_its_strategy_with_its_parameters(live_dir, tmp_path):
+    from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+    from coordinator.round import RulesConfig
+    from flexfl.config import write_config
+
+    html, _ = _page(write_report(live_dir, tmp_path / "scheme-c.html"))
+    assert 'Aggregation strategy: <b class="strategy">Scheme C</b>' in html
+    write_config(live_dir / "coordinator.toml", CoordinatorConfig(
+        server=ServerConfig(listen="127.0.0.1:1"), rules=RulesConfig(required_updates=10, strategy="fedprox", mu=0.01),
+        run=RunConfig(rounds=4, deadline_s=2.0), output=OutputConfig(dir=str(live_dir / "coordinator"))))
+    html, page = _page(write_report(live_dir, tmp_path / "fedprox.html"))
+    assert 'Aggregation strategy: <b class="strategy">FedProx (mu = 0.01)</b>' in html
+    assert "FedProx (mu = 0.01)" in _svg_text(page.images[0])  # the accuracy plot's legend
+
+
+def test_a_sim_run_of_several_strategies_titles_each_with_its_parameters(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["sim", "run", "--dataset", "synthetic", "--devices", "4", "--num-traces", "3", "--rounds", "2",
+                 "--scheme", "C", "--scheme", "fednova", "--scheme", "fedprox", "--mu", "0.1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Scheme C, FedNova, FedProx (mu = 0.1)" in printed.splitlines()[0]
+    assert "  FedNova round 2/2:" in printed and "final test accuracy: Scheme C " in printed
+    html, page = _page(write_report(out, tmp_path / "sim.html"))
+    assert all(f"<h3>{t}</h3>" in html for t in ("Scheme C", "FedNova", "FedProx (mu = 0.1)")), html
+    assert '<td class="strategy">FedProx (mu = 0.1)</td>' in html and "Scheme fednova" not in html
+    legend = _svg_text(page.images[0])
+    assert all(t in legend for t in ("Scheme C", "FedNova", "FedProx (mu = 0.1)"))
