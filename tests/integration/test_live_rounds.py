@@ -242,15 +242,18 @@ def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_
 
 
 @pytest.mark.parametrize("policy", ["include", "exclude"])
-def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, policy, wait_for):
-    cfg = live_config(rounds=7, n_devices=3, min_devices=3, departure_policy=policy)
+def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, policy):
+    # Scripted (the agent leaves after uploading in round 3, and round 3 is held for its Leave):
+    # a stop() after round 2 was once overtaken by all seven millisecond rounds on a loaded machine.
+    cfg = with_changes(live_config(rounds=7, n_devices=3, min_devices=3, departure_policy=policy),
+                       run={"expected_departures": {"dev-2": 3}})
     fleet = fleet_factory(cfg)
-    agents = [fleet.start_agent(i) for i in range(3)]
-    wait_for(lambda: fleet.coordinator.engine.completed_round >= 2, what="round 2")
-    agents[2].stop(announce=True)
+    for i in range(3):
+        fleet.start_agent(i, participation=ParticipationConfig(leave_after_round=3 if i == 2 else 0))
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
     dep = next(r for r in rows if "dev-2" in r["departures"])
+    assert dep["round"] == 3  # the scripted round
     after = rows[dep["round"]]  # first round after the departure took effect
     n = {d: len(fleet.agents[d][0].shard) for d in ("dev-0", "dev-1", "dev-2")}
     if policy == "include":
