@@ -68,6 +68,21 @@ def test_a_device_idled_by_a_slow_upload_tries_again(live_config, fleet_factory)
     assert all(s > 0 for s in s0[5:]), s0
 
 
+FORCED = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
+
+
+def _live_and_simulated(live_config, fleet_factory, **rules):
+    """Four agents forced to FORCED's s for 3 rounds under `rules`, and the simulation of the same schedule."""
+    cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, **rules)
+    fleet = fleet_factory(cfg)
+    for i in range(4):
+        fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in FORCED)))
+    assert fleet.coordinator.wait(timeout=60)
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
+                         participation=FixedParticipation(FORCED, E=cfg.rules.required_updates))
+    return cfg, fleet, sim
+
+
 @pytest.mark.parametrize("inline_uploads, worker", [(server.INLINE_UPLOADS, "grpc-server"), (0, "upload")])
 def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for,
                                                                       monkeypatch, inline_uploads, worker):
@@ -82,20 +97,13 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
         return push(self, *args, **kwargs)
 
     monkeypatch.setattr(server.FleetServicer, "_push", recording_push)
-    schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
-    cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, scheme="C")
-    fleet = fleet_factory(cfg)
-    for i in range(4):
-        fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
-    assert fleet.coordinator.wait(timeout=60)
-    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
-                         participation=FixedParticipation(schedule, E=cfg.rules.required_updates))
+    cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, scheme="C")
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
     rows = _metrics(fleet)
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
     np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     assert len(threads) == 12 and all(name.startswith(worker) for name in threads), threads
 
@@ -106,18 +114,11 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
 
     FedProx also changes training: the agents (edge_agent.trainer) and the simulator's row
     trainer both run its proximal term, with the mu the coordinator sends in each round."""
-    schedule = [[5, 2, 0, 3], [1, 5, 4, 0], [3, 3, 5, 1]]  # s[round][device], incl. inactive devices
     mu = {"mu": 2.0} if strategy == "fedprox" else {}  # large, so that the term shows in 3 rounds
-    cfg = live_config(rounds=3, n_devices=4, min_devices=4, deadline_s=30.0, strategy=strategy, **mu)
-    fleet = fleet_factory(cfg)
-    for i in range(4):
-        fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in schedule)))
-    assert fleet.coordinator.wait(timeout=60)
-    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
-                         participation=FixedParticipation(schedule, E=cfg.rules.required_updates))
+    cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, strategy=strategy, **mu)
     rows = _metrics(fleet)
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == schedule
-    for live_row, sim_row, s in zip(rows, sim.rows, schedule, strict=True):
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
+    for live_row, sim_row, s in zip(rows, sim.rows, FORCED, strict=True):
         assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
         p = [live_row["p"][f"dev-{i}"] for i in range(4)]
         # The strategy's own coefficients, not Scheme C's, reached the live round.
@@ -134,11 +135,11 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         assert [r["remembered"] for r in rows] == [r["remembered"] for r in sim.rows] == \
             [["dev-0", "dev-1", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"]]
         plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"), rounds=3,
-                                         seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))
+                                         seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
     if mu:  # the term was there on both sides: without it (Scheme B) the model is another
         plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"), rounds=3,
-                                         seed=cfg.run.seed), participation=FixedParticipation(schedule, E=5))
+                                         seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
