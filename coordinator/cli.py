@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from coordinator.config import load_coordinator_config
-    from coordinator.engine import CHECKPOINT_NAME
+    from coordinator.resume import CHECKPOINT_NAME
     from coordinator.runtime import Coordinator
     from flexfl.config import overrides_from_args
 

@@ -28,6 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from contextlib import aclosing, contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import grpc
@@ -35,6 +36,7 @@ import grpc
 from coordinator import identity
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
+from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
 from edge_agent.memory import release_freed
 from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
                            ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
@@ -132,9 +134,11 @@ def _mapped(handler):
 
 
 class FleetServicer(pb_grpc.FleetServicer):
-    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int,
+    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int, pull_wait_s: float,
                  work: futures.Executor, certificate_identity: bool = False) -> None:
         self.engine = engine
+        self.pull_wait_s = pull_wait_s  # server.pull_wait_s: the longest a pull is held before WAIT
+        self._encoded: tuple[int, asyncio.Future] | None = None  # (round, its model's messages), see _model
         self._token = token.encode()
         self.max_update_bytes = max_update_bytes
         self._work = work  # uploads' checksums, checks and summing, off the event loop
@@ -212,7 +216,12 @@ class FleetServicer(pb_grpc.FleetServicer):
             raise ProtocolMismatch(f"this run's strategy trains with FedProx's mu = {mu:g}, which agents of "
                                    f"protocol version {request.protocol_version} ignore; update the agent "
                                    f"(version {PROXIMAL_MU_PROTOCOL} or later)")
-        return self.engine.join(request)
+        joined = self.engine.join(Join(
+            device_id=request.device_id, sample_count=request.sample_count,
+            shard_index=request.shard_index if request.HasField("shard_index") else None,
+            partition_json=request.partition_json, hardware={f.name: v for f, v in request.hardware.ListFields()},
+            agent_version=request.agent_version, resident_bytes=request.resident_bytes))
+        return pb.JoinReply(**asdict(joined))
 
     @_mapped
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
@@ -223,7 +232,8 @@ class FleetServicer(pb_grpc.FleetServicer):
     @_mapped
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         self._caller(context)
-        return self.engine.status()
+        state = self.engine.status()
+        return pb.StatusReply(**{**asdict(state), "devices": [pb.DeviceStatus(**asdict(d)) for d in state.devices]})
 
     @_mapped
     async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
@@ -285,9 +295,31 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine.delivered(caller, header.round_id, sent)
 
     async def _pull(self, caller: str, *, wait_s: float) -> tuple[pb.RoundHeader, tuple[pb.RoundChunk, ...]]:
-        """The device's next round, waiting (parked in the engine, no thread held) up to wait_s."""
+        """The device's next round (header, the model's data messages), waiting up to wait_s."""
+        offer = await self._next_offer(caller, wait_s=wait_s)
+        if offer.terms is None:
+            return pb.RoundHeader(status=_STATUS[offer.status], round_id=offer.round_id), ()
+        payload, chunks = await self._model(offer)
+        t = offer.terms
+        return pb.RoundHeader(
+            status=_STATUS[offer.status], round_id=offer.round_id, required_updates=t.required_updates,
+            learning_rate=t.learning_rate, batch_size=t.batch_size, deadline_s=t.deadline_s,
+            model=pb.ModelDescription(**asdict(t.model)), payload=payload, seed=t.seed, unit=t.unit,
+            device_index=t.device_index, trace_sampling=t.trace_sampling, s_rule=t.s_rule, proximal_mu=t.proximal_mu,
+        ), chunks
+
+    async def _model(self, offer: RoundOffer) -> tuple[pb.Payload, tuple[pb.RoundChunk, ...]]:
+        """The round's model: its payload description and data messages, the same for every device of
+        the round, encoded once (on a work thread: checksumming a large model would stall the loop)."""
+        if self._encoded is None or self._encoded[0] != offer.round_id:
+            encoding = asyncio.get_running_loop().run_in_executor(self._work, _encode_model, offer.terms.params)
+            self._encoded = (offer.round_id, encoding)
+        return await asyncio.shield(self._encoded[1])  # one cancelled pull does not cancel the others' encoding
+
+    async def _next_offer(self, caller: str, *, wait_s: float) -> RoundOffer:
+        """The engine's offer to the device, waiting (parked in the engine, no thread held) up to wait_s."""
         loop = asyncio.get_running_loop()
-        limit = loop.time() + self.engine.pull_wait_s(wait_s)
+        limit = loop.time() + max(0.0, min(wait_s, self.pull_wait_s))
         while True:
             woken = asyncio.Event()
 
@@ -303,7 +335,7 @@ class FleetServicer(pb_grpc.FleetServicer):
             try:
                 await asyncio.wait_for(woken.wait(), timeout=max(0.0, limit - loop.time()))
             except TimeoutError:
-                return self.engine.waiting_reply(), ()
+                return self.engine.waiting_reply()
             finally:
                 self.engine.unpark(caller, wake)
 
@@ -328,7 +360,10 @@ class FleetServicer(pb_grpc.FleetServicer):
         buffer = None
         try:
             self._same(caller, header.device_id, "update header")
-            self.engine.check_push_header(caller, header)
+            report = UpdateReport(round_id=header.round_id, updates_completed=header.updates_completed,
+                                  samples_used=header.samples_used, train_s=header.train_s,
+                                  local_loss=header.local_loss, previous_upload_s=header.previous_upload_s)
+            self.engine.check_update(caller, report)
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:
                 raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
@@ -336,7 +371,8 @@ class FleetServicer(pb_grpc.FleetServicer):
             self._uploads += 1
             try:
                 message_bytes = await self._receive(buffer, first.ByteSize(), rest, to_end=to_end)
-                push = functools.partial(self._push, caller, header, buffer.data(), message_bytes=message_bytes)
+                push = functools.partial(self._push, caller, report, header.payload, buffer.data(),
+                                         message_bytes=message_bytes)
                 if self._uploads <= INLINE_UPLOADS and declared <= INLINE_MAX_BYTES:
                     return push()
                 return await asyncio.get_running_loop().run_in_executor(self._work, push)
@@ -348,9 +384,15 @@ class FleetServicer(pb_grpc.FleetServicer):
                 await asyncio.get_running_loop().run_in_executor(self._work, release_freed)
             raise
 
-    def _push(self, caller: str, header: pb.UpdateHeader, data: memoryview, *, message_bytes: int) -> pb.PushReply:
-        """On a work thread: check and sum the update (checksum and numpy work off the event loop)."""
-        return self.engine.push(caller, header, data, message_bytes=message_bytes)
+    def _push(self, caller: str, report: UpdateReport, payload: pb.Payload, data: memoryview, *,
+              message_bytes: int) -> pb.PushReply:
+        """On a work thread (or the loop: INLINE_UPLOADS): decode and check the delta, sum the update."""
+        if payload.total_bytes == 0 and (report.updates_completed == 0 or not payload.tensors):
+            delta = {}  # s = 0 needs no delta; s > 0 without one is refused by the engine, which says so
+        else:
+            delta = wire.decode(payload, data, expected=self.engine.expected)  # views of `data`, checked
+        accepted = self.engine.push(caller, report, delta, bytes_in=message_bytes)
+        return pb.PushReply(round_id=accepted.round_id, accepted=True, message=accepted.message)
 
     @staticmethod
     async def _receive(buffer: wire.PayloadBuffer, first_bytes: int, rest: AsyncIterator[pb.UpdateChunk], *,
@@ -374,6 +416,15 @@ class FleetServicer(pb_grpc.FleetServicer):
         return message_bytes
 
 
+_STATUS = {OfferStatus.ROUND: pb.RoundHeader.ROUND, OfferStatus.WAIT: pb.RoundHeader.WAIT,
+           OfferStatus.FINISHED: pb.RoundHeader.FINISHED}
+
+
+def _encode_model(params) -> tuple[pb.Payload, tuple[pb.RoundChunk, ...]]:
+    payload, data = wire.encode(params)
+    return payload, tuple(pb.RoundChunk(data=piece) for piece in wire.chunks(data))
+
+
 def _kind(message: pb.UpdateChunk) -> str:
     """What an update-stream message is, for errors: 'header', 'data', 'pull' or 'empty'."""
     return message.WhichOneof("kind") or "empty"
@@ -388,6 +439,7 @@ async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: st
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
+                             pull_wait_s=cfg.server.pull_wait_s,
                              work=work, certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
     pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server

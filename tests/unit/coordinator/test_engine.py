@@ -13,9 +13,8 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
+from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
 from coordinator.round import RulesConfig
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
@@ -46,17 +45,29 @@ def engine(tmp_path):
 
 
 def _join(eng: RoundEngine, device_id: str) -> None:
-    eng.join(pb.JoinRequest(device_id=device_id, sample_count=50, protocol_version=1))
+    eng.join(Join(device_id=device_id, sample_count=50))
+
+
+def _pull(eng: RoundEngine, device_id: str, *, wait_s: float) -> RoundOffer:
+    """Wait (blocking this thread) up to `wait_s` for the device's next round, as the servicer does."""
+    limit = time.monotonic() + wait_s
+    while True:
+        woken = threading.Event()
+        offer = eng.offer(device_id, wake=woken.set)
+        if offer is not None:
+            return offer
+        woken.wait(max(0.0, limit - time.monotonic()))
+        eng.unpark(device_id, woken.set)
+        if not woken.is_set():
+            return eng.waiting_reply()
 
 
 def _answer(eng: RoundEngine, device_id: str, delta_value: float) -> None:
-    header, data = eng.pull(device_id, after_round=0, wait_s=5)
-    assert header.status == pb.RoundHeader.ROUND
-    eng.delivered(device_id, header.round_id, len(data))
+    offer = _pull(eng, device_id, wait_s=5)
+    assert offer.status is OfferStatus.ROUND
+    eng.delivered(device_id, offer.round_id, 1000)
     delta = {n: np.full(p.shape, delta_value, dtype=np.float32) for n, p in eng.params.items()}
-    payload, body = wire.encode(delta)
-    eng.push(device_id, pb.UpdateHeader(device_id=device_id, round_id=header.round_id, updates_completed=E,
-                                        payload=payload), body)
+    eng.push(device_id, UpdateReport(round_id=offer.round_id, updates_completed=E), delta, bytes_in=1000)
 
 
 def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participants(engine):
@@ -67,10 +78,10 @@ def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participan
     _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
     # Ten devices join during round 1 (arrivals: they train from round 2) and park a PullRound each.
     late = [f"late-{i}" for i in range(10)]
-    got: dict[str, pb.RoundHeader] = {}
+    got: dict[str, RoundOffer] = {}
     for d in late:
         _join(eng, d)
-    pullers = [threading.Thread(target=lambda d=d: got.__setitem__(d, eng.pull(d, after_round=0, wait_s=60)[0]))
+    pullers = [threading.Thread(target=lambda d=d: got.__setitem__(d, _pull(eng, d, wait_s=60)))
                for d in late]
     for t in pullers:
         t.start()
@@ -83,7 +94,7 @@ def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participan
     _answer(eng, "b", 0.5)  # the last answer closes round 1; round 2 opens for all twelve
     for t in pullers:
         t.join(timeout=30)
-    assert {d: h.status for d, h in got.items()} == {d: pb.RoundHeader.ROUND for d in late}
+    assert {d: h.status for d, h in got.items()} == {d: OfferStatus.ROUND for d in late}
     assert {h.round_id for h in got.values()} == {2}
     assert eng.pull_wakeups == before + len(late)  # the opening woke each parked pull once
 
@@ -114,7 +125,7 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
 
 
 def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
-    from coordinator.engine import _Stage
+    from coordinator.finisher import Stage as _Stage
 
     calls, release = [], threading.Event()
 
