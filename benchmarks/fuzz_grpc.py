@@ -31,7 +31,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from coordinator.server import ERRORS
+from coordinator.status import ERRORS  # the server's one exception -> status table
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
-from coordinator.server import preflight, start_server
+from coordinator.listen import preflight
+from coordinator.server import start_server
 from workloads.federated import load_evaluation
 
 log = logging.getLogger(__name__)

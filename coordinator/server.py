@@ -1,9 +1,9 @@
-"""The gRPC servicer: authenticates every call and hands the work to the round engine.
+"""The gRPC servicer: the wire format in and out, and the work handed to the round engine.
 
-Domain errors become status codes through one table (`ERRORS`), most specific class first
-by inheritance; the reason travels as trailing metadata (proto/options.py) so that agents
-act on code and reason, never on message text. Under mutual TLS a call may only claim the
-device its client certificate names (coordinator/identity.py).
+Each request's protobuf message becomes a domain record (coordinator/records.py) and each
+answer a message again: the engine never sees protobuf. Calls are authenticated first
+(coordinator/callers.py); domain errors end a call with the status code and reason of the
+one table in coordinator/status.py.
 
 Agents take their rounds on one long-lived Session stream each (PullRound and PushUpdate on
 one call, proto/fleet.proto), so a round sets up no call; the two calls stay for agents from
@@ -22,30 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
-import inspect
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent import futures
-from contextlib import aclosing, contextmanager
 from dataclasses import asdict
-from pathlib import Path
 
 import grpc
 
-from coordinator import identity
+from coordinator.callers import Callers, same_device
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
+from coordinator.listen import bind
 from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
+from coordinator.status import mapped
 from edge_agent.memory import release_freed
-from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
-                           ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
-from flexfl.net import bind_problem
+from flexfl.errors import IdentityMismatch, ProtocolMismatch, UpdateRejected, WrongRoundState
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
-from flexfl.proto.options import (AUTH_HEADER, DEVICE_HEADER, ERROR_HEADER, PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL,
-                                  SERVER_OPTIONS, ErrorReason)
+from flexfl.proto.options import PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL, SERVER_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -70,68 +65,6 @@ TRIM_AFTER_BYTES = 8 << 20
 # server.pull_wait_s when that is shorter.
 SESSION_MIN_WAIT_S = 1.0
 
-Code = grpc.StatusCode
-ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
-    MissingDevice: (Code.UNAUTHENTICATED, ErrorReason.MISSING_DEVICE),
-    Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
-    UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
-    IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
-    DeviceConflict: (Code.ALREADY_EXISTS, ErrorReason.DEVICE_CONFLICT),
-    # A per-device quota (one live stream): agents retry it with backoff, as a reconnecting one must.
-    DeviceBusy: (Code.RESOURCE_EXHAUSTED, ErrorReason.DEVICE_BUSY),
-    ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
-    PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
-    WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
-    UpdateRejected: (Code.INVALID_ARGUMENT, ErrorReason.UPDATE_REJECTED),
-    ConfigError: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
-}
-
-
-def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
-    """The table's entry for `exc`'s most specific class that has one (None: not a domain error)."""
-    return next((ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS), None)
-
-
-def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    """Set the call's status from the table: code, reason (trailing metadata) and the error's text."""
-    code, reason = status_of(exc)
-    context.set_code(code)
-    context.set_details(str(exc))
-    context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
-
-
-def _mapped(handler):
-    """Wrap a handler (coroutine or async generator): a domain error ends the call with its status.
-
-    The call ends by returning with the status set, never by context.abort(). abort() raises an
-    AbortError that grpc.aio keeps on the call's state; its traceback holds the handler's frames,
-    they hold the context, the context the state: a reference cycle. Raised while the domain
-    error was being handled, it also chains that error (__context__), whose traceback holds the
-    frames that received the upload. Only a full garbage collection frees such a cycle, and with
-    the start-up objects frozen (coordinator/runtime.py) those are rare: 100 refused 63 MiB
-    uploads grew the coordinator from 243 to 7,218-7,526 MiB (benchmarks/refused_uploads.py). Returning
-    leaves nothing behind: the error and the frames it holds go as this function's except ends.
-    """
-    if inspect.isasyncgenfunction(handler):
-        @functools.wraps(handler)
-        async def streaming(self, request, context: grpc.aio.ServicerContext):
-            try:
-                async with aclosing(handler(self, request, context)) as messages:
-                    async for message in messages:
-                        yield message
-            except tuple(ERRORS) as exc:
-                _refuse(context, exc)
-        return streaming
-
-    @functools.wraps(handler)
-    async def unary(self, request, context: grpc.aio.ServicerContext):
-        try:
-            return await handler(self, request, context)
-        except tuple(ERRORS) as exc:
-            _refuse(context, exc)
-            return None  # with a status other than OK, grpc.aio sends no message
-    return unary
-
 
 class FleetServicer(pb_grpc.FleetServicer):
     def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int, pull_wait_s: float,
@@ -139,56 +72,10 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine = engine
         self.pull_wait_s = pull_wait_s  # server.pull_wait_s: the longest a pull is held before WAIT
         self._encoded: tuple[int, asyncio.Future] | None = None  # (round, its model's messages), see _model
-        self._token = token.encode()
         self.max_update_bytes = max_update_bytes
         self._work = work  # uploads' checksums, checks and summing, off the event loop
         self._uploads = 0  # PushUpdate calls past their header check (touched on the loop thread only)
-        self._streams: dict[str, grpc.aio.ServicerContext] = {}  # device -> its live Session or PullRound (loop thread)
-        self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
-
-    def _caller(self, context: grpc.aio.ServicerContext) -> str:
-        """Check the fleet token; return the device id the call claims to come from."""
-        md = dict(context.invocation_metadata())
-        presented = md.get(AUTH_HEADER, "")
-        token = presented[len("Bearer "):] if presented.startswith("Bearer ") else ""
-        if not hmac.compare_digest(token.encode(), self._token):
-            raise Unauthenticated("missing or wrong fleet token")
-        device_id = md.get(DEVICE_HEADER, "")
-        if not device_id:
-            raise MissingDevice(f"missing {DEVICE_HEADER} metadata: every call says which device makes it")
-        if self.certificate_identity:
-            try:
-                identity.check_claim(context.auth_context(), device_id)
-            except IdentityMismatch as exc:
-                log.warning("refused a call: %s", str(exc))
-                raise
-        return device_id
-
-    @contextmanager
-    def _live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        """Hold this call as `caller`'s one live Session or PullRound; DeviceBusy while it has another.
-
-        One at a time: each parked stream would be sent the model when a round opens, so a device
-        holding many would have the coordinator send it the model many times over. The second is
-        refused rather than replacing the first, so that a second agent under the same id cannot
-        take the running device's stream; an agent that reconnects retries until the coordinator
-        has seen its old stream end (at once on a closed connection, within keepalive's ~40 s on
-        a dead one).
-        """
-        if caller in self._streams:
-            raise DeviceBusy(f"device {caller!r} already has a live Session or PullRound call; a device holds one "
-                             "at a time (retry once that one has ended)")
-        self._streams[caller] = context
-        # Released however the call ends: also when its cancellation never reaches this frame.
-        context.add_done_callback(lambda _: self._release_stream(caller, context))
-        try:
-            yield
-        finally:
-            self._release_stream(caller, context)
-
-    def _release_stream(self, caller: str, context: grpc.aio.ServicerContext) -> None:
-        if self._streams.get(caller) is context:
-            del self._streams[caller]
+        self._callers = Callers(token, certificate_identity=certificate_identity)
 
     def _refused(self, caller: str, round_id: int, exc: Exception) -> Exception:
         """Log a refusal of `caller`'s update for round `round_id` and keep it in the round's row; returns `exc`."""
@@ -199,15 +86,10 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine.note_rejection(caller, round_id, str(exc))
         return exc
 
-    @staticmethod
-    def _same(caller: str, claimed: str, what: str) -> None:
-        if claimed and claimed != caller:
-            raise IdentityMismatch(f"{what} for {claimed!r} from {caller!r}")
-
-    @_mapped
+    @mapped
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
-        caller = self._caller(context)
-        self._same(caller, request.device_id or "(none)", "join")
+        caller = self._callers.identify(context)
+        same_device(caller, request.device_id or "(none)", "join")
         if request.protocol_version > PROTOCOL_VERSION:
             raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
                                    f"(coordinator speaks {PROTOCOL_VERSION})")
@@ -223,33 +105,33 @@ class FleetServicer(pb_grpc.FleetServicer):
             agent_version=request.agent_version, resident_bytes=request.resident_bytes))
         return pb.JoinReply(**asdict(joined))
 
-    @_mapped
+    @mapped
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
-        caller = self._caller(context)
-        self._same(caller, request.device_id, "leave")
+        caller = self._callers.identify(context)
+        same_device(caller, request.device_id, "leave")
         return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
 
-    @_mapped
+    @mapped
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        self._caller(context)
+        self._callers.identify(context)
         state = self.engine.status()
         return pb.StatusReply(**{**asdict(state), "devices": [pb.DeviceStatus(**asdict(d)) for d in state.devices]})
 
-    @_mapped
+    @mapped
     async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
-        caller = self._caller(context)
-        with self._live_stream(caller, context):
+        caller = self._callers.identify(context)
+        with self._callers.live_stream(caller, context):
             header, chunks = await self._pull(caller, wait_s=request.wait_s)
             async for message in self._offer(caller, header, chunks):
                 yield message
 
-    @_mapped
+    @mapped
     async def Session(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
         """PullRound and PushUpdate on one stream (proto/fleet.proto): the device's rounds until FINISHED."""
         requests = aiter(request_iterator)
-        caller = self._caller(context)
-        with self._live_stream(caller, context):
+        caller = self._callers.identify(context)
+        with self._callers.live_stream(caller, context):
             opening = await anext(requests, None)
             if opening is None:
                 return
@@ -339,10 +221,10 @@ class FleetServicer(pb_grpc.FleetServicer):
             finally:
                 self.engine.unpark(caller, wake)
 
-    @_mapped
+    @mapped
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
-        caller = self._caller(context)
+        caller = self._callers.identify(context)
         requests = aiter(request_iterator)
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "header":
@@ -359,7 +241,7 @@ class FleetServicer(pb_grpc.FleetServicer):
         header = first.header
         buffer = None
         try:
-            self._same(caller, header.device_id, "update header")
+            same_device(caller, header.device_id, "update header")
             report = UpdateReport(round_id=header.round_id, updates_completed=header.updates_completed,
                                   samples_used=header.samples_used, train_s=header.train_s,
                                   local_loss=header.local_loss, previous_upload_s=header.previous_upload_s)
@@ -438,45 +320,11 @@ async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: st
     uploads' CPU work (a few threads).
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
-                             pull_wait_s=cfg.server.pull_wait_s,
-                             work=work, certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
-    pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
-    try:
-        if s.tls_cert:
-            creds = grpc.ssl_server_credentials(
-                [(_read(s.tls_key), _read(s.tls_cert))],
-                root_certificates=_read(s.tls_client_ca) if s.tls_client_ca else None,
-                require_client_auth=bool(s.tls_client_ca),
-            )
-            port = server.add_secure_port(s.listen, creds)
-        else:
-            port = server.add_insecure_port(s.listen)
-    except RuntimeError:  # grpcio >= 1.6x raises instead of returning 0
-        port = 0
-    if port == 0:
-        await server.stop(None)
-        raise ConfigError(f"server.listen: cannot bind {s.listen!r}: "
-                          f"{bind_problem(s.listen) or 'gRPC refused the address (see the line above)'}")
+    servicer = FleetServicer(engine, token=token, max_update_bytes=int(s.max_update_mib * (1 << 20)),
+                             pull_wait_s=s.pull_wait_s, work=work,
+                             certificate_identity=bool(s.tls_cert and s.tls_client_ca))
+    pb_grpc.add_FleetServicer_to_server(servicer, server)
+    port = await bind(server, s)
     await server.start()
     return server, port
-
-
-def preflight(cfg: CoordinatorConfig) -> str:
-    """Check what would fail after seconds of data loading (token, port, TLS files) now; returns the token."""
-    token = cfg.server.token()
-    problem = bind_problem(cfg.server.listen)
-    if problem:
-        raise ConfigError(f"server.listen: cannot bind {cfg.server.listen!r}: {problem}")
-    for name in ("tls_cert", "tls_key", "tls_client_ca"):
-        if getattr(cfg.server, name):
-            _read(getattr(cfg.server, name), what=f"server.{name}")
-    return token
-
-
-def _read(path: str, *, what: str = "TLS file") -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
