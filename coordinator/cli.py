@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("rules",), scheme: bool = True,
                     eta0_defaults: Mapping[str, float] | None = None) -> None:
-    """The flags that override a config's [rules] table (coordinator.round.RulesConfig).
+    """The flags that override a config's [rules] table (coordinator.rules.RulesConfig).
 
     scheme=False leaves out --scheme (for commands that run several schemes); `eta0_defaults`
     is the command's eta_0 per dataset for the help, when it is not the paper's (DEFAULTS)."""
