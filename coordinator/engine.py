@@ -35,7 +35,7 @@ from coordinator.finisher import ClosedRound, Finisher
 from coordinator.membership import Membership
 from coordinator.metrics import MetricsWriter
 from coordinator.objective import Objective
-from coordinator.open_round import OpenRound, check_report
+from coordinator.open_round import OpenRound, check_open, check_report
 from coordinator.parking import ParkedPulls
 from coordinator.records import (Accepted, Delta, FleetState, Join, Joined, ModelDescription, OfferStatus, RoundOffer,
                                  RoundTerms, UpdateReport)
@@ -43,7 +43,7 @@ from coordinator.registry import Registry
 from coordinator.resume import (CHECKPOINT_NAME, EVENTS_NAME, METRICS_NAME, earlier_run, journaled_events,
                                 repair_metrics, restore)
 from coordinator.round import Federation
-from flexfl.errors import UpdateRejected, WrongRoundState
+from flexfl.errors import UpdateRejected
 from flexfl.run_folder import claim_run_folder
 from workloads.federated import DEFAULTS, EvaluationData, FederatedData, initial_model
 
@@ -244,9 +244,7 @@ class RoundEngine:
 
     def _round_taking(self, device_id: str, round_id: int) -> OpenRound:
         """The open round, if it can take `device_id`'s update for `round_id` now (lock held)."""
-        r = self.current
-        if r is None:
-            raise WrongRoundState(f"round {round_id} is not open (open round: None); stale or early update")
+        r = check_open(self.current, round_id)
         r.check_update(device_id, round_id, now=time.monotonic())
         return r
 
@@ -327,24 +325,12 @@ class RoundEngine:
         # Only now, with this round open, does the last one's evaluation start competing for the CPU.
         self._hand_over()
         with self._lock:
-            # Wait until every participant answered (or left) or the last deadline passed, and no
-            # scripted event of this round is still to come. Pushes wake this thread only when
-            # the last one answers; deadlines are read again on waking.
-            while not self._stop.is_set():
-                held = self.membership.scripted_events_due(r, now=time.monotonic())
-                if not r.waiting and not held:
-                    reason = "all answered"
-                    break
-                limit, now = r.closes_at(), time.monotonic()
-                if now >= limit and not held:
-                    reason = "deadline"
-                    break
-                self._cond.wait(timeout=0.05 if held else limit - now)  # held: joins and leaves are polled
-            else:
-                r.closed = True
+            reason = r.wait_for_close(self._cond, self._stop,
+                                      held=lambda now: self.membership.scripted_events_due(r, now=now))
+            r.closed = True
+            if reason is None:
                 log.info("round %d abandoned: stopping", tau)
                 return
-            r.closed = True
             closed_at = time.monotonic()
             r.pull_wakeups = self.pull_wakeups - wakeups_before  # its opening's included
             self._closed.append(self._close(r, reason=reason, overhead_s=overhead, closed_at=closed_at))

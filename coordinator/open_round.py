@@ -8,7 +8,9 @@ round engine holds its lock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,6 +92,27 @@ class OpenRound:
         deadline of a device it still waits for, and no sooner than deadline_s after opening."""
         return max([self.opened_at + self.deadline_s, *(self.deadline_for(d) for d in self.waiting)])
 
+    def wait_for_close(self, cond: threading.Condition, stop: threading.Event, *,
+                       held: Callable[[float], bool]) -> str | None:
+        """Wait (holding `cond`, the engine's) until every participant answered (or left) or the
+        round's last deadline passed (closes_at), and held(now) is false; returns why ("all
+        answered", "deadline"), None when stopped first.
+
+        `held`: a scripted event of this round is still to come (Membership.scripted_events_due).
+        Pushes notify `cond` only when the last participant answers; deadlines are read again
+        on every wake-up.
+        """
+        while not stop.is_set():
+            now = time.monotonic()
+            holding = held(now)
+            if not self.waiting and not holding:
+                return "all answered"
+            limit = self.closes_at()
+            if now >= limit and not holding:
+                return "deadline"
+            cond.wait(timeout=0.05 if holding else limit - now)  # held: joins and leaves are polled
+        return None
+
     def offers_model_to(self, device_id: str, *, now: float) -> bool:
         """`device_id` should be handed this round's model now."""
         return (not self.closed and device_id in self.taking_part and device_id not in self.left
@@ -97,9 +120,7 @@ class OpenRound:
 
     def check_update(self, device_id: str, round_id: int, *, now: float) -> None:
         """Refuse (WrongRoundState) an update this round cannot take now."""
-        if self.closed or round_id != self.round_id:
-            open_id = None if self.closed else self.round_id
-            raise WrongRoundState(f"round {round_id} is not open (open round: {open_id}); stale or early update")
+        check_open(self, round_id)
         if device_id not in self.taking_part:
             raise WrongRoundState(f"device {device_id!r} does not take part in round {self.round_id}")
         if device_id in self.updates:
@@ -139,3 +160,11 @@ class OpenRound:
             reasons.append(reason)
         elif len(reasons) == MAX_REJECTIONS_KEPT:
             reasons.append("(further rejections in this round not recorded)")
+
+
+def check_open(r: OpenRound | None, round_id: int) -> OpenRound:
+    """`r` if it is round `round_id` and open; else WrongRoundState (an update stale or early)."""
+    if r is None or r.closed or round_id != r.round_id:
+        open_id = r.round_id if r is not None and not r.closed else None
+        raise WrongRoundState(f"round {round_id} is not open (open round: {open_id}); stale or early update")
+    return r
