@@ -198,3 +198,68 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
     plain.folder.release()  # it never ran, which is what releases the folder
     with pytest.raises(ConfigError, match="holds no update memory, which strategy 'mifa' needs to resume"):
         RoundEngine(_mifa_config(tmp_path / "c"), data=build_federated(other.partition), resume=True)
+
+
+def test_one_round_through_domain_records_alone(tmp_path):
+    """A join, a round with an upload and the close, with the engine's own records: no gRPC, no protobuf."""
+    cfg = CoordinatorConfig(
+        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(required_updates=E), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=1),
+        output=OutputConfig(dir=str(tmp_path / "out")))
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    joined = eng.join(Join(device_id="solo", shard_index=2))
+    assert (joined.device_index, joined.arrival, joined.current_round) == (2, False, 0)  # seeded by its shard
+    start = {n: p.clone() for n, p in eng.params.items()}
+    thread = threading.Thread(target=eng.run, daemon=True)
+    thread.start()
+    try:
+        offer = _pull(eng, "solo", wait_s=30)
+        assert (offer.status, offer.round_id) == (OfferStatus.ROUND, 1)
+        terms = offer.terms
+        assert (terms.required_updates, terms.deadline_s, terms.device_index) == (E, 60.0, 2)
+        assert terms.params.keys() == start.keys()
+        eng.delivered("solo", 1, nbytes=1234)
+        delta = {n: np.full(p.shape, 0.25, dtype=np.float32) for n, p in start.items()}
+        accepted = eng.push("solo", UpdateReport(round_id=1, updates_completed=E, samples_used=30, train_s=0.5,
+                                                 local_loss=1.5), delta, bytes_in=999)
+        assert (accepted.round_id, accepted.message) == (1, f"s = {E} accepted")
+        thread.join(timeout=60)
+        assert eng.finished and _pull(eng, "solo", wait_s=0).status is OfferStatus.FINISHED
+    finally:
+        eng.stop()
+    for n, p in eng.params.items():  # the only member, complete: w + delta
+        torch.testing.assert_close(p, start[n] + 0.25)
+    state = eng.status()
+    assert (state.completed_round, state.open_round, state.finished) == (1, 0, True)
+    assert [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices] == [("solo", 2, True, True)]
+    row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
+    assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"]) == \
+        ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered")
+
+
+def test_the_wire_format_stops_at_the_servicer():
+    """The engine imports no protobuf or gRPC module; in coordinator/ only server.py imports a protobuf module."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import coordinator
+
+    root = str(Path(coordinator.__file__).parent.parent)  # this checkout's, not an installed copy's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; print(sorted(m for m in sys.modules "
+                             "if m.split('.')[0] in ('grpc', 'google') or m.startswith('flexfl.proto')))"],
+                            capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert loaded == "[]"
+    wire = {"flexfl.proto.fleet_pb2", "flexfl.proto.fleet_pb2_grpc", "flexfl.proto.tensors"}
+    importers = set()
+    for path in Path(coordinator.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+                     if isinstance(node, ast.ImportFrom) and node.module else [])
+            if wire & set(names):
+                importers.add(path.name)
+    assert importers == {"server.py"}
