@@ -37,7 +37,7 @@ from coordinator.memory import UpdateMemory
 from coordinator.objective import AutoDeparture, DeparturePolicy, LearningRate, Objective, ThresholdDeparture
 # The rules a Federation runs under; importers of RulesConfig and AUTO_C from here predate coordinator/rules.py.
 from coordinator.rules import AUTO_C, THRESHOLD_K, RulesConfig  # noqa: F401
-from flexfl.errors import ConfigError
+from flexfl.errors import AggregationError, ConfigError, RoundStateError
 from workloads.partition_spec import Dataset
 
 
@@ -120,7 +120,7 @@ class RoundSum:
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
         if device not in self.running.p:
-            raise ConfigError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
+            raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
         if self.running.add(device, s=s, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
             if self.running.strategy.memory:  # the caller may reuse its buffers: a copy
@@ -161,7 +161,7 @@ class Federation:
     def open(self, round_index: int) -> RoundOpening:
         """Who trains in round `round_index` and at which rate."""
         if round_index != self.completed_round + 1:
-            raise ConfigError(f"round {round_index} cannot open after round {self.completed_round}")
+            raise RoundStateError(f"round {round_index} cannot open after round {self.completed_round}")
         return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
                             lr=self.learning_rate(round_index))
 
@@ -178,7 +178,7 @@ class Federation:
         """p and the strategy's coefficients for the updates counts `s` (a member not in `s`: 0)."""
         unknown = set(s) - set(self.objective.sample_counts)
         if unknown:
-            raise ConfigError(f"round {round_index}: s given for devices outside the objective: {sorted(unknown)}")
+            raise RoundStateError(f"round {round_index}: s given for devices outside the objective: {sorted(unknown)}")
         devices = tuple(self.objective.members())
         s_arr = np.array([int(s.get(d, 0)) for d in devices], dtype=np.int64)
         p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
@@ -202,7 +202,7 @@ class Federation:
         contributors = weighing.contributors
         if summed is not None:
             if deltas is not None or rows:
-                raise ConfigError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
+                raise TypeError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
             self._check_sum(weighing, summed)
             sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
             if self.memory is not None:
@@ -213,11 +213,12 @@ class Federation:
             index = {d: i for i, d in enumerate(weighing.devices)}
             missing = set(contributors) - set(rows)
             if missing:
-                raise ConfigError(f"round {tau}: no update given for contributors {sorted(missing)}")
+                raise AggregationError(f"round {tau}: no update given for contributors {sorted(missing)}")
             try:
                 device_rows = [index[d] for d in rows]
             except KeyError as exc:
-                raise ConfigError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the objective") from None
+                raise RoundStateError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the "
+                                      "objective") from None
             params = self.params
             row_of = {d: i for i, d in enumerate(rows)}
             if self.memory is not None:
@@ -275,7 +276,7 @@ class Federation:
         w + lr sum_k p_k m_k over every memory, from the memories' running sum."""
         memory = self.memory
         if memory is None:
-            raise ConfigError(f"strategy {self.rules.aggregation.name!r} keeps no update memory")
+            raise RoundStateError(f"strategy {self.rules.aggregation.name!r} keeps no update memory")
         s = {d: int(v) for d, v in zip(weighing.devices, weighing.s)}
         for device, update in updates.items():
             memory.replace(device, n_samples=self.objective.sample_counts[device], update=update,
@@ -309,20 +310,21 @@ class Federation:
         """The sum was built with this round's p and s: its weights times the round's scale are the coefficients."""
         tau = weighing.round_index
         if summed.round_index != tau:
-            raise ConfigError(f"round {tau}: the updates were summed for round {summed.round_index}")
+            raise RoundStateError(f"round {tau}: the updates were summed for round {summed.round_index}")
         s = {d: int(v) for d, v in zip(weighing.devices, weighing.s) if v or d in summed.s}
         if s != summed.s or list(summed.running.p) != list(weighing.devices):
-            raise ConfigError(f"round {tau}: the summed updates (devices {sorted(summed.s)}) are not the ones weighed")
+            raise RoundStateError(f"round {tau}: the summed updates (devices {sorted(summed.s)}) are not the ones "
+                                  "weighed")
         scale = summed.running.scale() or 0.0
         weights = summed.running.weights
         expected = np.array([weights.get(d, 0.0) * scale for d in weighing.devices])
         if not np.allclose(expected, weighing.coefficients.values, rtol=1e-9, atol=0.0):
-            raise ConfigError(f"round {tau}: the running sum's weights disagree with the strategy's coefficients")
+            raise AggregationError(f"round {tau}: the running sum's weights disagree with the strategy's coefficients")
 
     def apply_events(self, *, arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> None:
         """Membership changes before training starts (round 0): initial members, early departures."""
         if self.completed_round:
-            raise ConfigError("apply_events is for changes before the first round; rounds apply theirs at close")
+            raise RoundStateError("apply_events is for changes before the first round; rounds apply theirs at close")
         for a in arrivals:
             self.objective.add_initial(a.device, a.n_samples)
         for d in departures:

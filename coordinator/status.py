@@ -16,7 +16,8 @@ from contextlib import aclosing
 import grpc
 
 from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
-                           ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
+                           ProtocolMismatch, RoundStateError, Unauthenticated, UnknownDevice, UpdateRejected,
+                           WrongRoundState)
 from flexfl.proto.options import ERROR_HEADER, ErrorReason
 
 Code = grpc.StatusCode
@@ -32,6 +33,7 @@ ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
     PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
     WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
     UpdateRejected: (Code.INVALID_ARGUMENT, ErrorReason.UPDATE_REJECTED),
+    RoundStateError: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
     ConfigError: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
 }
 
