@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,30 @@ class ClosedRound:
     objective: dict  # the objective and the registry as they were at the close, for its checkpoint
     registry: Registry
     memory: dict | None  # the update memory at the close (MIFA), for its checkpoint; None: the strategy has none
+
+
+@dataclass(frozen=True)
+class LiveRow:
+    """What a live round's metrics row holds beside round_row's fields (coordinator/metrics.py):
+    transfers, times and refusals, per device where per device."""
+
+    time: float  # unix time the row was made
+    close_reason: str  # "all answered" or "deadline"
+    left_during_round: list[str]
+    bytes_out: dict[str, int]  # protobuf message bytes of the model sent
+    bytes_in: dict[str, int]  # protobuf message bytes of the update received
+    train_s: dict[str, float]  # as the device measured it
+    local_loss: dict[str, float]
+    previous_upload_s: dict[str, float]  # the device's measure of its previous upload
+    arrived_after_s: dict[str, float]  # model delivered -> update arrived
+    delivered_after_s: dict[str, float]  # opening -> model handed over
+    rejected: dict[str, list[str]]  # refused updates' reasons, in order
+    round_s: float  # opening -> close
+    overhead_s: float | None  # the last close -> this opening (None: the first round of this process)
+    aggregate_s: float  # on the path between rounds
+    eval_s: float  # beside the next round
+    aggregate_eval_s: float  # close -> evaluated
+    pull_wakeups: int  # parked pulls woken while the round was open
 
 
 class Stage:
@@ -149,22 +173,17 @@ class Finisher:
             acc, loss = math.nan, math.nan
         evaluated = time.monotonic()
         updates = r.updates
-        row = round_row(r.opening, c.outcome, test_acc=acc, test_loss=loss)
-        row.update({
-            "time": time.time(), "close_reason": c.reason, "left_during_round": sorted(r.left),
-            "bytes_out": r.bytes_out, "bytes_in": {d: u.bytes_in for d, u in updates.items()},
-            "train_s": {d: u.train_s for d, u in updates.items()},
-            "local_loss": {d: u.local_loss for d, u in updates.items()},
-            "previous_upload_s": {d: u.previous_upload_s for d, u in updates.items()},
-            "arrived_after_s": {d: u.arrived_after_s for d, u in updates.items()},
-            "delivered_after_s": {d: t - r.opened_at for d, t in r.delivered.items()},  # opening -> model handed over
-            "rejected": {d: list(v) for d, v in r.rejected.items()},
-            "round_s": c.closed_at - r.opened_at, "overhead_s": c.overhead_s,
-            # aggregate_s is on the path between rounds; evaluation runs while the next round is open.
-            "aggregate_s": c.aggregate_s, "eval_s": evaluated - started,
-            "aggregate_eval_s": evaluated - c.closed_at, "pull_wakeups": r.pull_wakeups,
-        })
-        return row
+        live = LiveRow(
+            time=time.time(), close_reason=c.reason, left_during_round=sorted(r.left), bytes_out=dict(r.bytes_out),
+            bytes_in={d: u.bytes_in for d, u in updates.items()}, train_s={d: u.train_s for d, u in updates.items()},
+            local_loss={d: u.local_loss for d, u in updates.items()},
+            previous_upload_s={d: u.previous_upload_s for d, u in updates.items()},
+            arrived_after_s={d: u.arrived_after_s for d, u in updates.items()},
+            delivered_after_s={d: t - r.opened_at for d, t in r.delivered.items()},
+            rejected={d: list(v) for d, v in r.rejected.items()}, round_s=c.closed_at - r.opened_at,
+            overhead_s=c.overhead_s, aggregate_s=c.aggregate_s, eval_s=evaluated - started,
+            aggregate_eval_s=evaluated - c.closed_at, pull_wakeups=r.pull_wakeups)
+        return round_row(r.opening, c.outcome, test_acc=acc, test_loss=loss) | asdict(live)
 
     def _write(self, done: list[tuple[ClosedRound, dict[str, Any]]]) -> None:
         """Writer thread: the rounds' metrics rows, then the last one's checkpoint (each write fsynced).
