@@ -105,7 +105,7 @@ class Timeline:
     """Per device (in file order), its intervals in time order; uncovered times are offline."""
 
     unit: TimeUnit
-    devices: Mapping[str, tuple[Interval, ...]]
+    devices: Mapping[str, Sequence[Interval]]  # stored as tuples
     _starts: dict[str, list[float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -218,13 +218,13 @@ def read_timeline(path: Path) -> Timeline:
         if not NAME_RE.match(name):
             raise format_error(path, number, "device", f"value {shorten(repr(name))} is not a plain name ({NAME_RULE})")
         start, end = (_parse_time(cells[i], unit, path=path, line=number, column=header[i]) for i in (1, 2))
-        values = {column: _parse_condition(cells[i], column, path=path, line=number)
-                  for i, column in enumerate(header[3:], start=3)}
+        share, up, down = (float(_parse_condition(cells[i], header[i], path=path, line=number)) for i in (3, 4, 5))
+        online = bool(_parse_condition(cells[6], header[6], path=path, line=number))
         rows = devices.setdefault(name, [])
         problem = order_problem(start, end, rows[-1] if rows else None, last_line.get(name))
         if problem:
             raise format_error(path, number, header[1], f"device '{name}': {problem}")
-        rows.append(Interval(start=start, end=end, conditions=Conditions(**values)))
+        rows.append(Interval(start=start, end=end, conditions=Conditions(share, up, down, online)))
         last_line[name] = number
     if not devices:
         raise format_error(path, n + 2, "device", "no data rows (a timeline needs at least one interval)")
