@@ -28,7 +28,7 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> NoReturn:
         raise TraceFormatError(
-            f"{self._path}: refused: the pickle names {shorten(f'{module}.{name}')}, and a pickle that names "
+            f"{self._path}: refused: the pickle names {_one_line(f'{module}.{name}')}, and a pickle that names "
             "anything runs it when read; a device trace holds only dicts, lists, tuples, numbers and strings "
             "(nothing was loaded or run)")
 
@@ -50,10 +50,14 @@ def load_plain_pickle(path: Path) -> Any:
     except RecursionError:
         raise TraceFormatError(f"{path}: nested too deeply to read") from None
     except Exception as exc:  # noqa: BLE001 - a corrupt pickle raises many kinds (EOFError, UnpicklingError, ...)
-        raise TraceFormatError(f"{path}: not a readable pickle ({type(exc).__name__}: "
-                               f"{shorten(str(exc))})") from None
+        raise TraceFormatError(f"{path}: not a readable pickle ({type(exc).__name__}: {_one_line(str(exc))})") from None
     _check_plain(value, path=path)
     return value
+
+
+def _one_line(text: str) -> str:
+    # Text from the file (a global's name, a parser's message quoting it) may hold newlines.
+    return shorten(text.encode("unicode_escape").decode("ascii"))
 
 
 def _check_plain(value: Any, *, path: Path) -> None:

@@ -258,8 +258,13 @@ def _read_header(text: str, *, path: Path, line: int) -> TimeUnit:
     return units[0]
 
 
+def _shown(text: str) -> str:
+    """A value from the file as an error shows it: control characters escaped (the message stays one line), cut short."""
+    return shorten(text if text.isprintable() else text.encode("unicode_escape").decode("ascii"), 40)
+
+
 def _parse_time(text: str, unit: TimeUnit, *, path: Path, line: int, column: str) -> float:
-    shown = shorten(text, 40)
+    shown = _shown(text)
     try:
         value: float = int(text) if unit is TimeUnit.ROUND else float(text)
     except ValueError:
@@ -272,7 +277,7 @@ def _parse_time(text: str, unit: TimeUnit, *, path: Path, line: int, column: str
 
 
 def _parse_condition(text: str, column: str, *, path: Path, line: int) -> float | bool:
-    shown = shorten(text, 40)
+    shown = _shown(text)
     if column == "online":
         if text not in ("0", "1"):
             raise format_error(path, line, column, f"value '{shown}' is not 0 or 1")

@@ -64,12 +64,22 @@ def test_an_object_of_a_class_is_refused_at_its_class(tmp_path: Path) -> None:
         load_plain_pickle(path)
 
 
-@pytest.mark.parametrize("data", [b"", b"\x80\x04\x95", b"not a pickle at all", pickle.dumps([1, 2])[:-3]])
-def test_broken_files_are_format_errors(tmp_path: Path, data: bytes) -> None:
+@pytest.mark.parametrize("data", [b"", b"\x80\x04\x95", b"not a pickle at all", pickle.dumps([1, 2])[:-3],
+                                  b"(dp0\nF\x01\n"])  # the last: the parser's own message quotes a newline
+def test_broken_files_are_one_line_format_errors(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "broken.pkl"
     path.write_bytes(data)
-    with pytest.raises(TraceFormatError, match="not a readable pickle"):
+    with pytest.raises(TraceFormatError, match="not a readable pickle") as info:
         load_plain_pickle(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_global_name_with_a_newline_is_shown_on_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "odd.pkl"
+    path.write_bytes(b"\x80\x04\x8c\x04os\nx\x94\x8c\x06system\x94\x93\x94.")  # STACK_GLOBAL 'os\nx'.'system'
+    with pytest.raises(TraceFormatError, match=r"refused: the pickle names os\\nx\.system") as info:
+        load_plain_pickle(path)
+    assert "\n" not in str(info.value)
 
 
 def test_deep_nesting_is_checked_without_recursion(tmp_path: Path) -> None:

@@ -158,3 +158,10 @@ def test_constructed_timelines_are_checked_by_the_same_rules() -> None:
         Timeline(unit=TimeUnit.SECOND, devices={"dev-0": (Interval(0, 10, ok), Interval(5, 20, ok))})
     with pytest.raises(TraceFormatError, match=r"field 'end': value 2.5 is not an integer"):
         Timeline(unit=TimeUnit.ROUND, devices={"dev-0": (Interval(1, 2.5, ok),)})
+
+
+def test_a_value_with_control_characters_is_shown_escaped_on_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, HEADER + "dev-0,0,1,0.5\x01\r5,1,1,1\n")
+    with pytest.raises(TraceFormatError) as info:
+        read_timeline(path)
+    assert str(info.value) == f"{path}:2: field 'cpu_share': value '0.5\\x01\\r5' is not a number"
