@@ -6,6 +6,7 @@ Bounded and derandomized here (a few seconds); FLEXFL_FUZZ_EXAMPLES=N runs N ran
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import re
 import tempfile
@@ -41,7 +42,7 @@ def timelines(draw: st.DrawFn) -> Timeline:
         edges = sorted(draw(st.sets(times, min_size=2, max_size=9)))
         # Consecutive edges as intervals, some dropped (gaps are allowed).
         rows = [Interval(a, b, Conditions(draw(st.floats(0.0, 1.0)), draw(RATES), draw(RATES), draw(st.booleans())))
-                for a, b in zip(edges, edges[1:]) if draw(st.booleans())]
+                for a, b in itertools.pairwise(edges) if draw(st.booleans())]
         if rows:
             devices[name] = tuple(rows)
     if not devices:
