@@ -29,7 +29,6 @@ import platform
 import secrets
 import shlex
 import shutil
-import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from flexfl.config import write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file, read_secret
 from flexfl.harness import Harness, HarnessError, connect_address
+from flexfl.signals import sigterm_as_interrupt
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
 from trace_recorder.manifest import SCHEMA_VERSION
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile, load_inventory, load_profile
@@ -672,14 +672,8 @@ def _software() -> dict[str, str]:
 
 def record(opts: RecordOptions) -> dict[str, Any]:
     """Record a trace set (see the module docstring); SIGTERM is handled like Ctrl-C, so the fleet is removed."""
-    def on_sigterm(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
+    with sigterm_as_interrupt():
         return Recording(opts).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def default_command(argv: list[str]) -> str:
