@@ -258,7 +258,8 @@ class LiveRun:
                        devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        with atomic_file(self.out / "summary.json") as f:
+            json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)
         return summary
 

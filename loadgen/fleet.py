@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from flexfl.files import atomic_file
 from loadgen import bandwidth, netns
 from loadgen import keys as curve
 from loadgen._run import run
@@ -360,10 +360,8 @@ class EmulatedFleet:
                  "stress_ng_method": self.stress_ng_method,
                  "coordinator_host": self.coordinator_host, "created": time.time(),
                  "devices": [asdict(d) for d in self.devices], "processes": self.processes}
-        fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".state.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with atomic_file(self.state_dir / "state.json") as f:
             json.dump(state, f, indent=1)
-        os.replace(tmp, self.state_dir / "state.json")
 
     def status(self) -> list[dict[str, Any]]:
         return status(self.prefix, state_root=self.state_dir.parent)

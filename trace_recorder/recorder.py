@@ -372,9 +372,8 @@ class Recording:
         self._save_state()
 
     def _save_state(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1))
-        os.replace(tmp, self.state_path)
+        with atomic_file(self.state_path) as f:
+            json.dump(self.state, f, indent=1)
 
     def _rows(self) -> dict[int, dict]:
         """The coordinator's rows by round (the last one of a round wins); reads only what is new."""

@@ -100,3 +100,26 @@ def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp
     assert recording.state["phase"] == "calibrating" and not (work / "old.log").exists()
     with pytest.raises(ConfigError, match="--resume: .* another profile"):
         Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True, rounds=7))._load_state()
+
+
+def test_a_failed_state_save_leaves_the_previous_state(tmp_path, monkeypatch) -> None:
+    """state.json (what --resume continues from) is replaced only by a complete, synced file."""
+    import errno
+    import os
+
+    from trace_recorder.recorder import Recording, RecordOptions
+
+    work = tmp_path / "work"
+    recording = Recording(RecordOptions(out=tmp_path / "set", work=work))
+    recording._load_state()  # the first state: calibrating
+    before = (work / "state.json").read_text()
+    recording.state["phase"] = "recording"
+
+    def disk_fails(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", disk_fails)
+    with pytest.raises(OSError, match="I/O error"):
+        recording._save_state()
+    assert (work / "state.json").read_text() == before
+    assert sorted(p.name for p in work.iterdir()) == ["state.json"]  # no temp file left behind
