@@ -267,7 +267,7 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
 
     Only rounds after `skip_rounds` and updates with all E updates done count. An agent starts
     an update only while the update, its upload and `margin_s` still fit before the deadline
-    (edge_agent.agent), so without the margin a deadline of factor 1 would stop the unloaded
+    (edge_agent.deadline), so without the margin a deadline of factor 1 would stop the unloaded
     device short of E whenever the margin is a noticeable part of its time (a fast device:
     50 ms of a 50 ms round left it at s = 0).
     """
