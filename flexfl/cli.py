@@ -59,13 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _die_with_parent() -> None:
     """Started by flexfl.harness: get SIGTERM when the harness dies (a killed `flexfl live` leaves nothing)."""
-    parent = os.environ.pop("FLEXFL_DIE_WITH_PARENT", "")
-    if not parent.isdigit():
-        return
-    import ctypes
+    from flexfl.signals import DIE_WITH_PARENT_ENV, die_with_parent
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if parent.isdigit() and not die_with_parent(signal.SIGTERM, parent_pid=int(parent)):
         sys.exit(1)  # the harness died before the signal was armed
 
 

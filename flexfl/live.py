@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
 from flexfl.live_defaults import LIVE_DEFAULTS
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
+from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec, Sizes
 
@@ -181,14 +181,8 @@ class LiveRun:
 
     def run(self) -> dict:
         """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
-        def on_sigterm(signum: int, _frame: object) -> None:
-            raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-        try:
+        with sigterm_as_interrupt():
             return self._run()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def _start_fleet(self) -> str:
         """Bring up the emulated fleet; return the coordinator's address on it."""
@@ -264,7 +258,8 @@ class LiveRun:
                        devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        with atomic_file(self.out / "summary.json") as f:
+            json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)
         return summary
 

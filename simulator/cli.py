@@ -14,6 +14,7 @@ from coordinator.choices import DeparturePolicy, Scheme
 from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
+from flexfl.files import atomic_file
 from simulator.paper import PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
 from simulator.trainer_kind import TrainerKind
 
@@ -334,7 +335,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
                "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None,
                **({"timeline": asdict(timeline)} if timeline else {})}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    with atomic_file(out / "summary.json") as f:
+        json.dump(summary, f, indent=1)
     accs = ", ".join(f"{configs[k].rules.aggregation.title} {100 * v:.2f}%" for k, v in finals.items())
     print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
           f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
@@ -373,8 +375,9 @@ def cmd_schemes(args: argparse.Namespace) -> int:
                           replace_page=args.replace_page)
     run_s, per_s = mean_run_seconds(summaries)
     md = Path(paths["dir"]) / f"schemes_{dataset}.md"
-    md.write_text(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
-                            work_dir=work_dir))
+    with atomic_file(md) as f:
+        f.write(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
+                          work_dir=work_dir))
     print(f"{len(summaries)} runs in {time.perf_counter() - started:.0f} s; one {cfg.rounds}-round run takes "
           f"{run_s:.1f} s on average ({per_s:.0f} device-updates/s); table in {md}")
     return 0
@@ -500,8 +503,6 @@ def _note_time(timing: dict, command: str, started: float, *, computed: int) -> 
 
 
 def _save_timing(page: Path, name: str, timing: dict) -> None:
-    from flexfl.files import atomic_file
-
     path = page.parent / f"{name}_timing.json"
     text = json.dumps(timing, indent=1)
     if timing and not (path.is_file() and path.read_text() == text):

@@ -1,7 +1,8 @@
 """The deadline rule as arithmetic: how many local updates s a device completes under given conditions.
 
-The live agent (edge_agent/agent.py) measures as it goes: after receiving the model it
-starts another update only while `now + update + upload + margin <= deadline`, with the
+The live agent measures as it goes (the rule: edge_agent.deadline.may_start_update): after
+receiving the model it starts another update only while `now + update + upload + margin <=
+deadline`, with the
 update and upload times estimated from what it measured before; the coordinator's
 deadline clock starts when it hands the model to gRPC, so the download is inside it too
 (traces/README.md, "Recording a set"). With a device's conditions known (a timeline) and

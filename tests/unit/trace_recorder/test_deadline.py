@@ -72,3 +72,25 @@ def test_the_margin_is_kept_free() -> None:
 def test_bad_parameters_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         _s(FAST_LINK, **kwargs)
+
+
+@pytest.mark.parametrize("cpu_share", [0.05, 0.3, 0.77, 1.0])
+@pytest.mark.parametrize("up_kbit_s", [150.0, 900.0, 8000.0])
+@pytest.mark.parametrize("deadline_s", [1.0, 3.7, 9.0])
+def test_the_closed_form_is_the_agents_rule_stepped_with_steady_times(cpu_share: float, up_kbit_s: float,
+                                                                      deadline_s: float) -> None:
+    """The agent's own rule (edge_agent.deadline.may_start_update), asked before each update with the
+    steady times the closed form assumes, stops at the same s: the two cannot drift apart."""
+    from edge_agent.deadline import may_start_update
+
+    E, update_s, margin_s = 20, 0.1, 0.05
+    conditions = Conditions(cpu_share=cpu_share, up_kbit_s=up_kbit_s, down_kbit_s=8000, online=True)
+    download_s = 8 * MODEL_BYTES / 1000 / conditions.down_kbit_s
+    upload_s = 8 * MODEL_BYTES / 1000 / up_kbit_s
+    per_update_s = update_s / cpu_share
+    s, time_left_s = 0, deadline_s - download_s
+    while s < E and may_start_update(time_left_s=time_left_s + 1e-12, update_s=per_update_s, upload_s=upload_s,
+                                     margin_s=margin_s):
+        s, time_left_s = s + 1, time_left_s - per_update_s
+    closed = _s(conditions, E=E, deadline_s=deadline_s, update_s=update_s, margin_s=margin_s)
+    assert closed.s == s
