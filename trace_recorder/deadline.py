@@ -2,10 +2,9 @@
 
 The live agent measures as it goes (the rule: edge_agent.deadline.may_start_update): after
 receiving the model it starts another update only while `now + update + upload + margin <=
-deadline`, with the
-update and upload times estimated from what it measured before; the coordinator's
-deadline clock starts when it hands the model to gRPC, so the download is inside it too
-(traces/README.md, "Recording a set"). With a device's conditions known (a timeline) and
+deadline`, with the update and upload times estimated from what it measured before; the
+coordinator's deadline clock starts when it hands the model to gRPC, so the download is
+inside it too (traces/README.md, "Recording a set"). With a device's conditions known (a timeline) and
 its times steady, that rule has a closed form, used by the simulator and meant for the
 live side's predictions alike:
 
