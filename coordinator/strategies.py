@@ -38,7 +38,7 @@ import numpy as np
 
 from coordinator.choices import Scheme  # its owner: light, for parsers
 from flexfl.errors import AggregationError, ConfigError
-from flexfl.plugins import STRATEGY, Plugin, plugin_forms, resolve
+from flexfl.plugins import STRATEGY, Plugin, kind_of, plugin_forms, resolve
 
 
 def checked_round(s: Sequence[int] | np.ndarray, E: int,
@@ -363,7 +363,7 @@ class PluginStrategy(Strategy):
         try:
             weights = np.asarray(got, dtype=np.float64)
         except (TypeError, ValueError):
-            raise self.plugin.error(f"returned {type(got).__name__} from arrival_weights; expected one number per "
+            raise self.plugin.error(f"returned {kind_of(got)} from arrival_weights; expected one number per "
                                     f"device, float64 [{len(s)}]") from None
         if weights.shape != s.shape:
             raise self.plugin.error(f"returned arrival weights of shape {list(weights.shape)} for {len(s)} devices; "
@@ -371,7 +371,7 @@ class PluginStrategy(Strategy):
         bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
         if bad.size:
             k = int(bad[0])
-            raise self.plugin.error(f"returned arrival weight {weights[k]} for device {k} (s = {int(s[k])}, "
+            raise self.plugin.error(f"returned arrival weight {weights[k]:g} for device {k} (s = {int(s[k])}, "
                                     f"p = {float(p[k]):g}); a weight must be a finite number >= 0")
         return weights
 
@@ -383,10 +383,10 @@ class PluginStrategy(Strategy):
         try:
             scale = float(got)
         except (TypeError, ValueError):
-            raise self.plugin.error(f"returned {type(got).__name__} from round_scale; expected a number, or None to "
+            raise self.plugin.error(f"returned {kind_of(got)} from round_scale; expected a number, or None to "
                                     "discard the round") from None
         if not (np.isfinite(scale) and scale >= 0):
-            raise self.plugin.error(f"returned round scale {scale}; it must be a finite number >= 0 (or None)")
+            raise self.plugin.error(f"returned round scale {scale:g}; it must be a finite number >= 0 (or None)")
         return scale
 
 
@@ -414,7 +414,7 @@ _PLUGINS: dict[str, PluginStrategy] = {}
 
 
 def get_strategy(name: str | Scheme | Strategy) -> Strategy:
-    """The strategy registered as `name`, or the plug-in it names; a Scheme or its letter names its scheme's strategy."""
+    """The strategy registered as `name`, or the plug-in it names; a Scheme or its letter names its scheme's one."""
     if isinstance(name, Strategy):
         return name
     if isinstance(name, Scheme) or name in {s.value for s in Scheme}:

@@ -153,8 +153,9 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", ta
     try:
         return cls(**values)
     except ConfigError as exc:
-        # Validation in __post_init__ names keys; say which file and table they came from.
-        raise ConfigError(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
+        # Validation in __post_init__ names keys; say which file and table they came from (same class: a PluginError
+        # stays one).
+        raise type(exc)(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
 
 
 def _default(f: dataclasses.Field) -> Any:

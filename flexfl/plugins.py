@@ -173,6 +173,12 @@ class PluginChoices(list):
         return isinstance(value, str) and (is_import_path(value) or value in entry_point_names(self.kind))
 
 
+def kind_of(value: object) -> str:
+    """'a dict', 'an int': what a value is, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

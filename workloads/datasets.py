@@ -24,7 +24,7 @@ import numpy as np
 
 from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
 from flexfl.files import atomic_file
-from flexfl.plugins import DATASET, Plugin, plugin_forms, resolve
+from flexfl.plugins import DATASET, Plugin, kind_of, plugin_forms, resolve
 from workloads.defaults import DEFAULTS
 from workloads.partition_spec import Dataset
 
@@ -385,7 +385,7 @@ def dataset_plugin(name: str) -> Plugin:
         raise ConfigError(f"expected one of {', '.join(d.value for d in Dataset)}, got {name!r}; "
                           f"{plugin_forms(DATASET)}")
     if not callable(plugin.obj):
-        raise plugin.error(f"is {_a(plugin.obj)}; it should be {DATASET.expects}")
+        raise plugin.error(f"is {kind_of(plugin.obj)}; it should be {DATASET.expects}")
     return plugin
 
 
@@ -427,8 +427,8 @@ def load_plugin_data(name: str) -> PluginData:
         {key: getattr(result, key) for key in _PLUGIN_FIELDS if hasattr(result, key)}
     missing = [key for key in ("x_train", "y_train", "num_classes") if key not in values]
     if missing:
-        raise plugin.error(f"returned {_a(result)} without {', '.join(missing)}; a dataset plug-in returns an object "
-                           "(or a dict) with x_train, y_train, x_test, y_test (None: no test set) and num_classes")
+        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns an "
+                           "object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) and num_classes")
     num_classes = values["num_classes"]
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
         raise plugin.error(f"gives num_classes = {num_classes!r}; expected an integer >= 2")
@@ -453,7 +453,7 @@ def load_plugin_data(name: str) -> PluginData:
 
 def _features(plugin: Plugin, key: str, x: object) -> np.ndarray:
     if not isinstance(x, np.ndarray):
-        raise plugin.error(f"gives {key} as {_a(x)}; expected a numpy array, float32 [n, features...]")
+        raise plugin.error(f"gives {key} as {kind_of(x)}; expected a numpy array, float32 [n, features...]")
     if x.dtype != np.float32:
         raise plugin.error(f"gives {key} of dtype {x.dtype}; expected float32 ({key}.astype(np.float32))")
     if x.ndim < 2:
@@ -466,7 +466,7 @@ def _features(plugin: Plugin, key: str, x: object) -> np.ndarray:
 
 def _labels(plugin: Plugin, key: str, y: object, *, x: np.ndarray, num_classes: int) -> np.ndarray:
     if not isinstance(y, np.ndarray):
-        raise plugin.error(f"gives {key} as {_a(y)}; expected a numpy array of integer labels [n]")
+        raise plugin.error(f"gives {key} as {kind_of(y)}; expected a numpy array of integer labels [n]")
     if not np.issubdtype(y.dtype, np.integer):
         raise plugin.error(f"gives {key} of dtype {y.dtype}; expected integer labels ({key}.astype(np.int64))")
     if y.shape != (len(x),):
@@ -476,9 +476,3 @@ def _labels(plugin: Plugin, key: str, y: object, *, x: np.ndarray, num_classes: 
         raise plugin.error(f"gives {key} with label {bad}; with num_classes = {num_classes} labels are "
                            f"0..{num_classes - 1}")
     return y.astype(np.int64)
-
-
-def _a(value: object) -> str:
-    """'a dict', 'an int': what a value is, for messages."""
-    name = type(value).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

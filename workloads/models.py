@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from flexfl.errors import ConfigError
-from flexfl.plugins import MODEL, Plugin, plugin_forms, resolve
+from flexfl.plugins import MODEL, Plugin, kind_of, plugin_forms, resolve
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def model_plugin(name: str) -> Plugin:
     if plugin is None:
         raise ConfigError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, {plugin_forms(MODEL)}")
     if not callable(plugin.obj):
-        raise plugin.error(f"is a {type(plugin.obj).__name__}; it should be {MODEL.expects}")
+        raise plugin.error(f"is {kind_of(plugin.obj)}; it should be {MODEL.expects}")
     return plugin
 
 
@@ -150,7 +150,7 @@ def _build_plugin(plugin: Plugin, *, in_features: int | None, num_classes: int,
     with plugin.calling(call):
         model = plugin.obj(**kwargs)
     if not isinstance(model, nn.Module):
-        raise plugin.error(f"returned a {type(model).__name__} from {call}; it should be {MODEL.expects}")
+        raise plugin.error(f"returned {kind_of(model)} from {call}; it should be {MODEL.expects}")
     named = list(model.named_parameters())
     if not named:
         raise plugin.error("has no parameters: there is nothing to train")
@@ -176,7 +176,7 @@ def _probe(plugin: Plugin, model: nn.Module, *, input_shape: tuple[int, ...], nu
     with plugin.calling(f"forward on a batch of zeros {shape}"):
         out = model(x)
     if not isinstance(out, torch.Tensor):
-        raise plugin.error(f"returned a {type(out).__name__} from forward; it should return logits, a tensor "
+        raise plugin.error(f"returned {kind_of(out)} from forward; it should return logits, a tensor "
                            f"[batch, num_classes]")
     if tuple(out.shape) != (PROBE_BATCH, num_classes):
         raise plugin.error(f"returned logits of shape {list(out.shape)} for an input {shape}; expected "
