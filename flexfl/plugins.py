@@ -8,6 +8,11 @@ A name that is not a built-in one names a plug-in:
   `flexfl.datasets`, `flexfl.strategies`) of an installed package.
 Built-in names are looked up first, so a plug-in never shadows one.
 
+An agent runs the dataset and the model its coordinator names. So that a coordinator cannot
+make it import any module on its path and call any function there, `flexfl agent` calls
+trust_only_plugin_path(): an import path must then lead into a folder of the agent's own
+`plugin_path` (an installed package's entry points are trusted as they are declared).
+
 Each owner resolves its names here and checks what it gets (workloads.models.build_model,
 workloads.datasets.dataset_plugin, coordinator.strategies.get_strategy). Every failure (not
 importable, a missing attribute, a wrong result, an exception raised in the plug-in's own
@@ -91,6 +96,17 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
+# Folders that configs' plugin_path put on sys.path, and whether import paths must lead into one of them (agents).
+_PLUGIN_FOLDERS: list[Path] = []
+_ONLY_PLUGIN_PATH = False
+
+
+def trust_only_plugin_path() -> None:
+    """From now on, in this process, an import path must lead into a plugin_path folder (`flexfl agent` calls it)."""
+    global _ONLY_PLUGIN_PATH
+    _ONLY_PLUGIN_PATH = True
+
+
 def resolve(kind: PluginKind, name: str) -> Plugin | None:
     """The plug-in `name` leads to: an import path, or an installed entry point of `kind`'s group.
 
@@ -99,6 +115,8 @@ def resolve(kind: PluginKind, name: str) -> Plugin | None:
     """
     if is_import_path(name):
         module, _, attribute = name.partition(":")
+        if _ONLY_PLUGIN_PATH:
+            _check_in_plugin_path(kind, name, module.strip())
         return _load(kind, name, module.strip(), attribute.strip())
     point = next((ep for ep in importlib.metadata.entry_points(group=kind.group) if ep.name == name), None)
     if point is None:
@@ -149,10 +167,30 @@ def add_import_folder(folder: str, *, where: str) -> None:
     path = Path(folder)
     if not path.is_dir():
         raise ConfigError(f"{where}: plugin_path: {folder} is not a folder (it should hold the plug-ins' package)")
-    text = str(path.resolve())
-    if text not in sys.path:
-        sys.path.insert(0, text)
+    resolved = path.resolve()
+    if resolved not in _PLUGIN_FOLDERS:
+        _PLUGIN_FOLDERS.append(resolved)
+    if str(resolved) not in sys.path:
+        sys.path.insert(0, str(resolved))
         importlib.invalidate_caches()  # the import system caches folder listings
+
+
+def _check_in_plugin_path(kind: PluginKind, name: str, module_name: str) -> None:
+    """Refuse an import path outside the plugin_path folders, before anything of it is imported."""
+    top = module_name.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top) if top.isidentifier() else None  # a top-level name: nothing runs
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return  # not importable at all: the import says so
+    places = [Path(spec.origin).parent] if spec.origin else [Path(p) for p in spec.submodule_search_locations or ()]
+    if not any(place.resolve().is_relative_to(folder) for place in places for folder in _PLUGIN_FOLDERS):
+        where = ", ".join(map(str, _PLUGIN_FOLDERS)) or "none is set"
+        raise PluginError(_one_line(
+            f"{kind.what} plug-in {name!r} is outside this agent's plugin_path ({where}): an agent imports the "
+            f"plug-ins its coordinator names only from there, or from an installed package's {kind.group} entry "
+            f"points ({top} is in {places[0] if places else 'an unknown place'})"))
 
 
 class PluginChoices(list):

@@ -81,6 +81,27 @@ def test_a_bare_name_is_an_installed_entry_point(plugin_module, tmp_path: Path, 
     assert resolve(MODEL, "mine") is None  # another group's
 
 
+def test_an_agent_imports_a_plug_in_only_from_its_plugin_path_or_an_entry_point(tmp_path, monkeypatch) -> None:
+    """The coordinator names the dataset an agent calls: "os:getcwd" (or worse) must not run there."""
+    from flexfl import plugins
+
+    monkeypatch.setattr(plugins, "_PLUGIN_FOLDERS", [])
+    monkeypatch.setattr(plugins, "_ONLY_PLUGIN_PATH", False)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    assert resolve(DATASET, "os:getcwd").obj is __import__("os").getcwd  # a simulation's own config may
+    plugins.trust_only_plugin_path()
+    with pytest.raises(PluginError, match=r"^dataset plug-in 'os:getcwd' is outside this agent's plugin_path \(none "
+                                          r"is set\): an agent imports the plug-ins its coordinator names only from "
+                                          r"there, or from an installed package's flexfl.datasets entry points"):
+        resolve(DATASET, "os:getcwd")
+    _write(tmp_path / "mine" / "agent_pkg_a" / "__init__.py", "def load():\n    return 1\n")
+    plugins.add_import_folder(str(tmp_path / "mine"), where="agent.toml")
+    assert resolve(DATASET, "agent_pkg_a:load").obj() == 1
+    with pytest.raises(PluginError, match=r"outside this agent's plugin_path \(.*/mine\)"):
+        resolve(DATASET, "json:loads")
+    __import__("sys").modules.pop("agent_pkg_a")
+
+
 def test_flag_choices_list_the_built_in_names_and_take_a_plug_in_too() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", choices=PluginChoices(["fednova", "mifa"], STRATEGY))
