@@ -43,7 +43,7 @@ from flexfl.errors import ConfigError
 from trace_recorder.sampler import Sampling, SRule
 from workloads.federated import DEFAULTS
 from workloads.models import MODEL_NAMES, model_plugin
-from workloads.partition_spec import Dataset
+from workloads.partition_spec import Dataset, is_builtin_dataset
 
 # The constant of the auto departure rule: the grid value that picked the better policy most
 # often on seeds 0-2 of the Table 5 grid in the headline regime (E in epochs, the protocol's
@@ -149,8 +149,8 @@ class RulesConfig:
         return replace(self, scheme=Scheme.C, strategy=name, mu=mu)
 
     def check_for(self, dataset: Dataset | str) -> None:
-        """These rules can run `dataset`: a plug-in dataset has no paper values, so model, eta0 and batch_size are given."""
-        if dataset in {d.value for d in Dataset}:
+        """These rules can run `dataset`: a plug-in one has no paper values, so model, eta0 and batch_size are given."""
+        if is_builtin_dataset(dataset):
             return
         missing = [f"rules.{key}" for key in ("model", "eta0", "batch_size") if getattr(self, key) is None]
         if missing:

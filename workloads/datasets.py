@@ -26,7 +26,7 @@ from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
 from flexfl.files import atomic_file
 from flexfl.plugins import DATASET, Plugin, kind_of, plugin_forms, resolve
 from workloads.defaults import DEFAULTS
-from workloads.partition_spec import Dataset
+from workloads.partition_spec import Dataset, is_builtin_dataset
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def load_raw(dataset: Dataset | str, *, emnist_root: Path | None = None,
 
 def dataset_shape(dataset: Dataset | str) -> DataShape:
     """A built-in dataset's sample shape and classes (workloads.defaults), or a plug-in's (from its data)."""
-    if isinstance(dataset, Dataset) or dataset in {d.value for d in Dataset}:
+    if is_builtin_dataset(dataset):
         d = DEFAULTS[Dataset(dataset)]
         return DataShape(input_shape=(d.in_features,), num_classes=d.num_classes)
     data = load_plugin_data(str(dataset))

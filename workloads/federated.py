@@ -24,7 +24,7 @@ from workloads.datasets import (ArrayDataset, PluginData, RawImages, dataset_sha
 from workloads.defaults import DEFAULTS  # the paper's per-dataset settings, light for the parsers
 from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
                                  proportional_sizes, truncated_pareto_draws)
-from workloads.partition_spec import Dataset, PartitionSpec, Sizes
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
 from workloads.models import MODEL_NAMES, ModelSpec
 from workloads.synthetic import make_synthetic
 
@@ -37,7 +37,7 @@ def model_spec(dataset: Dataset | str, *, model: str | None = None) -> ModelSpec
     A plug-in dataset has no paper model: [rules] model names one (RulesConfig.check_for).
     """
     if model is None:
-        if not isinstance(dataset, Dataset) and dataset not in {d.value for d in Dataset}:
+        if not is_builtin_dataset(dataset):
             raise ConfigError(f"dataset {dataset!r} is a plug-in: name its model in [rules] model")
         model = DEFAULTS[Dataset(dataset)].model
     shape = dataset_shape(dataset)
@@ -61,7 +61,7 @@ def check_plugins(spec: PartitionSpec, *, model: str | None) -> None:
 
     Built-in datasets and models are left alone (MNIST would be read for nothing).
     """
-    dataset_is_plugin = spec.dataset not in {d.value for d in Dataset}
+    dataset_is_plugin = not is_builtin_dataset(spec.dataset)
     if dataset_is_plugin:
         load_evaluation(spec)
     if dataset_is_plugin or (model is not None and model not in MODEL_NAMES):

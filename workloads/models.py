@@ -173,7 +173,7 @@ def _probe(plugin: Plugin, model: nn.Module, *, input_shape: tuple[int, ...], nu
     """Run the model once on zeros [PROBE_BATCH, *input_shape]: logits [PROBE_BATCH, num_classes], with gradients."""
     x = torch.zeros((PROBE_BATCH, *input_shape))
     shape = f"[{', '.join(map(str, x.shape))}]"
-    with plugin.calling(f"forward on a batch of zeros {shape}"):
+    with plugin.calling(f"forward on a batch of zeros {shape}"), torch.enable_grad():  # whatever the caller's mode
         out = model(x)
     if not isinstance(out, torch.Tensor):
         raise plugin.error(f"returned {kind_of(out)} from forward; it should return logits, a tensor "

@@ -25,6 +25,11 @@ class Dataset(StrEnum):
     SYNTHETIC = "synthetic"
 
 
+def is_builtin_dataset(name: Dataset | str) -> bool:
+    """`name` is one of FlexFL's datasets, not a plug-in's name."""
+    return name in Dataset.__members__.values()
+
+
 class Sizes(StrEnum):
     """How many samples each device holds. The paper says only "Type-I Pareto with index 0.5";
     these are the readings FlexFL offers (results/README.md compares them):
