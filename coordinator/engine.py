@@ -318,7 +318,7 @@ class RoundEngine:
     def _check_partition(self, device_id: str, partition_json: str) -> None:
         if not partition_json:
             return  # the agent adopts ours
-        theirs = PartitionSpec.from_json(partition_json, where=f"device {device_id!r}")
+        theirs = PartitionSpec.from_json(partition_json, where=f"device {device_id!r}", ours=self.cfg.partition)
         if theirs != self.cfg.partition:
             raise PartitionMismatch(
                 f"device {device_id!r} has partition [{theirs.describe()}] but the coordinator trains on "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from flexfl.config import coerce_enums, from_dict, to_dict
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, PartitionMismatch
 from flexfl.text import count
 
 
@@ -153,11 +153,17 @@ class PartitionSpec:
         return json.dumps(self.identity(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, *, where: str) -> PartitionSpec:
+    def from_json(cls, text: str, *, where: str, ours: PartitionSpec | None = None) -> PartitionSpec:
+        """The spec in `text`. With `ours` (the coordinator's, checking a device's), a plug-in dataset other than
+        ours is a PartitionMismatch before its name is resolved: a plug-in a device names is never imported here."""
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: partition is not valid JSON: {exc}") from None
+        claimed = raw.get("dataset") if isinstance(raw, dict) else None
+        if ours is not None and isinstance(claimed, str) and claimed != ours.dataset and not is_builtin_dataset(claimed):
+            raise PartitionMismatch(f"{where}: its partition's dataset is {raw.get('dataset')!r}, the coordinator's "
+                                    f"{str(ours.dataset)!r}")
         return from_dict(cls, raw, where=where, table="partition")
 
     def differences(self, other: PartitionSpec) -> list[str]:
