@@ -49,12 +49,13 @@ from coordinator.metrics import MetricsWriter, read_metrics_and_torn, round_row
 from coordinator.objective import Objective
 from coordinator.registry import DeviceRecord, Registry
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RoundOutcome, RoundSum
-from flexfl.errors import AggregationError, ConfigError, PartitionMismatch, UnknownDevice, UpdateRejected, WrongRoundState
+from flexfl.errors import (AggregationError, ConfigError, FlexFLError, PartitionMismatch, UnknownDevice, UpdateRejected,
+                           WrongRoundState)
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 from flexfl.run_folder import claim_run_folder
 from workloads.evaluation import evaluate
-from workloads.federated import DEFAULTS, EvaluationData, FederatedData, initial_model
+from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
@@ -192,10 +193,11 @@ class RoundEngine:
                  fresh: bool = False) -> None:
         self.cfg = cfg
         self.data = data
-        d = DEFAULTS[cfg.partition.dataset]
-        self.model, params = initial_model(cfg.partition.dataset, seed=cfg.run.seed)
-        self.model_description = pb.ModelDescription(architecture=d.model, num_classes=d.num_classes,
-                                                      in_features=d.in_features)
+        # A plug-in model travels as its name (an import path): each agent builds it from that.
+        workload = model_spec(cfg.partition.dataset, model=cfg.rules.model)
+        self.model, params = initial_model(workload, seed=cfg.run.seed)
+        self.model_description = pb.ModelDescription(architecture=workload.name, num_classes=workload.num_classes,
+                                                      in_features=workload.in_features)
         self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in params.items()}
         self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params,
                                      horizon=cfg.run.rounds)
@@ -316,7 +318,7 @@ class RoundEngine:
     def _check_partition(self, device_id: str, partition_json: str) -> None:
         if not partition_json:
             return  # the agent adopts ours
-        theirs = PartitionSpec.from_json(partition_json, where=f"device {device_id!r}")
+        theirs = PartitionSpec.from_json(partition_json, where=f"device {device_id!r}", ours=self.cfg.partition)
         if theirs != self.cfg.partition:
             raise PartitionMismatch(
                 f"device {device_id!r} has partition [{theirs.describe()}] but the coordinator trains on "
@@ -612,7 +614,10 @@ class RoundEngine:
                 self._hand_over()  # stopped or failed between a close and the next opening
                 self._evaluator.close()  # after the evaluator: it hands its last rounds to the writer
                 self._writer.close()
-                self._save()
+                if self._evaluator.error is None and self._writer.error is None:
+                    # Else rounds closed after the last written row would be checkpointed without theirs:
+                    # the checkpoint on disk stays the one written after that row.
+                    self._save()
                 self.metrics.close()
             finally:
                 self.folder.release()  # (a dead process releases it too: the kernel drops the flock)
@@ -842,6 +847,8 @@ class RoundEngine:
 
     def _raise_finisher_error(self) -> None:
         error = (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+        if isinstance(error, FlexFLError):
+            raise error  # says what failed in one line (a plug-in model that raised, ...)
         if error is not None:
             raise RuntimeError("evaluating or writing a closed round failed (see the log)") from error
 

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator import cli as coordinator_cli
     from edge_agent import cli as agent_cli
     from flexfl import live_cli
+    from flexfl import new as new_cli
     from flexfl.report import cli as report_cli
     from loadgen import cli as loadgen_cli
     from loadgen import fleet_cli
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (coordinator_cli, agent_cli, live_cli, sim_cli, traces_cli, data_cli, loadgen_cli, fleet_cli,
-                   report_cli):
+                   report_cli, new_cli):
         module.register(sub)
     return parser
 

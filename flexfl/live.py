@@ -30,7 +30,7 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.metrics import read_metrics, write_run_info
 from coordinator.round import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
-from flexfl.config import load_config, path_field, to_dict, write_config
+from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
@@ -82,6 +82,7 @@ class LiveConfig:
     out: str = path_field("out/live")
     host: str = "127.0.0.1"
     emulate: EmulationConfig = field(default_factory=EmulationConfig)
+    plugin_path: str | None = plugin_path_field()  # given to the coordinator's and agents' configs too
 
     @property
     def devices(self) -> int:
@@ -108,6 +109,7 @@ class LiveConfig:
                 raise ConfigError(f"{name} must be in 1..rounds-1 = 1..{self.rounds - 1} (0: none), got {value}")
         if self.emulate.cpu < 0 or any(k < 0 for k in self.emulate.up_kbit):
             raise ConfigError("--emulate-cpu and --emulate-up-kbit must be >= 0")
+        self.rules.check_for(self.partition.dataset)
 
     def device_spec(self, i: int):
         """Device i's emulated budget."""
@@ -152,7 +154,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
                       expected_arrivals={f"dev-{late}": cfg.arrival} if late is not None else {},
                       expected_departures={"dev-0": cfg.departure} if cfg.departure else {},
                       expected_wait_s=EXPECTED_WAIT_S),
-        output=OutputConfig(dir=str(out / "coordinator")),
+        output=OutputConfig(dir=str(out / "coordinator")), plugin_path=cfg.plugin_path,
     )
     coord_path = write_config(out / "coordinator.toml", coordinator, header="written by flexfl live")
     traces = device_traces(cfg)
@@ -165,6 +167,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
                 trace=traces[i] if traces else "", min_update_s=cfg.update_s,
                 join_in_round=cfg.arrival if i == late else 0,
                 leave_after_round=cfg.departure if i == 0 and cfg.departure else 0),
+            plugin_path=cfg.plugin_path,
         )
         agents.append(write_config(out / f"agent-{i}.toml", agent, header="written by flexfl live"))
     return coord_path, agents, token

@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run)
     run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
-                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ") to run, "
-                          "repeatable (default: A, B and C); each run's strategy, whatever [rules] says")
+                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
+                          "MODULE:CLASS) to run, repeatable (default: A, B and C); each run's strategy, whatever "
+                          "[rules] says")
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
     run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
@@ -240,10 +241,11 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 
 def run_choices() -> list[str]:
-    """What `sim run --scheme` takes: the paper's scheme letters and every registered strategy's name."""
+    """What `sim run --scheme` takes: the paper's scheme letters, every registered strategy's name, and plug-ins."""
     from coordinator.strategies import strategy_names
+    from flexfl.plugins import STRATEGY, PluginChoices
 
-    return [*enum_choices(Scheme), *strategy_names()]
+    return PluginChoices([*enum_choices(Scheme), *strategy_names()], STRATEGY)
 
 
 def _schemes(args: argparse.Namespace) -> list[str]:
@@ -279,9 +281,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
     # named as rounds.csv and the report name it (its label). Every run's config is made (and an
     # unknown name or a missing mu refused) before any run.
-    schemes = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s).label for s in _schemes(args)]
-    configs = {scheme: replace(cfg, rules=cfg.rules.with_strategy(scheme, mu=mu if scheme == "fedprox" else None))
-               for scheme in schemes}
+    # A plug-in is named by its import path and labelled by its own label (its folder's name).
+    chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s) for s in _schemes(args)]
+    schemes = [s.label for s in chosen]
+    configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
+               for s in chosen}
     timeline = _timeline_run(args)
     started = time.perf_counter()
     data = load_data(cfg)
