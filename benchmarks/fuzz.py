@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fuzz: FAILED: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+        with atomic_file(args.json) as f:
+            json.dump(summary, f, indent=1)
     print(f"fuzz: passed ({summary.get('calls', 0)} gRPC calls, {summary.get('config_documents', 0)} config "
           f"documents, seed {args.seed})")
     return 0

@@ -43,7 +43,6 @@ SAMPLES = {"honest-a": 100, "honest-b": 300, EVIL: 50}
 # Ids the fuzzer may use with the real token: evil, and a small pool (joins of new ids succeed
 # and are legitimate; the pool keeps the registry bounded). Never an honest device's id.
 POOL = tuple(f"fz-{i}" for i in range(24))
-FLOAT_CODES = (pb.FLOAT32, pb.FLOAT64)
 Code = grpc.StatusCode
 DOMAIN_CODES = {code for code, _ in ERRORS.values()}  # the server's refusals, from its one table
 # gRPC's own refusals: a message over the size limit, a call the client cancelled or timed out.

@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     except SoakFailure as exc:
         print(f"soak: FAILED: {exc}", file=sys.stderr)
         return 1
-    (args.out / "soak.json").write_text(json.dumps(figures, indent=1))
+    with atomic_file(args.out / "soak.json") as f:
+        json.dump(figures, f, indent=1)
     print("soak: passed: " + json.dumps(figures))
     return 0
 

@@ -1,13 +1,19 @@
-"""Atomic checkpoints of the coordinator: global model, round, registry, objective (schedule state), update memory."""
+"""Atomic checkpoints of the coordinator: global model, round, registry, objective (schedule state), update memory.
+
+The readers here are the only code that opens a checkpoint file (the trace recorder reads
+the registry through `read_registry`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from coordinator.registry import Registry
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
 
@@ -49,10 +55,7 @@ def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np
     """Read and validate a checkpoint against the model it must restore."""
     if not path.exists():
         raise ConfigError(f"--resume: no checkpoint at {path}")
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a corrupt file
-        raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
+    raw = _load(path)
     if not isinstance(raw, dict) or raw.get("version") != CHECKPOINT_VERSION:
         raise ConfigError(f"checkpoint {path}: unsupported or missing version (want {CHECKPOINT_VERSION})")
     params = raw.get("params", {})
@@ -67,3 +70,22 @@ def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np
                           memory=dict(raw["memory"]) if raw.get("memory") is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"checkpoint {path} is malformed: {exc!r}") from None
+
+
+def read_registry(path: Path) -> Registry:
+    """The device registry a checkpoint holds (who joined, with which hardware and agent version).
+
+    The model in the file is not checked. ConfigError when the file is missing, unreadable or
+    holds no registry.
+    """
+    raw = _load(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("registry"), dict):
+        raise ConfigError(f"checkpoint {path} holds no device registry")
+    return Registry.from_dict(raw["registry"])
+
+
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a corrupt file
+        raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None

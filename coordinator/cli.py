@@ -29,13 +29,15 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
         return flag_dest(*table, key)
 
     from coordinator.strategies import strategy_names
+    from flexfl.plugins import STRATEGY, PluginChoices
 
     eta0 = {str(ds): d.eta0 for ds, d in DEFAULTS.items()} | dict(eta0_defaults or {})
     g = p.add_argument_group("rules ([rules] table)")
     if scheme:
         agg = g.add_mutually_exclusive_group()
-        agg.add_argument("--strategy", dest=dest("strategy"), choices=strategy_names(),
-                         help="aggregation strategy (default scheme-c)")
+        agg.add_argument("--strategy", dest=dest("strategy"), choices=PluginChoices(strategy_names(), STRATEGY),
+                         help="aggregation strategy, or a plug-in: MODULE:CLASS, or an installed flexfl.strategies "
+                              "entry point (default scheme-c)")
         agg.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
                          help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
     g.add_argument("--mu", dest=dest("mu"), type=float,

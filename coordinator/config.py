@@ -2,7 +2,8 @@
 
 Tables: [server] (how devices reach it), [partition] (the data split, sent to every agent),
 [rules] (the experiment's rules, shared with the simulator), [run] (this run's length and
-deadlines) and [output]. Read and written with flexfl.config.
+deadlines) and [output]; and plugin_path, a folder put on sys.path for the plug-ins that
+[partition] dataset, [rules] model or strategy name. Read and written with flexfl.config.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.rules import RulesConfig
-from flexfl.config import NOT_IN_FILE, coerce_enums, load_config, path_field
+from flexfl.config import NOT_IN_FILE, coerce_enums, load_config, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
 from flexfl.net import split_host_port
@@ -103,6 +104,10 @@ class CoordinatorConfig:
     rules: RulesConfig = field(default_factory=RulesConfig)
     run: RunConfig = field(default_factory=RunConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    plugin_path: str | None = plugin_path_field()  # a folder put on sys.path for the plug-ins named here
+
+    def __post_init__(self) -> None:
+        self.rules.check_for(self.partition.dataset)
 
     @property
     def eta0(self) -> float:

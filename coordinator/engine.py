@@ -45,7 +45,7 @@ from coordinator.resume import (CHECKPOINT_NAME, EVENTS_NAME, METRICS_NAME, earl
 from coordinator.round import Federation
 from flexfl.errors import UpdateRejected
 from flexfl.run_folder import claim_run_folder
-from workloads.federated import DEFAULTS, EvaluationData, FederatedData, initial_model
+from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,11 @@ class RoundEngine:
     def __init__(self, cfg: CoordinatorConfig, *, data: EvaluationData | FederatedData, resume: bool = False,
                  fresh: bool = False) -> None:
         self.cfg = cfg
-        d = DEFAULTS[cfg.partition.dataset]
-        model, params = initial_model(cfg.partition.dataset, seed=cfg.run.seed)
-        self.model_description = ModelDescription(architecture=d.model, num_classes=d.num_classes,
-                                                  in_features=d.in_features)
+        # A plug-in model travels as its name (an import path): each agent builds it from that.
+        workload = model_spec(cfg.partition.dataset, model=cfg.rules.model)
+        model, params = initial_model(workload, seed=cfg.run.seed)
+        self.model_description = ModelDescription(architecture=workload.name, num_classes=workload.num_classes,
+                                                  in_features=workload.in_features)
         self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in params.items()}
         self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params,
                                      horizon=cfg.run.rounds)
@@ -284,7 +285,10 @@ class RoundEngine:
             try:
                 self._hand_over()  # stopped or failed between a close and the next opening
                 self.finisher.close()
-                self._save()
+                if self.finisher.failed is None:
+                    # Else rounds closed after the last written row would be checkpointed without theirs:
+                    # the checkpoint on disk stays the one written after that row.
+                    self._save()
                 self.metrics.close()
             finally:
                 self.folder.release()  # (a dead process releases it too: the kernel drops the flock)

@@ -26,6 +26,7 @@ from coordinator.metrics import MetricsWriter, round_row
 from coordinator.open_round import OpenRound
 from coordinator.registry import Registry
 from coordinator.round import RoundOutcome
+from flexfl.errors import FlexFLError
 from workloads.evaluation import evaluate
 from workloads.federated import EvaluationData, FederatedData
 
@@ -149,8 +150,15 @@ class Finisher:
         self._evaluator.close()  # before the writer: it hands its last rounds to the writer
         self._writer.close()
 
+    @property
+    def failed(self) -> BaseException | None:
+        """What stopped evaluating or writing closed rounds, if anything did."""
+        return (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+
     def raise_error(self) -> None:
-        error = (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+        error = self.failed
+        if isinstance(error, FlexFLError):
+            raise error  # says what failed in one line (a plug-in model that raised, ...)
         if error is not None:
             raise RuntimeError("evaluating or writing a closed round failed (see the log)") from error
 

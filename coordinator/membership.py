@@ -54,8 +54,8 @@ class Membership:
         """
         device_id, shard, reported = join.device_id, join.shard_index, join.sample_count
         if join.partition_json:  # else the agent adopts ours
-            theirs = PartitionSpec.from_json(join.partition_json, where=f"device {device_id!r}")
             ours = self.cfg.partition
+            theirs = PartitionSpec.from_json(join.partition_json, where=f"device {device_id!r}", ours=ours)
             if theirs != ours:
                 raise PartitionMismatch(
                     f"device {device_id!r} has partition [{theirs.describe()}] but the coordinator trains on "

@@ -2,7 +2,8 @@
 
 `round_row` is the one schema of a round's record, written by the live coordinator (which
 adds transfer sizes and timings) and by the simulator alike, so that every run is read,
-compared and reported the same way.
+compared and reported the same way. `read_metrics` reads a finished file, `MetricsTail` one
+that a running coordinator is still writing (the trace recorder follows it).
 """
 
 from __future__ import annotations
@@ -98,13 +99,56 @@ def read_metrics_and_torn(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
+        row = _row(line)
         unterminated = i == len(lines) - 1 and not text.endswith("\n")
-        if isinstance(row, dict) and "round" in row and not unterminated:
+        if row is not None and not unterminated:
             rows.append(row)
         elif line.strip():
             torn.append(line)
     return rows, torn
+
+
+class MetricsTail:
+    """A metrics file that is still being written, read as it grows: each call reads only what is new.
+
+    The rules are read_metrics's: a line without its newline yet waits for the next call, a
+    torn line is skipped. When the file was replaced or shrank (a resumed coordinator rewrites
+    it without the rows of rounds it will run again: MetricsWriter.rewrite), the tail starts
+    over, so it never holds a row the file no longer has, nor misses one written since.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self._file_id: tuple[int, int] | None = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The file's rows so far, in file order (an empty list while there is no file)."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            self._rows, self._offset, self._file_id = [], 0, None
+            return []
+        with f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != self._file_id or st.st_size < self._offset:
+                self._rows, self._offset, self._file_id = [], 0, (st.st_dev, st.st_ino)
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            row = _row(line)
+            if row is not None:
+                self._rows.append(row)
+        return list(self._rows)
+
+
+def _row(line: str) -> dict[str, Any] | None:
+    """A metrics row (a JSON object with a round), or None for anything else (a torn line)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) and "round" in row else None

@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot
-from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, configured_strategy
+from coordinator.strategies import FedProx, Scheme, SchemeStrategy, Strategy, configured_strategy, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
 from trace_recorder.sampler import Sampling, SRule
 from workloads.federated import DEFAULTS
-from workloads.partition_spec import Dataset
+from workloads.models import MODEL_NAMES, model_plugin
+from workloads.partition_spec import Dataset, is_builtin_dataset
 
 # The constant of the auto departure rule: the grid value that picked the better policy most
 # often on seeds 0-2 of the Table 5 grid in the headline regime (E in epochs, the protocol's
@@ -47,11 +48,17 @@ class RulesConfig:
     means one thing, written one way, and runs saved before strategies existed (whose files
     say scheme = "C") are the same runs (simulator.engine.runs_alike). With another
     strategy, `scheme` must stay at its default.
+
+    `strategy` and `model` may name plug-ins (flexfl.plugins: "mypkg.strategies:Mine", or an
+    installed entry point); they are imported and checked here. `model` left out is the
+    paper's model for the dataset; a plug-in dataset has no paper values, so with one
+    `model`, `eta0` and `batch_size` are required (check_for).
     """
 
     scheme: Scheme = Scheme.C
     strategy: str | None = None
     mu: float | None = None  # strategy = "fedprox": the weight of its proximal term (required there only)
+    model: str | None = None  # mlp | cnn | logreg | a plug-in; None: the paper's model for the dataset
     required_updates: int = 20  # E
     eta0: float | None = None
     batch_size: int | None = None
@@ -68,10 +75,10 @@ class RulesConfig:
     def __post_init__(self) -> None:
         coerce_enums(self)
         if self.strategy is not None:
-            chosen = STRATEGIES.get(self.strategy)
-            if chosen is None:
-                raise ConfigError(f"rules.strategy: unknown strategy {self.strategy!r}; choose one of "
-                                  f"{', '.join(STRATEGIES)}")
+            try:
+                chosen = get_strategy(self.strategy)
+            except ConfigError as exc:
+                raise type(exc)(f"rules.strategy: {exc}") from None
             if isinstance(chosen, SchemeStrategy):
                 if self.scheme not in (Scheme.C, chosen.scheme):
                     raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} "
@@ -82,6 +89,11 @@ class RulesConfig:
                 raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} name "
                                   f"two strategies; give one (scheme is the older spelling of strategy = "
                                   f"'scheme-{self.scheme.value.lower()}')")
+        if self.model is not None and self.model not in MODEL_NAMES:
+            try:
+                model_plugin(self.model)  # importable and callable: it is built and checked with the data's shape
+            except ConfigError as exc:
+                raise type(exc)(f"rules.model: {exc}") from None
         if self.required_updates < 1:
             raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
         if self.strategy == FedProx.name and self.mu is None:
@@ -113,11 +125,29 @@ class RulesConfig:
             return replace(self, scheme=Scheme(name), strategy=None, mu=mu)
         return replace(self, scheme=Scheme.C, strategy=name, mu=mu)
 
-    def eta0_for(self, dataset: Dataset) -> float:
-        return self.eta0 if self.eta0 is not None else DEFAULTS[dataset].eta0
+    def check_for(self, dataset: Dataset | str) -> None:
+        """These rules can run `dataset`: a plug-in one has no paper values, so model, eta0 and batch_size are given."""
+        if is_builtin_dataset(dataset):
+            return
+        missing = [f"rules.{key}" for key in ("model", "eta0", "batch_size") if getattr(self, key) is None]
+        if missing:
+            raise ConfigError(f"{' and '.join(missing)} must be given with a plug-in dataset ({dataset!r}): "
+                              f"FlexFL knows the paper's values for {', '.join(d.value for d in Dataset)} only")
 
-    def batch_size_for(self, dataset: Dataset) -> int:
-        return self.batch_size if self.batch_size is not None else DEFAULTS[dataset].batch_size
+    @property
+    def plugin_model(self) -> bool:
+        """The model is a plug-in (not one of workloads.models' built-in ones)."""
+        return self.model is not None and self.model not in MODEL_NAMES
+
+    def eta0_for(self, dataset: Dataset | str) -> float:
+        return self.eta0 if self.eta0 is not None else self._paper(dataset).eta0
+
+    def batch_size_for(self, dataset: Dataset | str) -> int:
+        return self.batch_size if self.batch_size is not None else self._paper(dataset).batch_size
+
+    def _paper(self, dataset: Dataset | str):
+        self.check_for(dataset)  # a plug-in has no paper values: raises, naming what to give
+        return DEFAULTS[Dataset(dataset)]
 
     def fast_reboot_rule(self) -> FastReboot | None:
         return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power) if self.fast_reboot else None

@@ -15,6 +15,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from coordinator.listen import preflight
 from coordinator.server import start_server
+from flexfl.errors import FlexFLError
 from workloads.federated import load_evaluation
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class Coordinator:
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None
+        self.error: FlexFLError | None = None  # what stopped the round engine, if it failed
 
     def start(self) -> int:
         # torch, the data and the model leave ~175k long-lived objects that every full garbage
@@ -53,15 +55,24 @@ class Coordinator:
             self._close_loop()
             self.engine.folder.release()  # the engine never runs: give its folder back now
             raise
-        self._thread = threading.Thread(target=self.engine.run, name="round-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run_engine, name="round-engine", daemon=True)
         self._thread.start()
         return self.port
+
+    def _run_engine(self) -> None:
+        try:
+            self.engine.run()
+        except FlexFLError as exc:  # e.g. a plug-in model that raised: wait() raises it, the CLI says it in one line
+            log.error("the round engine stopped: %s", exc)
+            self.error = exc
 
     def stop(self) -> None:
         self.engine.stop()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until training ends (or `timeout`); then shut the server down. True if it ended."""
+        """Block until training ends (or `timeout`); then shut the server down. True if it ended.
+
+        Raises the FlexFLError that stopped the round engine, once the server is down."""
         assert self._thread is not None, "start() first"
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -71,6 +82,9 @@ class Coordinator:
             asyncio.run_coroutine_threadsafe(self.server.stop(grace=1.0), self._loop).result()
             self.server = None
             self._close_loop()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
         return True
 
     def _close_loop(self) -> None:

@@ -1,1 +1,2 @@
-"""Edge agent: the deadline-aware local trainer that runs on each device."""
+"""Edge agent: the program on each device (joins, pulls a round, trains, uploads), its deadline rule
+(deadline.py) and its local trainer, which the simulator shares."""

@@ -4,11 +4,11 @@ Rounds and updates travel on one long-lived Session stream (proto/fleet.proto), 
 after any error; against a coordinator without it (UNIMPLEMENTED) the agent makes a
 PullRound and a PushUpdate call per round instead.
 
-Deadline rule: after receiving the model the agent has `deadline_s`. Before each local
-update it checks that the time left covers one more update plus the upload (both
-estimated from what it measured so far) plus a small margin; otherwise it stops and
-uploads what it has. It always dials the coordinator and reconnects with exponential
-backoff when the coordinator is away. It decides on status codes and the coordinator's
+Deadline rule (edge_agent.deadline): after receiving the model the agent has `deadline_s`.
+Before each local update it checks that the time left covers one more update plus the
+upload (both estimated from what it measured so far) plus a small margin; otherwise it
+stops and uploads what it has. It always dials the coordinator and reconnects with
+exponential backoff when the coordinator is away. It decides on status codes and the coordinator's
 error reason (proto/options.py), never on message text.
 """
 
@@ -19,7 +19,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -28,6 +28,7 @@ import psutil
 import torch
 
 from edge_agent.config import AgentConfig
+from edge_agent.deadline import Estimates, RoundBudget
 from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
@@ -47,9 +48,6 @@ log = logging.getLogger(__name__)
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.RESOURCE_EXHAUSTED}
-# Factor applied to the upload-time estimate in each round that sends no update (nothing to
-# measure): a device kept idle by a slow stretch of link tries again within a few rounds.
-UNMEASURED_UPLOAD_DECAY = 0.5
 
 
 class AgentError(FlexFLError):
@@ -137,6 +135,27 @@ class _Session:
         self._call.cancel()
 
 
+class _SlowDevicePadding:
+    """participation.min_update_s: each local update lasts at least that long (an emulated slower device).
+
+    Not part of the deadline rule (edge_agent.deadline): the rule sees padded updates
+    through the clock and its update estimate, as it would see a slower CPU.
+    """
+
+    def __init__(self, min_update_s: float, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.min_update_s, self._clock, self._sleep = min_update_s, clock, sleep
+        self._started = clock()
+
+    def start_update(self) -> None:
+        self._started = self._clock()
+
+    def finish_update(self) -> None:
+        """Sleep until the update started last has lasted min_update_s."""
+        if self.min_update_s:
+            self._sleep(max(0.0, self._started + self.min_update_s - self._clock()))
+
+
 def hardware_facts() -> pb.HardwareFacts:
     """CPU, memory and OS facts (loadgen.hostinfo, from psutil and platform), sent when joining."""
     f = host_facts()
@@ -164,8 +183,7 @@ class EdgeAgent:
         self.partition: PartitionSpec | None = None
         self.rounds_done: list[dict] = []  # what this agent did per round (tests, logs)
         self._model: torch.nn.Module | None = None
-        self._update_s: float | None = None  # running estimate of one local update
-        self._upload_s: float | None = None  # last measured upload
+        self.estimates = Estimates()  # one local update and one upload, as measured so far (the deadline rule's)
         self._trace = self._load_trace()
         self._samplers: dict[tuple, object] = {}
         self._channel = self._make_channel()
@@ -402,20 +420,18 @@ class EdgeAgent:
         E = header.required_updates
         cap = self._cap(header)
         part = self.cfg.participation
-
-        last = [time.monotonic()]
+        budget = RoundBudget(deadline_at=deadline, estimates=self.estimates, margin_s=self.cfg.safety_margin_s)
+        padding = _SlowDevicePadding(part.min_update_s)
 
         def keep_going(done: int) -> bool:
-            if part.min_update_s and done:
-                # Pad the update that just finished (emulated slow device), then measure as usual.
-                time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
-            last[0] = time.monotonic()
+            if done:
+                padding.finish_update()  # before the rule looks at the clock: the padding is part of the update
+            padding.start_update()
             if self._stop.is_set():
                 return False
             if part.forced_updates:  # forced participation ignores time (tests, no deadline pressure)
                 return True
-            need = (self._update_s or 0.0) + (self._upload_s or 0.0) + self.cfg.safety_margin_s
-            return time.monotonic() + need <= deadline
+            return budget.allows_another_update()
 
         started = time.monotonic()
         if part.no_train:
@@ -427,27 +443,25 @@ class EdgeAgent:
                                  unit=header.unit or "step", keep_going=keep_going, mu=header.proximal_mu)
             delta, s, samples, loss = result.delta, result.updates_completed, result.samples_used, result.mean_loss
             model.zero_grad(set_to_none=True)  # the last step's gradients (the model's size), not kept between rounds
-            if part.min_update_s and s:
-                time.sleep(max(0.0, last[0] + part.min_update_s - time.monotonic()))
             if s:
-                per_update = (time.monotonic() - started) / s
-                self._update_s = per_update if self._update_s is None else 0.5 * self._update_s + 0.5 * per_update
+                padding.finish_update()
+                self.estimates.measured_updates(updates=s, seconds=time.monotonic() - started)
         train_s = time.monotonic() - started
         payload, body = wire.encode(delta) if s else (pb.Payload(), b"")
         up = pb.UpdateHeader(device_id=self.cfg.device_id, round_id=header.round_id, updates_completed=s,
-                             samples_used=samples, train_s=train_s, previous_upload_s=self._upload_s or 0.0,
+                             samples_used=samples, train_s=train_s, previous_upload_s=self.estimates.upload_s or 0.0,
                              local_loss=loss if np.isfinite(loss) else 0.0, payload=payload)
         t0 = time.monotonic()
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
         if body:
-            self._upload_s = time.monotonic() - t0
-        elif self._upload_s:
+            self.estimates.measured_upload(time.monotonic() - t0)
+        else:
             # An empty (s = 0) push measures nothing, so an estimate too long for the deadline
             # would never be measured again and one slow stretch of link would idle the device
             # for good (seen in the soak). Each unmeasured round shrinks it until it tries again.
-            self._upload_s *= UNMEASURED_UPLOAD_DECAY
+            self.estimates.sent_no_update()
         return {"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
-                "upload_s": self._upload_s, "outcome": outcome, "lr": header.learning_rate}
+                "upload_s": self.estimates.upload_s, "outcome": outcome, "lr": header.learning_rate}
 
     def _round_done(self, record: dict) -> None:
         """Keep and log what the round did, with the process's memory once the round's buffers are given back."""

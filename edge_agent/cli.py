@@ -43,6 +43,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     limit_arenas()  # before torch's and gRPC's threads start (edge_agent/memory.py)
     from edge_agent.agent import EdgeAgent
+    from flexfl.plugins import trust_only_plugin_path
+
+    trust_only_plugin_path()  # the coordinator names the dataset and model this device imports and runs
 
     cfg = load_agent_config(args.config, overrides={
         "coordinator": args.coordinator, "device_id": args.device_id, "fleet_token_file": args.fleet_token_file,

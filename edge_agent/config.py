@@ -2,7 +2,8 @@
 
 The agent learns the data partition from the coordinator when it joins and trains on its
 `shard_index` of it. An optional [partition] table pins the partition this device expects:
-the coordinator then refuses the device if its own differs.
+the coordinator then refuses the device if its own differs. When the coordinator's dataset
+or model is a plug-in, this device imports it too: installed, or from `plugin_path`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexfl.config import NOT_IN_FILE, load_config, path_field
+from flexfl.config import NOT_IN_FILE, load_config, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
 from flexfl.net import split_host_port
@@ -58,6 +59,8 @@ class AgentConfig:
     safety_margin_s: float = 0.05  # kept free before the deadline on top of the estimates
     partition: PartitionSpec | None = None
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
+    # A folder put on sys.path: the coordinator's plug-ins (its dataset and model) must import here too.
+    plugin_path: str | None = plugin_path_field()
 
     def __post_init__(self) -> None:
         split_host_port(self.coordinator, what="coordinator")

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator import cli as coordinator_cli
     from edge_agent import cli as agent_cli
     from flexfl import live_cli
+    from flexfl import new as new_cli
     from flexfl.report import cli as report_cli
     from loadgen import cli as loadgen_cli
     from loadgen import fleet_cli
@@ -52,20 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (coordinator_cli, agent_cli, live_cli, sim_cli, traces_cli, data_cli, loadgen_cli, fleet_cli,
-                   report_cli):
+                   report_cli, new_cli):
         module.register(sub)
     return parser
 
 
 def _die_with_parent() -> None:
     """Started by flexfl.harness: get SIGTERM when the harness dies (a killed `flexfl live` leaves nothing)."""
-    parent = os.environ.pop("FLEXFL_DIE_WITH_PARENT", "")
-    if not parent.isdigit():
-        return
-    import ctypes
+    from flexfl.signals import DIE_WITH_PARENT_ENV, die_with_parent
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if parent.isdigit() and not die_with_parent(signal.SIGTERM, parent_pid=int(parent)):
         sys.exit(1)  # the harness died before the signal was armed
 
 

@@ -6,9 +6,16 @@ tables. Supported field types: bool, int, float, str, StrEnum, `X | None` (None 
 absent), tuple[X, ...], dict[str, X] and nested dataclasses. Files are written by dumping the
 dataclasses (`dump_toml`, `write_config`), never by formatting strings.
 
+An `Enum | str` field holds a member of the enum when the value is one of its values, else
+the string: a built-in name or a plug-in's (flexfl.plugins), which the config's own
+validation resolves.
+
 Field metadata:
 - PATH: a filesystem path. A relative path read from a file is made absolute against the
   file's folder, so a config means the same wherever it is run from.
+- IMPORT_PATH: a PATH (a config's `plugin_path`) that load_config puts first on sys.path
+  before it builds the config, so that the plug-ins the config names import while it is
+  validated.
 - NOT_IN_FILE: set by code (e.g. a secret given inline by a test); never read nor written.
 
 Errors name the file, the table, the key, the value and the valid choices, and suggest a
@@ -35,6 +42,7 @@ from flexfl.files import atomic_file
 T = TypeVar("T")
 
 PATH = {"path": True}
+IMPORT_PATH = {"path": True, "import_path": True}
 NOT_IN_FILE = {"in_file": False}
 FLAGS_WHERE = "command line"  # what an error names when the value came from an override (a flag)
 
@@ -42,6 +50,14 @@ FLAGS_WHERE = "command line"  # what an error names when the value came from an 
 def path_field(default: str = "") -> Any:
     """A dataclass field holding a path (relative values in a file resolve against its folder)."""
     return dataclasses.field(default=default, metadata=PATH)
+
+
+def plugin_path_field() -> Any:
+    """A config's `plugin_path`: a folder put first on sys.path so that the plug-ins it names import.
+
+    Where this machine keeps code, not what the run is: never compared, and left out of a
+    file when not set (None)."""
+    return dataclasses.field(default=None, compare=False, metadata=IMPORT_PATH)
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -79,9 +95,11 @@ def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[st
         _resolve_paths(cls, from_file, Path(path).resolve().parent)
         _merge(raw, from_file)
     if not overrides:
+        _add_import_folders(cls, raw, where=where)
         return from_dict(cls, raw, where=where)
     with_flags = copy.deepcopy(raw)
     _merge(with_flags, overrides)
+    _add_import_folders(cls, with_flags, where=where)
     try:
         return from_dict(cls, with_flags, where=where)
     except ConfigError:
@@ -89,6 +107,16 @@ def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[st
             raise  # the file (or the command's defaults) is wrong by itself: the file keeps the blame
     # Valid without the overrides: a flag is wrong (`--coordinator localhost` was blamed on the file).
     return from_dict(cls, with_flags, where=FLAGS_WHERE)
+
+
+def _add_import_folders(cls: type, raw: Mapping[str, Any], *, where: str) -> None:
+    # Before the config is built: its validation imports the plug-ins it names.
+    from flexfl.plugins import add_import_folder
+
+    for f in dataclasses.fields(cls):
+        value = raw.get(f.name)
+        if f.metadata.get("import_path") and isinstance(value, str) and value:
+            add_import_folder(value, where=where)
 
 
 def _valid(cls: type, raw: Mapping[str, Any]) -> bool:
@@ -125,8 +153,9 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", ta
     try:
         return cls(**values)
     except ConfigError as exc:
-        # Validation in __post_init__ names keys; say which file and table they came from.
-        raise ConfigError(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
+        # Validation in __post_init__ names keys; say which file and table they came from (same class: a PluginError
+        # stays one).
+        raise type(exc)(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -141,7 +170,12 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
         options = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _convert(options[0], value, where=where, table=table, key=key)
+        for option in options[:-1]:  # `Enum | str`: the enum's member if it is one, else the string
+            try:
+                return _convert(option, value, where=where, table=table, key=key)
+            except ConfigError:
+                pass
+        return _convert(options[-1], value, where=where, table=table, key=key)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where=where, table=f"{table}.{key}" if table else key)
     if origin is dict:
@@ -315,6 +349,7 @@ def coerce_enums(obj: Any) -> None:
 
     Code may build configs with plain strings (RulesConfig(scheme="A")); after this every
     enum field holds its enum, and a bad value is a ConfigError naming the choices.
+    An `Enum | str` field keeps a string that is not one of the enum's values (a plug-in's name).
     """
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
@@ -324,5 +359,7 @@ def coerce_enums(obj: Any) -> None:
             try:
                 object.__setattr__(obj, f.name, tp(value))
             except ValueError:
+                if str in typing.get_args(hints[f.name]) and isinstance(value, str):
+                    continue
                 choices = ", ".join(str(m.value) for m in tp)
                 raise ConfigError(f"{f.name}: expected one of {choices}, got {_show(value)}") from None

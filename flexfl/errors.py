@@ -32,6 +32,11 @@ class UpdateRejected(FlexFLError):
     """A device's update failed validation and was not applied."""
 
 
+class PluginError(ConfigError):
+    """A plug-in (a model, dataset or strategy named by import path or entry point) cannot be imported, lacks what
+    FlexFL needs, gives what it must not (a wrong shape or dtype), or raised in its own code; one line naming it."""
+
+
 class PartitionMismatch(ConfigError):
     """A device's data partition or dataset differs from the coordinator's."""
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexfl.errors import ERROR_PREFIX, FlexFLError
+from flexfl.signals import DIE_WITH_PARENT_ENV
 
 log = logging.getLogger(__name__)
 
-DIE_WITH_PARENT_ENV = "FLEXFL_DIE_WITH_PARENT"  # read by flexfl.cli.main
 HARNESS_ID = "flexfl-harness"  # the device id Status calls present (Status needs no joined device)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +30,13 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.metrics import read_metrics, write_run_info
 from coordinator.round import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
-from flexfl.config import load_config, path_field, to_dict, write_config
+from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
 from flexfl.live_defaults import LIVE_DEFAULTS
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
+from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec, Sizes
 
@@ -82,6 +82,7 @@ class LiveConfig:
     out: str = path_field("out/live")
     host: str = "127.0.0.1"
     emulate: EmulationConfig = field(default_factory=EmulationConfig)
+    plugin_path: str | None = plugin_path_field()  # given to the coordinator's and agents' configs too
 
     @property
     def devices(self) -> int:
@@ -108,6 +109,7 @@ class LiveConfig:
                 raise ConfigError(f"{name} must be in 1..rounds-1 = 1..{self.rounds - 1} (0: none), got {value}")
         if self.emulate.cpu < 0 or any(k < 0 for k in self.emulate.up_kbit):
             raise ConfigError("--emulate-cpu and --emulate-up-kbit must be >= 0")
+        self.rules.check_for(self.partition.dataset)
 
     def device_spec(self, i: int):
         """Device i's emulated budget."""
@@ -152,7 +154,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
                       expected_arrivals={f"dev-{late}": cfg.arrival} if late is not None else {},
                       expected_departures={"dev-0": cfg.departure} if cfg.departure else {},
                       expected_wait_s=EXPECTED_WAIT_S),
-        output=OutputConfig(dir=str(out / "coordinator")),
+        output=OutputConfig(dir=str(out / "coordinator")), plugin_path=cfg.plugin_path,
     )
     coord_path = write_config(out / "coordinator.toml", coordinator, header="written by flexfl live")
     traces = device_traces(cfg)
@@ -165,6 +167,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
                 trace=traces[i] if traces else "", min_update_s=cfg.update_s,
                 join_in_round=cfg.arrival if i == late else 0,
                 leave_after_round=cfg.departure if i == 0 and cfg.departure else 0),
+            plugin_path=cfg.plugin_path,
         )
         agents.append(write_config(out / f"agent-{i}.toml", agent, header="written by flexfl live"))
     return coord_path, agents, token
@@ -181,14 +184,8 @@ class LiveRun:
 
     def run(self) -> dict:
         """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
-        def on_sigterm(signum: int, _frame: object) -> None:
-            raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-        try:
+        with sigterm_as_interrupt():
             return self._run()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def _start_fleet(self) -> str:
         """Bring up the emulated fleet; return the coordinator's address on it."""
@@ -264,7 +261,8 @@ class LiveRun:
                        devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        with atomic_file(self.out / "summary.json") as f:
+            json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)
         return summary
 

@@ -85,6 +85,9 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     cfg = load_live_config(args.config, overrides=overrides_from_args(args))
     print(banner(cfg), flush=True)
+    from workloads.federated import check_plugins
+
+    check_plugins(cfg.partition, model=cfg.rules.model)  # before the run's folder is claimed and written
     s = LiveRun(cfg, fresh=args.fresh).run()
     happened = []
     if s["arrival_round"] is not None:

@@ -1,10 +1,16 @@
-"""How many CPUs this process may use: its cgroup CPU quota (v1 or v2), else its affinity."""
+"""CPU quotas of cgroups (v1 or v2), and how many CPUs this process may use: its quota, else its affinity.
+
+`read_quota_cpus` is the one reader of a cgroup's quota files; the emulated fleet
+(loadgen.fleet) reads its devices' quotas through it too.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
+
+from loadgen.errors import CgroupError
 
 log = logging.getLogger(__name__)
 
@@ -25,27 +31,49 @@ def cgroup_quota_cpus(*, proc: Path = Path("/proc/self")) -> float | None:
     limits: list[float] = []
     for path, mount_root, version in _cpu_cgroup_dirs(proc):
         for d in _ancestors(path, mount_root):
-            value = _read_v1(d) if version == 1 else _read_v2(d)
+            value = read_quota_cpus(d, version=version)
             if value is not None:
                 limits.append(value)
     return min(limits) if limits else None
 
 
-def _read_v1(d: Path) -> float | None:
-    try:
-        quota = int((d / "cpu.cfs_quota_us").read_text())
-        period = int((d / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None
+def read_quota_cpus(folder: Path, *, version: int = 1) -> float | None:
+    """The CPU quota set on cgroup `folder`, in CPUs (quota / period); None when it sets none.
+
+    v1 reads cpu.cfs_quota_us and cpu.cfs_period_us (quota -1: none), v2 cpu.max ("max
+    PERIOD": none). A folder without those files (no cpu controller there) sets none. A
+    period of 0 or a value that is not a number is a CgroupError naming the file: the kernel
+    never writes one, and guessing would hide a broken cgroup behind a wrong CPU count.
+    """
+    if version == 1:
+        quota_file, period_file = folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us"
+        try:
+            quota_text, period_text = quota_file.read_text(), period_file.read_text()
+        except OSError:
+            return None
+        quota, period = _number(quota_text, quota_file), _number(period_text, period_file)
+        where = period_file
+    else:
+        where = folder / "cpu.max"
+        try:
+            fields = where.read_text().split()
+        except OSError:
+            return None
+        if len(fields) != 2:
+            raise CgroupError(f"{where}: expected 'QUOTA PERIOD', got {' '.join(fields)!r}")
+        if fields[0] == "max":
+            return None
+        quota, period = _number(fields[0], where), _number(fields[1], where)
+    if period <= 0:
+        raise CgroupError(f"{where}: the CPU period must be > 0 us, got {period}")
+    return quota / period if quota > 0 else None
 
 
-def _read_v2(d: Path) -> float | None:
+def _number(text: str, where: Path) -> int:
     try:
-        quota, period = (d / "cpu.max").read_text().split()
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)
+        return int(text)
+    except ValueError:
+        raise CgroupError(f"{where}: expected a whole number of microseconds, got {text.strip()!r}") from None
 
 
 def _ancestors(path: Path, mount_root: Path) -> list[Path]:

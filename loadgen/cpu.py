@@ -13,7 +13,6 @@ signalled) and is always reaped:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import math
 import os
@@ -29,12 +28,12 @@ from dataclasses import dataclass
 
 import psutil
 
+from flexfl.signals import die_with_parent
 from loadgen.cgroup import available_cpus
 from loadgen.errors import CpuLoadError
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _STARTUP_CHECK_S = 0.2  # stress-ng fails on bad arguments within a few milliseconds
 _live: weakref.WeakSet[CpuLoad] = weakref.WeakSet()
 _atexit_registered = False
@@ -234,12 +233,10 @@ class CpuLoad:
         argv = [exe, "--cpu", str(workers), "--cpu-load", str(per_worker), "--timeout", "0", "--quiet"]
         if self.cpu_method:
             argv += ["--cpu-method", self.cpu_method]
-        libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: no dlopen in the child
         parent_pid, nice = os.getpid(), self.nice
 
         def child_setup() -> None:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent_pid:  # parent died before prctl took effect
+            if not die_with_parent(signal.SIGKILL, parent_pid=parent_pid):  # parent died before prctl took effect
                 os._exit(1)
             if nice:
                 os.setpriority(os.PRIO_PROCESS, 0, nice)

@@ -6,7 +6,7 @@ EmulatedFleet.spawn starts this launcher, which enters the device and replaces i
 COMMAND. Entering from a fresh process (rather than in a preexec_fn between fork and exec)
 means no Python runs in a forked copy of a parent whose gRPC or ZeroMQ threads may hold
 locks: subprocess can then use vfork, which runs no fork handlers. Only the standard
-library is imported here.
+library is imported here (and flexfl.signals, which imports nothing else).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import os
 import signal
 import sys
 
+from flexfl.signals import die_with_parent
+
 _CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,10 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loadgen.device_exec: cannot enter device (cgroup {args.cgroup}, netns {args.netns}): {exc}",
               file=sys.stderr)
         return 1
-    if args.die_with:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != args.die_with:
-            return 1  # the parent died before the signal was armed
+    if args.die_with and not die_with_parent(signal.SIGTERM, parent_pid=args.die_with):
+        return 1  # the parent died before the signal was armed
     try:
         os.execvp(command[0], command)
     except OSError as exc:

@@ -15,6 +15,10 @@ class ShapingError(LoadgenError):
     """A tc command failed: no such interface, no privilege, or a missing qdisc module."""
 
 
+class CgroupError(LoadgenError):
+    """A cgroup's CPU quota files hold what the kernel never writes (a period of 0, not a number)."""
+
+
 class NetnsError(LoadgenError):
     """An `ip netns` / `ip link` command failed."""
 

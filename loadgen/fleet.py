@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,9 +42,11 @@ from typing import Any
 
 import psutil
 
+from flexfl.files import atomic_file
 from loadgen import bandwidth, netns
 from loadgen import keys as curve
 from loadgen._run import run
+from loadgen.cgroup import read_quota_cpus
 from loadgen.errors import LoadgenError
 
 log = logging.getLogger(__name__)
@@ -360,10 +361,8 @@ class EmulatedFleet:
                  "stress_ng_method": self.stress_ng_method,
                  "coordinator_host": self.coordinator_host, "created": time.time(),
                  "devices": [asdict(d) for d in self.devices], "processes": self.processes}
-        fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".state.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with atomic_file(self.state_dir / "state.json") as f:
             json.dump(state, f, indent=1)
-        os.replace(tmp, self.state_dir / "state.json")
 
     def status(self) -> list[dict[str, Any]]:
         return status(self.prefix, state_root=self.state_dir.parent)
@@ -482,7 +481,7 @@ def status(prefix: str, *, state_root: Path = STATE_ROOT) -> list[dict[str, Any]
         rows.append({
             "device": d.index, "netns": d.netns if alive else f"{d.netns} (missing)", "address": d.address,
             "iface": d.iface, "up_kbit": _tbf_rate(d.iface, d.netns) if alive else None,
-            "down_kbit": _tbf_rate(d.host_iface, None), "cpu_quota": _read_quota(Path(d.cgroup)),
+            "down_kbit": _tbf_rate(d.host_iface, None), "cpu_quota": read_quota_cpus(Path(d.cgroup)),
             "loadgen": d.loadgen_endpoint, "processes": procs,
         })
     return rows
@@ -582,15 +581,6 @@ def _tbf_rate(dev: str, ns: str | None) -> int | None:
     except LoadgenError:
         return None
     return shown["tbf"]["rate_kbit"] if shown["tbf"] else None
-
-
-def _read_quota(path: Path) -> float | None:
-    try:
-        quota = int((path / "cpu.cfs_quota_us").read_text())
-        period = int((path / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return None if quota <= 0 else quota / period
 
 
 def _check_subnet_free(subnet: str) -> None:

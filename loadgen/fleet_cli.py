@@ -5,7 +5,8 @@
     flexfl fleet status
     flexfl fleet down                 # idempotent; also removes a crashed run's leftovers
 
-Also `python -m loadgen.fleet_cli ACTION ...` where the `flexfl` entry point lacks it.
+Reached through the one `flexfl` command (flexfl.cli), whose error lines and logging it shares;
+where the entry point is not installed, `python -m flexfl.cli fleet ACTION ...` is the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from flexfl.errors import ConfigError, FlexFLError
+from flexfl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -141,23 +142,3 @@ def _print_table(rows: list[dict]) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = any(a in ("-v", "--verbose") for a in argv)
-    parser = argparse.ArgumentParser(prog="python -m loadgen.fleet_cli")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(["fleet", *(a for a in argv if a not in ("-v", "--verbose"))])
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        return int(args.func(args) or 0)
-    except FlexFLError as exc:
-        print(f"flexfl fleet: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -141,28 +141,3 @@ def delete_link(name: str, *, netns: str | None = None) -> None:
     proc = run([*_ip(netns), "link", "del", name], error=NetnsError, check=False)
     if proc.returncode != 0 and "Cannot find device" not in proc.stderr:
         raise failure(NetnsError, proc, hint=f"cannot delete link {name!r}")
-
-
-def cleanup_stale(prefix: str) -> list[str]:
-    """Delete namespaces and root-namespace links whose names start with `prefix`.
-
-    For a crashed test or fleet run. Returns what was deleted. Processes left inside those
-    namespaces are not touched: list them with `netns_pids` first if they must go.
-    """
-    if len(prefix) < 3:
-        raise NetnsError(f"prefix {prefix!r} is too short to be safe for cleanup")
-    removed: list[str] = []
-    for ns in list_netns():
-        if ns.startswith(prefix):
-            delete_netns(ns)
-            removed.append(f"netns {ns}")
-    out = run(["ip", "-o", "link", "show"], error=NetnsError).stdout
-    for line in out.splitlines():
-        # "12: name@peer: <FLAGS> ..." -> name
-        dev = line.split(":", 2)[1].strip().split("@", 1)[0]
-        if dev.startswith(prefix):
-            delete_link(dev)
-            removed.append(f"link {dev}")
-    if removed:
-        log.info("removed stale: %s", ", ".join(removed))
-    return removed

@@ -1,1 +1,2 @@
-"""Wire contract (fleet.proto) and its generated modules; arrives with the live-FL issue."""
+"""Wire contract (fleet.proto), its generated modules (committed; `make proto` regenerates them),
+tensors on the wire and the shared gRPC options. Installed as flexfl.proto."""

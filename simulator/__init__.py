@@ -1,1 +1,2 @@
-"""Simulator: replays participation traces over simulated devices; paper experiments."""
+"""Simulator: replays participation traces over simulated devices through the round step the
+coordinator runs; fast trainers, resumable sweeps (local or Ray), and the paper's tables and figures."""

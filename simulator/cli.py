@@ -6,15 +6,20 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.choices import DeparturePolicy, Scheme
 from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
+from flexfl.files import atomic_file
 from simulator.paper import PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
 from simulator.trainer_kind import TrainerKind
+
+if TYPE_CHECKING:
+    from simulator.timeline_source import TimelineRun
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
 # the `flexfl` parser stays light for the edge agent.
@@ -31,12 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run)
     run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
-                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ") to run, "
-                          "repeatable (default: A, B and C); each run's strategy, whatever [rules] says")
+                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
+                          "MODULE:CLASS) to run, repeatable (default: A, B and C); each run's strategy, whatever "
+                          "[rules] says")
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
     run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")
+    _add_timeline_flags(run)
     run.set_defaults(func=cmd_run)
 
     cmp_ = sim_sub.add_parser("schemes", help="the paper's Table 3: Schemes A/B/C over |T| = 1..8, IID and non-IID")
@@ -93,6 +100,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="non-IID MNIST (the paper's) or SYNTHETIC(1,1) (default mnist)")
     _add_replace_page_flag(fig, "figure_arrivals[_<dataset>]_runs.csv")
     fig.set_defaults(func=cmd_arrivals_figure)
+
+
+def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
+    """--timeline and the cost model that turns its conditions into s (simulator.timeline_source)."""
+    g = p.add_argument_group("device timeline (instead of a trace set; simulator/timeline_source.py)")
+    g.add_argument("--timeline", type=Path, metavar="FILE",
+                   help="devices dev-0..dev-N-1 take s from this timeline (traces/README.md) by the agent's deadline "
+                        "rule, not from a trace set")
+    g.add_argument("--deadline-s", type=float, help="with --timeline: the round deadline, seconds (required)")
+    g.add_argument("--update-s", type=float, help="with --timeline: one local update at cpu_share 1, seconds")
+    g.add_argument("--sample-s", type=float,
+                   help="with --timeline, instead of --update-s: one training sample at cpu_share 1, seconds "
+                        "(x batch size, or x n_k with --unit epoch)")
+    g.add_argument("--round-s", type=float,
+                   help="with a timeline in seconds: seconds from one round's start to the next (default: the deadline)")
+
+
+def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
+    """The TimelineRun that --timeline and its flags describe, or None without --timeline."""
+    flags = {name: getattr(args, name, None) for name in ("deadline_s", "update_s", "sample_s", "round_s")}
+    if getattr(args, "timeline", None) is None:
+        given = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --timeline FILE")
+        return None
+    if getattr(args, flag_dest("traces", "set"), None) or getattr(args, flag_dest("traces", "num_traces"), None):
+        raise ConfigError("--timeline replaces the trace set: drop --trace-set / --num-traces")
+    if flags["deadline_s"] is None:
+        raise ConfigError("--timeline needs --deadline-s SECONDS (the round deadline its devices race)")
+    from simulator.timeline_source import TimelineRun
+
+    return TimelineRun(path=str(args.timeline), **flags)
 
 
 def _add_replace_page_flag(p: argparse.ArgumentParser, runs_csv: str) -> None:
@@ -202,10 +241,11 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 
 def run_choices() -> list[str]:
-    """What `sim run --scheme` takes: the paper's scheme letters and every registered strategy's name."""
+    """What `sim run --scheme` takes: the paper's scheme letters, every registered strategy's name, and plug-ins."""
     from coordinator.strategies import strategy_names
+    from flexfl.plugins import STRATEGY, PluginChoices
 
-    return [*enum_choices(Scheme), *strategy_names()]
+    return PluginChoices([*enum_choices(Scheme), *strategy_names()], STRATEGY)
 
 
 def _schemes(args: argparse.Namespace) -> list[str]:
@@ -241,12 +281,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
     # named as rounds.csv and the report name it (its label). Every run's config is made (and an
     # unknown name or a missing mu refused) before any run.
-    schemes = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s).label for s in _schemes(args)]
-    configs = {scheme: replace(cfg, rules=cfg.rules.with_strategy(scheme, mu=mu if scheme == "fedprox" else None))
-               for scheme in schemes}
+    # A plug-in is named by its import path and labelled by its own label (its folder's name).
+    chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s) for s in _schemes(args)]
+    schemes = [s.label for s in chosen]
+    configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
+               for s in chosen}
+    timeline = _timeline_run(args)
     started = time.perf_counter()
     data = load_data(cfg)
-    traces = read_trace_set(Path(cfg.traces.set))
+    if timeline is None:
+        traces, participation = read_trace_set(Path(cfg.traces.set)), None
+        source = f"|T|={cfg.traces.num_traces} of {traces.path}"
+    else:
+        from simulator.timeline_source import timeline_participation
+
+        traces, participation = None, timeline_participation(cfg, timeline, sample_counts=data.sample_counts)
+        source = f"timeline {timeline.path} (deadline {timeline.deadline_s:g} s)"
+        if participation.rounds_covered() < cfg.rounds:
+            log.warning("the timeline covers rounds 1..%d of %d; after it every device is offline (s = 0)",
+                        participation.rounds_covered(), cfg.rounds)
     every = args.progress_every or max(1, cfg.rounds // 10)
     rows, curves, finals, updates, sim_s = [], {}, {}, 0, 0.0
     out: Path = args.out
@@ -254,7 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     events = ", ".join([f"device {a.device} arrives in round {a.round}" for a in schedule.arrivals]
                        + [f"device {d.device} departs after round {d.round} ({d.policy or cfg.rules.departure_policy})"
                           for d in schedule.departures])
-    print(f"flexfl sim: {cfg.partition.describe()}, |T|={cfg.traces.num_traces} of {traces.path}, "
+    print(f"flexfl sim: {cfg.partition.describe()}, {source}, "
           f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, "
           f"{', '.join(configs[s].rules.aggregation.description for s in schemes)}"
           f"{'; ' + events if events else ''}", flush=True)
@@ -268,12 +321,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
                       f"{'  ' + r.events if r.events else ''} ({time.perf_counter() - t0:.1f} s)", flush=True)
 
-        result = run_simulation(c, data=data, traces=traces, on_round=progress)
+        result = run_simulation(c, data=data, traces=traces, participation=participation, on_round=progress)
         rows.extend(records_as_rows(result))
         run_dir = out / scheme
         write_jsonl_atomic(run_dir / "metrics.jsonl", result.rows)
         write_config(run_dir / "sim.toml", c, header=f"flexfl sim run, scheme {scheme}")
-        write_run_info(run_dir, kind="sim", config=to_dict(c), deadline_s=None,
+        write_run_info(run_dir, kind="sim", config=to_dict(c), deadline_s=timeline.deadline_s if timeline else None,
                        required_updates=c.rules.required_updates,
                        devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
         curves[scheme] = np.array([r.test_acc for r in result.records])
@@ -281,11 +334,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         updates += result.device_updates
         sim_s += result.wall_s
     write_csv_atomic(out / "rounds.csv", rows)
-    plot_accuracy_curves(out / "accuracy.png", {f"|T| = {cfg.traces.num_traces}": curves},
+    plot_accuracy_curves(out / "accuracy.png", {f"|T| = {cfg.traces.num_traces}" if timeline is None else "timeline": curves},
                          title=f"{cfg.partition.describe()}")
     summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
-               "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+               "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None,
+               **({"timeline": asdict(timeline)} if timeline else {})}
+    with atomic_file(out / "summary.json") as f:
+        json.dump(summary, f, indent=1)
     accs = ", ".join(f"{configs[k].rules.aggregation.title} {100 * v:.2f}%" for k, v in finals.items())
     print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
           f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
@@ -324,8 +379,9 @@ def cmd_schemes(args: argparse.Namespace) -> int:
                           replace_page=args.replace_page)
     run_s, per_s = mean_run_seconds(summaries)
     md = Path(paths["dir"]) / f"schemes_{dataset}.md"
-    md.write_text(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
-                            work_dir=work_dir))
+    with atomic_file(md) as f:
+        f.write(_markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, note=args.note,
+                          work_dir=work_dir))
     print(f"{len(summaries)} runs in {time.perf_counter() - started:.0f} s; one {cfg.rounds}-round run takes "
           f"{run_s:.1f} s on average ({per_s:.0f} device-updates/s); table in {md}")
     return 0
@@ -451,8 +507,6 @@ def _note_time(timing: dict, command: str, started: float, *, computed: int) -> 
 
 
 def _save_timing(page: Path, name: str, timing: dict) -> None:
-    from flexfl.files import atomic_file
-
     path = page.parent / f"{name}_timing.json"
     text = json.dumps(timing, indent=1)
     if timing and not (path.is_file() and path.read_text() == text):

@@ -33,7 +33,7 @@ from coordinator.metrics import round_row
 from coordinator.objective import DeparturePolicy
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
 from edge_agent.trainer import device_rng, steps_per_update, train_local
-from flexfl.config import coerce_enums, path_field
+from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.fast_trainer import FastTrainer
 from simulator.trainer_kind import TrainerKind
@@ -41,7 +41,7 @@ from trace_recorder import PAPER_TRACE_SET
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
-from workloads.federated import FederatedData, build_federated, initial_model
+from workloads.federated import FederatedData, build_federated, initial_model, model_spec
 from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
@@ -136,12 +136,17 @@ class SimConfig:
     seed: int = 0  # initial model, trace assignment, s draws, minibatches (the partition has its own)
     trainer: TrainerKind = TrainerKind.AUTO
     extra_tests: tuple[ExtraTest, ...] = ()
+    plugin_path: str | None = plugin_path_field()  # a folder put on sys.path for the plug-ins named here
 
     def __post_init__(self) -> None:
         coerce_enums(self)
         object.__setattr__(self, "extra_tests", tuple(ExtraTest(t) for t in self.extra_tests))
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        self.rules.check_for(self.partition.dataset)
+        if self.rules.plugin_model and self.trainer in ROW_TRAINERS:
+            raise ConfigError(f"trainer = {self.trainer.value!r} has kernels for the built-in models only; the plug-in "
+                              f"model {self.rules.model!r} trains with trainer = 'plain' (or 'auto', which picks it)")
         if self.traces.num_traces < 1:
             raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
         self.schedule.check(self.partition.n_devices, self.rounds)
@@ -156,6 +161,8 @@ class SimConfig:
     def trainer_kind(self) -> TrainerKind:
         if self.trainer is not TrainerKind.AUTO:
             return self.trainer
+        if self.rules.plugin_model:
+            return TrainerKind.PLAIN  # the row trainers' kernels are the built-in models'
         return TrainerKind.CACHE if cache_trainer_available() else TrainerKind.FAST
 
     @property
@@ -484,7 +491,7 @@ class _Run:
         if len(data.train) != n:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
         self.cfg, self.data, self.participation = cfg, data, participation
-        self.model, params = initial_model(cfg.partition.dataset, seed=cfg.seed)
+        self.model, params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model), seed=cfg.seed)
         self.fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params, horizon=cfg.rounds)
         late = {a.device for a in cfg.schedule.arrivals}
         self.start_shards = [k for k in range(n) if k not in late]

@@ -1,9 +1,12 @@
-"""Shared fixtures: one MNIST cache per session, and writers for small IDX / EMNIST files."""
+"""Shared fixtures: one MNIST cache per session, writers for small IDX / EMNIST files, and plug-in modules."""
 
 from __future__ import annotations
 
 import gzip
 import struct
+import sys
+import textwrap
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,3 +62,38 @@ def make_emnist() -> Callable[..., np.ndarray]:
     """make_emnist(raw_dir, n_train=6, n_test=3, gz=False, split="balanced"): a tiny EMNIST
     split in torchvision's file names; returns the upright train images [n, 28, 28]."""
     return _make_emnist
+
+
+@pytest.fixture
+def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """plugin_module(source): a module of that source, importable, under a name no other test uses; its name.
+
+    Plug-ins are cached per name (a dataset's data, a strategy's instance), so each test's are new."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    names: list[str] = []
+
+    def write(source: str) -> str:
+        name = f"plug_{uuid.uuid4().hex[:12]}"
+        (folder / f"{name}.py").write_text(textwrap.dedent(source))
+        names.append(name)
+        return name
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def forget_myfl():
+    """`flexfl new`'s package is `myfl` in every starter folder: what a test imported and cached of one goes."""
+    yield
+    from coordinator import strategies
+    from workloads.datasets import load_plugin_data
+
+    for name in [n for n in sys.modules if n == "myfl" or n.startswith("myfl.")]:
+        del sys.modules[name]
+    for name in [n for n in strategies._PLUGINS if n.startswith("myfl.")]:
+        del strategies._PLUGINS[name]
+    load_plugin_data.cache_clear()

@@ -1,4 +1,6 @@
-"""Trace files: format (read, write, validate), the paper-calibrated generator, the recorder."""
+"""Traces: the format (read, write, validate), the sampler that draws a device's s from its trace
+(shared by the agent and the simulator), the paper-calibrated generator, and the recorder with its
+profiles."""
 
 from pathlib import Path
 

@@ -9,15 +9,16 @@ from pathlib import Path
 
 from trace_recorder.calibrate import PAPER_TABLE2, generate_paper_traces, paper_manifest
 from trace_recorder.format import Trace, TraceSet, read_trace_set, write_trace_set
-from trace_recorder import DEFAULT_PROFILE
+from trace_recorder import DEFAULT_PROFILE, timeline_cli
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `traces` and its subcommands to the top-level `flexfl` parser."""
-    parser = sub.add_parser("traces", help="trace sets: calibrate, record, show, validate",
-                            description="Trace sets: per-round fractions of required updates submitted.")
+    parser = sub.add_parser("traces", help="trace sets: calibrate, record, show, validate; device timelines: import, check",
+                            description="Trace sets (per round, the fraction of required updates submitted) and "
+                                        "device timelines (per device, its conditions over time).")
     actions = parser.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
 
     cal = actions.add_parser("calibrate", help="generate the set calibrated to the paper's Table 2",
@@ -57,6 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     val = actions.add_parser("validate", help="check a set; exit 2 with file:line: field on error")
     val.add_argument("path", type=Path, metavar="PATH", help="trace-set folder")
     val.set_defaults(func=_validate)
+
+    timeline_cli.register(actions)  # import-fedscale, import-flash, timeline
 
 
 def _calibrate(args: argparse.Namespace) -> int:

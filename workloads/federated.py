@@ -18,24 +18,54 @@ import numpy as np
 import torch
 from torch import nn
 
-from flexfl.errors import ConfigError, DataError
-from workloads.datasets import ArrayDataset, RawImages, default_emnist_root, load_emnist_raw, load_mnist_raw
+from flexfl.errors import ConfigError, DataError, PluginError
+from workloads.datasets import (ArrayDataset, PluginData, RawImages, dataset_shape, default_emnist_root,
+                                load_raw)
 from workloads.defaults import DEFAULTS  # the paper's per-dataset settings, light for the parsers
 from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
                                  proportional_sizes, truncated_pareto_draws)
-from workloads.partition_spec import Dataset, PartitionSpec, Sizes
-from workloads.models import build_model
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
+from workloads.models import MODEL_NAMES, ModelSpec
 from workloads.synthetic import make_synthetic
 
 log = logging.getLogger(__name__)
 
 
-def initial_model(dataset: Dataset | str, *, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """The dataset's model and its initial parameters for `seed`: the same in live runs and simulations."""
-    d = DEFAULTS[Dataset(dataset)]
+def model_spec(dataset: Dataset | str, *, model: str | None = None) -> ModelSpec:
+    """The model a run of `dataset` trains: `model` ([rules] model), else the paper's for the dataset.
+
+    A plug-in dataset has no paper model: [rules] model names one (RulesConfig.check_for).
+    """
+    if model is None:
+        if not is_builtin_dataset(dataset):
+            raise ConfigError(f"dataset {dataset!r} is a plug-in: name its model in [rules] model")
+        model = DEFAULTS[Dataset(dataset)].model
+    shape = dataset_shape(dataset)
+    return ModelSpec(name=model, input_shape=shape.input_shape, num_classes=shape.num_classes)
+
+
+def initial_model(workload: ModelSpec | Dataset | str, *, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The model and its initial parameters for `seed`: the same in live runs and simulations.
+
+    `workload` is a ModelSpec (model_spec), or a dataset's name for its paper model.
+    """
+    spec = workload if isinstance(workload, ModelSpec) else model_spec(workload)
     torch.manual_seed(seed)
-    model = build_model(d.model, in_features=d.in_features, num_classes=d.num_classes)
+    model = spec.build()
     return model, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_plugins(spec: PartitionSpec, *, model: str | None) -> None:
+    """Load a plug-in dataset and split it, and build a plug-in model on its shape, once: their errors then
+    come before a run writes anything (`flexfl live` claims its folder before its coordinator loads them).
+
+    Built-in datasets and models are left alone (MNIST would be read for nothing).
+    """
+    dataset_is_plugin = not is_builtin_dataset(spec.dataset)
+    if dataset_is_plugin:
+        load_evaluation(spec)
+    if dataset_is_plugin or (model is not None and model not in MODEL_NAMES):
+        initial_model(model_spec(spec.dataset, model=model), seed=0)
 
 
 class _TestSets:
@@ -116,12 +146,12 @@ def build_federated(spec: PartitionSpec, *, cache_dir: Path | None = None,
     IID is the shared-model variant, non-IID the alpha/beta formula; each device is split
     90/10 into train and holdout, and test = all holdouts concatenated.
     """
-    defaults = DEFAULTS[spec.dataset]
+    shape = dataset_shape(spec.dataset)
     split = _split(spec, cache_dir=cache_dir, min_samples=min_samples)
     holdout = split.holdouts()
     return FederatedData(name=spec.dataset, train=tuple(split.train(k) for k in range(spec.n_devices)),
                          test=split.test(holdout), device_test=holdout,
-                         num_classes=defaults.num_classes, in_features=defaults.in_features)
+                         num_classes=shape.num_classes, in_features=shape.in_features)
 
 
 def load_shard(spec: PartitionSpec, index: int, *, cache_dir: Path | None = None,
@@ -159,8 +189,8 @@ class _Split:
     holdout) positions within its samples.
     """
 
-    raw: RawImages | None
-    rows: list[np.ndarray] | None  # images: per device, row indices into raw.x_train
+    raw: RawImages | PluginData | None
+    rows: list[np.ndarray] | None  # images and plug-ins: per device, row indices into raw.x_train
     synthetic: list[ArrayDataset] | None  # SYNTHETIC: per device, all its samples
     positions: list[tuple[np.ndarray, np.ndarray]] | None
 
@@ -202,7 +232,11 @@ def _split(spec: PartitionSpec, *, cache_dir: Path | None, min_samples: int | No
         synthetic = _synthetic_devices(spec, min_samples)  # a few MB: generated whole
         lengths = [len(d) for d in synthetic]
     else:
-        raw = _load_raw(spec, cache_dir)
+        raw = load_raw(spec.dataset, emnist_root=Path(spec.emnist_root) if spec.emnist_root else default_emnist_root(),
+                       cache_dir=cache_dir)
+        if isinstance(raw, PluginData) and raw.x_test is None and spec.holdout == 0:
+            raise PluginError(f"dataset plug-in {spec.dataset!r} gives no test set (x_test is None): set [partition] "
+                              "holdout_fraction (e.g. 0.1) to test on a holdout of each device's samples")
         rows = _image_parts(spec, raw.y_train, min_samples)
         lengths = [len(r) for r in rows]
     positions = (_holdout_split(lengths, fraction=spec.holdout, seed=_seeds(spec)[1])
@@ -234,7 +268,7 @@ def _device_sizes(spec: PartitionSpec, total: int, min_size: int) -> np.ndarray:
         return np.full(spec.n_devices, total // spec.n_devices, dtype=np.int64)
     cap = None
     if spec.sizes is Sizes.PARETO_CAPPED:
-        cap = max(min_size, -(-total // DEFAULTS[spec.dataset].num_classes))  # one class's share, rounded up
+        cap = max(min_size, -(-total // dataset_shape(spec.dataset).num_classes))  # one class's share, rounded up
     return proportional_sizes(_size_weights(spec), total=total, min_size=min_size, max_size=cap)
 
 
@@ -245,12 +279,6 @@ def _synthetic_devices(spec: PartitionSpec, min_samples: int | None) -> list[Arr
         raise ConfigError("SYNTHETIC needs at least 2 samples per device (train + holdout); raise total_samples")
     return make_synthetic(alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, sizes=counts, seed=_seeds(spec)[2],
                           iid=spec.iid, dim=defaults.in_features, num_classes=defaults.num_classes)
-
-
-def _load_raw(spec: PartitionSpec, cache_dir: Path | None) -> RawImages:
-    if spec.dataset is Dataset.MNIST:
-        return load_mnist_raw(cache_dir)
-    return load_emnist_raw(Path(spec.emnist_root) if spec.emnist_root else default_emnist_root())
 
 
 def _image_parts(spec: PartitionSpec, labels: np.ndarray, min_samples: int | None) -> list[np.ndarray]:

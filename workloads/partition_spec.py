@@ -4,6 +4,8 @@ Every config that involves data embeds it as a `[partition]` table (coordinator,
 `flexfl live`, the trace recorder's profile); the coordinator sends it to each agent when
 it joins, and an agent trains on shard `shard_index` of exactly this split or not at all.
 Building the data from a spec is `workloads.federated` (`build_federated`, `load_shard`).
+The dataset is a built-in one or a plug-in (workloads.datasets.dataset_plugin): an agent
+receives the plug-in's name with the spec and must be able to import it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from flexfl.config import coerce_enums, from_dict, to_dict
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, PartitionMismatch
 from flexfl.text import count
 
 
@@ -21,6 +23,11 @@ class Dataset(StrEnum):
     MNIST = "mnist"
     EMNIST = "emnist"
     SYNTHETIC = "synthetic"
+
+
+def is_builtin_dataset(name: Dataset | str) -> bool:
+    """`name` is one of FlexFL's datasets, not a plug-in's name."""
+    return name in Dataset.__members__.values()
 
 
 class Sizes(StrEnum):
@@ -65,9 +72,11 @@ class PartitionSpec:
     use the dataset's own test set.
     emnist_root is where this machine keeps EMNIST (torchvision layout); each machine sets
     its own, so it is not sent to agents nor compared.
+    A plug-in dataset (a name that is not built-in) is split like MNIST: IID or one label per
+    device, sizes as `sizes` says, the plug-in's own test set (or holdouts).
     """
 
-    dataset: Dataset = Dataset.SYNTHETIC
+    dataset: Dataset | str = Dataset.SYNTHETIC  # or a plug-in's name: "mypkg.data:load", an entry point's
     n_devices: int = 10
     iid: bool = False
     alpha: float | None = None
@@ -80,6 +89,13 @@ class PartitionSpec:
 
     def __post_init__(self) -> None:
         coerce_enums(self)
+        if not isinstance(self.dataset, Dataset):
+            from workloads.datasets import dataset_plugin  # numpy: only for a plug-in's name
+
+            try:
+                dataset_plugin(self.dataset)  # importable, and callable: its data is checked when loaded
+            except ConfigError as exc:
+                raise type(exc)(f"partition.dataset: {exc}") from None
         if self.n_devices < 1:
             raise ConfigError(f"partition.n_devices must be >= 1, got {self.n_devices}")
         if self.total_samples is not None and self.total_samples < self.n_devices:
@@ -137,11 +153,17 @@ class PartitionSpec:
         return json.dumps(self.identity(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, *, where: str) -> PartitionSpec:
+    def from_json(cls, text: str, *, where: str, ours: PartitionSpec | None = None) -> PartitionSpec:
+        """The spec in `text`. With `ours` (the coordinator's, checking a device's), a plug-in dataset other than
+        ours is a PartitionMismatch before its name is resolved: a plug-in a device names is never imported here."""
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: partition is not valid JSON: {exc}") from None
+        claimed = raw.get("dataset") if isinstance(raw, dict) else None
+        if ours is not None and isinstance(claimed, str) and claimed != ours.dataset and not is_builtin_dataset(claimed):
+            raise PartitionMismatch(f"{where}: its partition's dataset is {raw.get('dataset')!r}, the coordinator's "
+                                    f"{str(ours.dataset)!r}")
         return from_dict(cls, raw, where=where, table="partition")
 
     def differences(self, other: PartitionSpec) -> list[str]:

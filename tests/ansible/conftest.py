@@ -35,7 +35,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
+
+from flexfl.signals import sigterm_as_interrupt
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
@@ -552,60 +553,56 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
     CACHE.mkdir(parents=True, exist_ok=True)
 
     # SIGTERM (a CI timeout) must unwind through the finally below, like Ctrl-C does.
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous_handler = signal.signal(signal.SIGTERM, interrupt)
-    work, work_lock = claim_work_dir()
-    root = work / "root"
-    try:
-        started = time.monotonic()
-        logs = logs_dir(work, plat)
-        tarball = bookworm_tarball(plat, work, provision_timings)
-        torch = torch_wheel(plat, provision_timings)
-        wheels = wheelhouse(plat, torch, provision_timings)
-
-        root.mkdir()
-        run_checked(["tar", "-C", str(root), "-xf", str(tarball)], "unpacking the cached bookworm root")
-        restore_apt_archives(plat, root)
-        run_checked(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc")
-        # torch reads the CPU topology from /sys (its cpuinfo library complains without it).
-        run_checked(["mount", "-t", "sysfs", "-o", "ro", "sysfs", str(root / "sys")], "mounting /sys")
-
-        ansible_dir = copy_ansible_dir(work / "ansible")
-        checkout = snapshot_checkout(work / "checkout")
-        config = {**CONFIG_VARS, "flexfl_install_checkout_dir": str(checkout),
-                  "flexfl_install_torch_wheel": str(torch), "flexfl_install_wheelhouse_dir": str(wheels)}
-        write_inventory(ansible_dir, root, config)
-        env = ansible_tools.env(ansible_playbook)
-        # JSON results: one line per message, so the checks can search the output.
-        env.update(ANSIBLE_CONFIG=str(ansible_dir / "ansible.cfg"), ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-                   ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks")
-        provision_timings[f"{plat.arch}: target ready (root unpacked, inputs cached)"] = time.monotonic() - started
-
-        def run_playbook(playbook: str, log_name: str) -> PlaybookRun:
-            begun = time.monotonic()
-            proc = subprocess.run([str(ansible_playbook), playbook], cwd=ansible_dir, env=env, capture_output=True,
-                                  text=True, timeout=plat.playbook_timeout_s, check=False)
-            output = proc.stdout + proc.stderr
-            (logs / log_name).write_text(output)
-            return PlaybookRun(proc.returncode, output, time.monotonic() - begun)
-
-        first = run_playbook("testbed.yml", "testbed-first.log")
-        provision_timings[f"{plat.arch}: testbed.yml, first run"] = first.seconds
-        save_apt_archives(plat, root)
-        assert first.returncode == 0, f"first run failed (log: {logs}/testbed-first.log):\n{first.output[-6000:]}"
-        second = run_playbook("testbed.yml", "testbed-second.log")
-        provision_timings[f"{plat.arch}: testbed.yml, second run (idempotence)"] = second.seconds
-        yield Target(plat, root, work, logs, ansible_dir, checkout, torch, dict(INVENTORY_VARS), config,
-                     first, second, run_playbook)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+    with sigterm_as_interrupt():
+        work, work_lock = claim_work_dir()
+        root = work / "root"
         try:
-            if os.environ.get("FLEXFL_KEEP_TARGET"):
-                unmount_all(work)
-            else:
-                remove_tree(work)
+            started = time.monotonic()
+            logs = logs_dir(work, plat)
+            tarball = bookworm_tarball(plat, work, provision_timings)
+            torch = torch_wheel(plat, provision_timings)
+            wheels = wheelhouse(plat, torch, provision_timings)
+
+            root.mkdir()
+            run_checked(["tar", "-C", str(root), "-xf", str(tarball)], "unpacking the cached bookworm root")
+            restore_apt_archives(plat, root)
+            run_checked(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc")
+            # torch reads the CPU topology from /sys (its cpuinfo library complains without it).
+            run_checked(["mount", "-t", "sysfs", "-o", "ro", "sysfs", str(root / "sys")], "mounting /sys")
+
+            ansible_dir = copy_ansible_dir(work / "ansible")
+            checkout = snapshot_checkout(work / "checkout")
+            config = {**CONFIG_VARS, "flexfl_install_checkout_dir": str(checkout),
+                      "flexfl_install_torch_wheel": str(torch), "flexfl_install_wheelhouse_dir": str(wheels)}
+            write_inventory(ansible_dir, root, config)
+            env = ansible_tools.env(ansible_playbook)
+            # JSON results: one line per message, so the checks can search the output.
+            env.update(ANSIBLE_CONFIG=str(ansible_dir / "ansible.cfg"), ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+                       ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks")
+            provision_timings[f"{plat.arch}: target ready (root unpacked, inputs cached)"] = time.monotonic() - started
+
+            def run_playbook(playbook: str, log_name: str) -> PlaybookRun:
+                begun = time.monotonic()
+                proc = subprocess.run([str(ansible_playbook), playbook], cwd=ansible_dir, env=env, capture_output=True,
+                                      text=True, timeout=plat.playbook_timeout_s, check=False)
+                output = proc.stdout + proc.stderr
+                (logs / log_name).write_text(output)
+                return PlaybookRun(proc.returncode, output, time.monotonic() - begun)
+
+            first = run_playbook("testbed.yml", "testbed-first.log")
+            provision_timings[f"{plat.arch}: testbed.yml, first run"] = first.seconds
+            save_apt_archives(plat, root)
+            assert first.returncode == 0, f"first run failed (log: {logs}/testbed-first.log):\n{first.output[-6000:]}"
+            second = run_playbook("testbed.yml", "testbed-second.log")
+            provision_timings[f"{plat.arch}: testbed.yml, second run (idempotence)"] = second.seconds
+            yield Target(plat, root, work, logs, ansible_dir, checkout, torch, dict(INVENTORY_VARS), config,
+                         first, second, run_playbook)
         finally:
-            os.close(work_lock)
+            try:
+                if os.environ.get("FLEXFL_KEEP_TARGET"):
+                    unmount_all(work)
+                else:
+                    remove_tree(work)
+            finally:
+                os.close(work_lock)
 

@@ -57,7 +57,7 @@ def test_a_device_idled_by_a_slow_upload_tries_again(live_config, fleet_factory)
     fleet = fleet_factory(live_config(rounds=8, n_devices=2, min_devices=2, deadline_s=2.0))
 
     def after_a_slow_upload(agent):
-        agent._upload_s = 16.0  # as if its last upload had taken 16 s
+        agent.estimates.upload_s = 16.0  # as if its last upload had taken 16 s
 
     fleet.start_agent(0, before_run=after_a_slow_upload)
     fleet.start_agent(1)

@@ -156,3 +156,25 @@ def test_without_root_the_error_says_so(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(fl.FleetError, match="needs root.*sudo"):
         fl.EmulatedFleet.up(fl.FleetSpec(devices=(fl.DeviceSpec(),), prefix="fznoroot"))
+
+
+def test_status_of_a_device_whose_cgroup_period_is_0_is_a_clear_error(fleet_host, tmp_path) -> None:
+    """fleet.status reads quotas through loadgen.cgroup (its own copy divided by the period: ZeroDivisionError)."""
+    import json
+    from dataclasses import asdict
+
+    from loadgen.errors import CgroupError
+
+    prefix = fleet_prefix("p")
+    cg = tmp_path / "cgroup-dev0"
+    cg.mkdir()
+    (cg / "cpu.cfs_quota_us").write_text("5000\n")
+    (cg / "cpu.cfs_period_us").write_text("0\n")
+    state_dir = fl.state_dir_of(prefix, tmp_path)
+    device = fl._names(prefix, fleet_subnet(3), state_dir, 0, fl.DeviceSpec(cpu_quota=0.5))
+    state_dir.mkdir()
+    (state_dir / "state.json").write_text(json.dumps({
+        "prefix": prefix, "subnet": fleet_subnet(3), "cfs_period_us": 10_000, "processes": [],
+        "devices": [{**asdict(device), "cgroup": str(cg)}]}))
+    with pytest.raises(CgroupError, match=r"cpu.cfs_period_us: the CPU period must be > 0 us, got 0"):
+        fl.status(prefix, state_root=tmp_path)

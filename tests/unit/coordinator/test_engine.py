@@ -263,3 +263,79 @@ def test_the_wire_format_stops_at_the_servicer():
             if wire & set(names):
                 importers.add(path.name)
     assert importers == {"server.py"}
+
+
+EVALUATION_FAILS = """
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self, in_features, num_classes):
+            super().__init__()
+            self.fc = nn.Linear(in_features, num_classes)
+
+        def forward(self, x):
+            if not torch.is_grad_enabled():  # its first call and training pass; testing a closed round fails
+                raise RuntimeError("cannot evaluate")
+            return self.fc(x)
+"""
+
+
+def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_checkpoints_no_unwritten_round(
+        tmp_path, plugin_module):
+    """Rounds 1 and 2 close; testing round 1 raises in the plug-in. Before, the engine thread died with a
+    RuntimeError wrapping it and the final checkpoint held round 2, whose rows (and round 1's) were never written."""
+    from coordinator.checkpoint import checkpointed_round
+    from flexfl.errors import PluginError
+
+    name = plugin_module(EVALUATION_FAILS)
+    cfg = CoordinatorConfig(
+        server=ServerConfig(fleet_token="t", pull_wait_s=60.0),
+        partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(required_updates=E, model=f"{name}:Net"),
+        run=RunConfig(rounds=3, deadline_s=60.0, min_devices=2), output=OutputConfig(dir=str(tmp_path / "out")))
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            eng.run()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    _join(eng, "a")
+    _join(eng, "b")
+    thread.start()
+    for tau in (1, 2):
+        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _answer(eng, "a", 1.0)
+        _answer(eng, "b", 3.0)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(failures) == 1
+    assert isinstance(failures[0], PluginError)
+    assert str(failures[0]) == (f"model plug-in '{name}:Net' raised RuntimeError: cannot evaluate in forward "
+                                f"({name}.py:12)")
+    rows = read_metrics(eng.out_dir / "metrics.jsonl")
+    checkpoint = eng.checkpoint_path
+    assert rows == [] and (not checkpoint.exists() or checkpointed_round(checkpoint) == 0)
+
+
+def test_a_plug_in_that_fails_at_load_leaves_no_output_folder(tmp_path, plugin_module):
+    """The model is built and run once on zeros before the coordinator claims its output folder."""
+    from coordinator.runtime import Coordinator
+    from flexfl.errors import PluginError
+
+    name = plugin_module("""
+        from torch import nn
+
+        def Net(in_features, num_classes):
+            return nn.Linear(in_features, num_classes + 1)
+    """)
+    cfg = CoordinatorConfig(
+        server=ServerConfig(listen="127.0.0.1:0", fleet_token="t"),
+        partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(model=f"{name}:Net"), output=OutputConfig(dir=str(tmp_path / "out")))
+    with pytest.raises(PluginError, match=rf"^model plug-in '{name}:Net' returned logits of shape \[2, 11\]"):
+        Coordinator(cfg)
+    assert not (tmp_path / "out").exists()

@@ -153,3 +153,23 @@ def test_the_parser_takes_its_choices_without_importing_torch() -> None:
     code = "import sys; from flexfl.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_logging_and_error_lines_belong_to_the_one_cli() -> None:
+    """Only flexfl.cli.main configures logging (and so prints errors): a second main() drifts from it
+    (loadgen/fleet_cli.py's printed its own error prefix and knew no Ctrl-C)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    packages = ("coordinator", "edge_agent", "flexfl", "loadgen", "simulator", "trace_recorder", "workloads")
+    found = sorted(str(p.relative_to(repo)) for package in packages for p in (repo / package).rglob("*.py")
+                   if "logging.basicConfig(" in p.read_text(encoding="utf-8"))
+    assert found == ["flexfl/cli.py"]
+
+
+def test_flexfl_fleet_is_a_subcommand_with_the_clis_error_line(capsys) -> None:
+    from flexfl.cli import main
+    from flexfl.errors import ERROR_PREFIX
+
+    assert main(["fleet", "up", "--devices", "2", "--cpu", "a quarter"]) == 2
+    assert capsys.readouterr().err == f"{ERROR_PREFIX}--cpu: expected a number or a comma list, got 'a quarter'\n"

@@ -65,3 +65,26 @@ def test_the_readme_shows_what_make_demo_prints_first() -> None:
     args = build_parser().parse_args(command[command.index("live"):])
     first = banner(load_live_config(args.config, overrides=overrides_from_args(args)))
     assert f"```\n{first}\n" in (REPO / "README.md").read_text(), first
+
+
+def test_the_readmes_bring_your_own_example_is_what_flexfl_new_writes(tmp_path, capsys) -> None:
+    """The README shows the starter's code, config lines and commands; copied by hand, they would drift from it."""
+    from flexfl.cli import main
+    from flexfl.new import STARTER
+
+    section = (REPO / "README.md").read_text().split("## Bring your own model, dataset and strategy\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    sources = [p.read_text() for p in (STARTER / "myfl").glob("*.py")]
+    live_lines = (STARTER / "live.toml").read_text().splitlines()
+    blocks = re.findall(r"```(python|toml|sh)\n(.*?)```", section, re.S)
+    assert [kind for kind, _ in blocks] == ["sh", "python", "python", "python", "toml"]
+    for kind, block in blocks:
+        if kind == "python":
+            assert any(block in source for source in sources), block
+        elif kind == "toml":
+            assert all(line in live_lines for line in block.splitlines() if line.strip()), block
+    assert main(["new", str(tmp_path / "myexp")]) == 0
+    printed = [line.strip().replace(str(tmp_path / "myexp"), "myexp")
+               for line in capsys.readouterr().out.splitlines() if line.startswith("  flexfl ")]
+    commands = [line.split("  #")[0].strip() for line in blocks[0][1].splitlines()]
+    assert commands == ["flexfl new myexp", *printed], (commands, printed)

@@ -100,3 +100,51 @@ def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp
     assert recording.state["phase"] == "calibrating" and not (work / "old.log").exists()
     with pytest.raises(ConfigError, match="--resume: .* another profile"):
         Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True, rounds=7))._load_state()
+
+
+def test_a_failed_state_save_leaves_the_previous_state(tmp_path, monkeypatch) -> None:
+    """state.json (what --resume continues from) is replaced only by a complete, synced file."""
+    import errno
+    import os
+
+    from trace_recorder.recorder import Recording, RecordOptions
+
+    work = tmp_path / "work"
+    recording = Recording(RecordOptions(out=tmp_path / "set", work=work))
+    recording._load_state()  # the first state: calibrating
+    before = (work / "state.json").read_text()
+    recording.state["phase"] = "recording"
+
+    def disk_fails(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", disk_fails)
+    with pytest.raises(OSError, match="I/O error"):
+        recording._save_state()
+    assert (work / "state.json").read_text() == before
+    assert sorted(p.name for p in work.iterdir()) == ["state.json"]  # no temp file left behind
+
+
+def test_the_recorder_follows_a_metrics_file_that_a_resumed_coordinator_rewrote(tmp_path) -> None:
+    """A coordinator resumed from round 3 rewrites metrics.jsonl without rows 4 and 5 and runs them
+    again: the recorder must see the rows written since, and not the dropped ones."""
+    import json
+
+    from coordinator.metrics import MetricsWriter, read_metrics
+    from trace_recorder.recorder import Recording, RecordOptions
+
+    recording = Recording(RecordOptions(out=tmp_path / "set", work=tmp_path / "work"))
+    path = recording.metrics_path
+    path.parent.mkdir(parents=True)
+
+    def lines(rounds, run):
+        return "".join(json.dumps({"round": k, "run": run}) + "\n" for k in rounds)
+
+    path.write_text(lines(range(1, 6), "first"))
+    assert sorted(recording._rows()) == [1, 2, 3, 4, 5]
+    MetricsWriter.rewrite(path, read_metrics(path)[:3])
+    assert sorted(recording._rows()) == [1, 2, 3]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(lines((4, 5, 6), "again"))
+    assert {k: r["run"] for k, r in recording._rows().items()} == {
+        1: "first", 2: "first", 3: "first", 4: "again", 5: "again", 6: "again"}

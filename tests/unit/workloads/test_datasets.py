@@ -165,3 +165,55 @@ def test_mnist_cache_dir_defaults_to_env(tmp_path: Path, monkeypatch: pytest.Mon
     assert datasets.mnist_cache_path() == tmp_path / "mnist"
     monkeypatch.delenv("FLEXFL_CACHE")
     assert datasets.mnist_cache_path() == Path.home() / ".cache" / "flexfl" / "mnist"
+
+
+# ---------------------------------------------------------------- plug-in datasets
+
+GOOD = dict(x_train="np.zeros((10, 3), np.float32)", y_train="np.arange(10) % 2", x_test="np.zeros((4, 3), np.float32)",
+            y_test="np.zeros(4, np.int64)", num_classes="2")
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    (dict(x_train="np.zeros((10, 3))"), "gives x_train of dtype float64; expected float32 (x_train.astype(np.float32))"),
+    (dict(x_train="[[0.0] * 3] * 10"), "gives x_train as a list; expected a numpy array, float32 [n, features...]"),
+    (dict(x_train="np.zeros(10, np.float32)"), "gives x_train of shape (10,); expected [n, features...]"),
+    (dict(x_train="np.full((10, 3), np.nan, np.float32)"), "gives x_train with 30 NaN/Inf values"),
+    (dict(y_train="np.zeros((10, 1), np.int64)"), "gives y_train of shape (10, 1); expected (10,), one label per sample"),
+    (dict(y_train="np.zeros(10, np.float32)"), "gives y_train of dtype float32; expected integer labels"),
+    (dict(y_train="np.arange(10)"), "gives y_train with label 9; with num_classes = 2 labels are 0..1"),
+    (dict(x_test="np.zeros((4, 5), np.float32)"), "gives x_test samples of shape (5,), x_train samples of shape (3,)"),
+    (dict(y_test="None"), "gives one of x_test and y_test without the other"),
+    (dict(num_classes="1"), "gives num_classes = 1; expected an integer >= 2"),
+    (dict(num_classes=None), "returned a dict without num_classes; a dataset plug-in returns an object (or a dict)"),
+])
+def test_a_plug_in_datasets_wrong_arrays_are_one_line_naming_it(plugin_module, changes, problem) -> None:
+    from flexfl.errors import PluginError
+    from workloads.datasets import load_plugin_data
+
+    fields = {**GOOD, **changes}
+    body = ", ".join(f"{k!r}: {v}" for k, v in fields.items() if v is not None)
+    name = plugin_module(f"import numpy as np\ndef load():\n    return {{{body}}}\n")
+    with pytest.raises(PluginError) as exc:
+        load_plugin_data(f"{name}:load")
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(f"dataset plug-in '{name}:load' {problem}"), text
+
+
+def test_a_plug_in_dataset_that_raises_or_is_no_function_is_one_line(plugin_module) -> None:
+    from flexfl.errors import PluginError
+    from workloads.datasets import load_plugin_data
+
+    name = plugin_module("""
+        import numpy as np
+
+        SIZE = 3
+
+        def load():
+            return np.load("/nonexistent/blobs.npz")
+    """)
+    with pytest.raises(PluginError) as exc:
+        load_plugin_data(f"{name}:load")
+    assert str(exc.value).startswith(f"dataset plug-in '{name}:load' raised FileNotFoundError: ")
+    assert str(exc.value).endswith(f"in load() ({name}.py:7)")
+    with pytest.raises(PluginError, match=rf"^dataset plug-in '{name}:SIZE' is an int; it should be a function"):
+        load_plugin_data(f"{name}:SIZE")

@@ -164,3 +164,61 @@ def test_the_coordinators_view_of_mnist_reads_only_the_test_set(mnist_cache_dir:
         tracemalloc.stop()
     assert len(view.test) == 10000 and view.device_test is None
     assert peak < 48 * 2**20, f"the coordinator's view allocated {peak / 2**20:.1f} MiB at its peak"
+
+
+# ---------------------------------------------------------------- plug-in datasets
+
+BLOBS = """
+    import numpy as np
+
+    CALLS = []
+
+    def load():
+        CALLS.append(1)
+        rng = np.random.default_rng(0)
+        y = rng.integers(0, 4, 600)
+        x = (y[:, None, None] + rng.normal(size=(600, 2, 3))).astype(np.float32)  # samples of shape [2, 3]
+        return {"x_train": x[:500], "y_train": y[:500], "x_test": x[500:], "y_test": y[500:], "num_classes": 4}
+
+    def no_test():
+        data = load()
+        data.update(x_test=None, y_test=None)
+        return data
+"""
+
+
+def test_a_plug_in_dataset_is_split_by_the_partition_rules(plugin_module) -> None:
+    """IID or one label per device, sizes, holdouts: the [partition] rules MNIST is split by, on the plug-in's data."""
+    from workloads.datasets import dataset_shape
+    from workloads.federated import load_shard
+
+    name = plugin_module(BLOBS)
+    spec = PartitionSpec(dataset=f"{name}:load", n_devices=6, iid=False, sizes="equal", seed=3)
+    assert spec.dataset == f"{name}:load" and spec.describe().startswith(f"{name}:load non-IID, 6 devices")
+    data = build_federated(spec)
+    assert data.num_classes == 4 and data.in_features == 6 and dataset_shape(spec.dataset).input_shape == (2, 3)
+    assert [len(np.unique(d.y)) for d in data.train] == [1] * 6  # non-IID: one label per device
+    assert len(data.test) == 100 and data.device_test is None  # the plug-in's own test set
+    assert all(_same(load_shard(spec, k), data.train[k]) for k in range(6))  # an agent's shard is the same
+    iid = build_federated(PartitionSpec(dataset=f"{name}:load", n_devices=5, iid=True, sizes="equal"))
+    assert [len(d) for d in iid.train] == [100] * 5 and min(len(np.unique(d.y)) for d in iid.train) == 4
+    held = load_evaluation(PartitionSpec(dataset=f"{name}:no_test", n_devices=5, iid=True, holdout_fraction=0.2))
+    assert len(held.test) == sum(len(h) for h in held.device_test) > 0  # the test set is the holdouts
+    # Loaded once per plug-in and process (load, then no_test, which calls it), not once per split.
+    assert len(__import__(name).CALLS) == 2
+
+
+def test_a_plug_in_dataset_without_a_test_set_needs_a_holdout(plugin_module) -> None:
+    from flexfl.errors import PluginError
+
+    name = plugin_module(BLOBS)
+    with pytest.raises(PluginError, match=rf"dataset plug-in '{name}:no_test' gives no test set \(x_test is None\): "
+                                          r"set \[partition\] holdout_fraction"):
+        load_evaluation(PartitionSpec(dataset=f"{name}:no_test", n_devices=5, iid=True))
+
+
+def test_an_unknown_dataset_name_lists_the_built_in_ones_and_the_plug_in_forms() -> None:
+    with pytest.raises(ConfigError, match=r"partition.dataset: expected one of mnist, emnist, synthetic, got 'cifar'; "
+                                          r"or a plug-in: MODULE:ATTRIBUTE, or the name of an installed "
+                                          r"flexfl.datasets entry point"):
+        PartitionSpec(dataset="cifar")

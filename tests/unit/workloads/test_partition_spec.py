@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +142,18 @@ def test_byte_shards_train_and_evaluate_exactly_like_float_shards(mnist_cache_di
         assert evaluate(model, params, shard) == evaluate(model, params, as_float)
     for name in deltas[0]:
         assert torch.equal(deltas[0][name], deltas[1][name])
+
+
+def test_the_coordinator_never_imports_a_plug_in_a_device_names(plugin_module) -> None:
+    """A device's partition naming another dataset is refused by name: its module is not imported on the coordinator."""
+    import sys
+
+    from flexfl.errors import PartitionMismatch
+
+    name = plugin_module("import sys\nsys.modules[__name__].IMPORTED = True\ndef load():\n    return None\n")
+    device = json.dumps({**PartitionSpec().identity(), "dataset": f"{name}:load"})
+    with pytest.raises(PartitionMismatch, match=rf"device 'pi-1': its partition's dataset is '{name}:load', the "
+                                                r"coordinator's 'synthetic'"):
+        PartitionSpec.from_json(device, where="device 'pi-1'", ours=PartitionSpec())
+    assert name not in sys.modules
+    assert PartitionSpec.from_json(PartitionSpec(seed=4).to_json(), where="d", ours=PartitionSpec()).seed == 4

@@ -1,0 +1,76 @@
+"""The agent's deadline rule: start one more local update only while it and the upload still fit.
+
+A device has `deadline_s` from receiving the model. Before each local update (the first
+one included) it asks `may_start_update`: does the time left cover one more update plus the
+upload plus a safety margin? If not, it stops and uploads the s updates it has (s = 0 when
+not even the first one fits). Both durations are what the agent measured so far
+(`Estimates`), not a prediction:
+- one update: a running mean over rounds; after each round with s > 0, the round's mean
+  time per update is averaged in with weight 1/2. It is not updated within a round.
+- the upload: the last one measured. A round that sends no update (s = 0) measures nothing,
+  so it multiplies the estimate by UNMEASURED_UPLOAD_DECAY instead: an estimate inflated by
+  one slow stretch of link would otherwise keep the device at s = 0 for good.
+Before its first measurement each counts as 0 s.
+
+The emulated slow device (participation.min_update_s, edge_agent.agent) is not part of the
+rule: it only makes updates last longer, which the rule sees through the clock and the
+update estimate like any slow update.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Factor applied to the upload estimate in each round that sends no update (nothing to
+# measure): a device kept idle by a slow stretch of link tries again within a few rounds.
+UNMEASURED_UPLOAD_DECAY = 0.5
+
+
+def may_start_update(*, time_left_s: float, update_s: float | None, upload_s: float | None,
+                     margin_s: float) -> bool:
+    """True when `time_left_s` covers one more local update, the upload and the safety margin.
+
+    `update_s` and `upload_s` are the estimates so far; None (not measured yet) counts as 0.
+    An update that fits exactly still starts.
+    """
+    return time_left_s >= (update_s or 0.0) + (upload_s or 0.0) + margin_s
+
+
+@dataclass
+class Estimates:
+    """What the agent has measured so far: one local update and one upload, in seconds (None: not yet)."""
+
+    update_s: float | None = None
+    upload_s: float | None = None
+
+    def measured_updates(self, *, updates: int, seconds: float) -> None:
+        """A round did `updates` local updates in `seconds`: average its per-update time in (weight 1/2)."""
+        if updates:
+            per_update = seconds / updates
+            self.update_s = per_update if self.update_s is None else 0.5 * self.update_s + 0.5 * per_update
+
+    def measured_upload(self, seconds: float) -> None:
+        """An upload with an update in it took `seconds`."""
+        self.upload_s = seconds
+
+    def sent_no_update(self) -> None:
+        """The round's upload carried no update (s = 0): nothing measured, the upload estimate decays."""
+        if self.upload_s:
+            self.upload_s *= UNMEASURED_UPLOAD_DECAY
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """One round's deadline on this device: `may_start_update` against a clock."""
+
+    deadline_at: float  # the clock's reading at the deadline (receipt of the model + deadline_s)
+    estimates: Estimates
+    margin_s: float
+    clock: Callable[[], float] = time.monotonic
+
+    def allows_another_update(self) -> bool:
+        """Whether the next local update may start now."""
+        return may_start_update(time_left_s=self.deadline_at - self.clock(), update_s=self.estimates.update_s,
+                                upload_s=self.estimates.upload_s, margin_s=self.margin_s)

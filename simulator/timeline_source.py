@@ -1,0 +1,128 @@
+"""s from a device timeline instead of a trace set (`flexfl sim run --timeline FILE`).
+
+A trace set gives each device a distribution of s to draw from (trace_recorder.sampler). A
+timeline gives each device its conditions over time (trace_recorder.timeline), and its s in
+round tau is what the agent's deadline rule completes under the conditions at the round's
+start (trace_recorder.deadline.updates_before_deadline): no randomness, so s is a pure
+function of (device, round) as with traces.
+
+- Devices: simulated device k is `dev-k` (simulator.engine.device_id, the ids `flexfl live`
+  gives its agents and the importers give theirs) and follows that device's rows; devices of
+  the timeline beyond the simulation's are not used.
+- Time: a `start_round` timeline is read at round id tau; a `start_s` one at
+  (tau - 1) * round_s seconds, round_s defaulting to the deadline (a live round lasts its
+  deadline when its slowest device uses all of it; evaluation between rounds is left out).
+- Cost: update_s (one local update at cpu_share 1), or sample_s times the samples of one
+  update (the batch size for E in steps, the device's n_k for E in epochs); the model's
+  float32 parameters are what goes down and up (the wire's payload, without its framing);
+  the agent's safety margin (edge_agent.config.AgentConfig.safety_margin_s) is kept free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.config import AgentConfig
+from edge_agent.units import Unit
+from flexfl.errors import ConfigError
+from simulator.engine import SimConfig, device_id
+from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline
+from trace_recorder.timeline import Timeline, TimeUnit, describe_names, read_timeline
+
+
+@dataclass(frozen=True)
+class TimelineRun:
+    """How a simulation reads a timeline: the round's deadline and what a device's work costs."""
+
+    path: str
+    deadline_s: float
+    update_s: float | None = None  # one local update at cpu_share 1, seconds
+    sample_s: float | None = None  # or one training sample at cpu_share 1, seconds
+    round_s: float | None = None  # seconds between round starts (start_s timelines); None: deadline_s
+    margin_s: float = AgentConfig.safety_margin_s
+
+    def __post_init__(self) -> None:
+        if (self.update_s is None) == (self.sample_s is None):
+            raise ConfigError("a timeline run needs what one update costs at full CPU share: --update-s SECONDS "
+                              "(per update) or --sample-s SECONDS (per training sample), one of them")
+        for name in ("deadline_s", "update_s", "sample_s", "round_s"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
+        if not math.isfinite(self.margin_s) or self.margin_s < 0:
+            raise ConfigError(f"margin_s must be a finite number >= 0, got {self.margin_s}")
+
+    @property
+    def seconds_per_round(self) -> float:
+        return self.round_s if self.round_s is not None else self.deadline_s
+
+
+def model_bytes(cfg: SimConfig) -> int:
+    """Bytes of the model's float32 parameters: what a device downloads and uploads each round."""
+    from workloads.federated import initial_model
+
+    _, params = initial_model(cfg.partition.dataset, seed=cfg.seed)
+    return sum(int(p.numel()) * 4 for p in params.values())
+
+
+def samples_per_update(cfg: SimConfig, sample_counts: Sequence[int]) -> list[int]:
+    """Training samples in one local update, per device: the batch size (E in steps) or n_k (E in epochs)."""
+    if cfg.rules.unit is Unit.EPOCH:
+        return [int(n) for n in sample_counts]
+    return [cfg.rules.batch_size_for(cfg.partition.dataset)] * len(sample_counts)
+
+
+class TimelineParticipation:
+    """s per device and round from a timeline and the deadline rule; a participation source for run_simulation."""
+
+    def __init__(self, timeline: Timeline, cfg: SimConfig, run: TimelineRun, *, sample_counts: Sequence[int],
+                 model_bytes: int) -> None:
+        n = cfg.partition.n_devices
+        names = [device_id(k) for k in range(n)]
+        missing = [name for name in names if name not in timeline.devices]
+        if missing:
+            raise ConfigError(f"{run.path}: no rows for {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''} "
+                              f"(the simulation has {n} devices dev-0..dev-{n - 1}; the timeline has "
+                              f"{describe_names(list(timeline.devices))})")
+        if len(sample_counts) != n:
+            raise ConfigError(f"sample_counts has {len(sample_counts)} devices, the partition {n}")
+        self.timeline, self.run, self.names = timeline, run, names
+        self.E = cfg.rules.required_updates
+        self.model_bytes = model_bytes
+        if run.update_s is not None:
+            self.update_s = [run.update_s] * n
+        else:
+            assert run.sample_s is not None  # TimelineRun checks one of the two is given
+            self.update_s = [run.sample_s * k for k in samples_per_update(cfg, sample_counts)]
+        self.trace_names = [f"timeline {name}" for name in names]  # SimResult.trace_assignment, run.json
+
+    def time_of(self, round_index: int) -> float:
+        """Where round `round_index` (from 1) reads the timeline: its round id or its start in seconds."""
+        if self.timeline.unit is TimeUnit.ROUND:
+            return round_index
+        return (round_index - 1) * self.run.seconds_per_round
+
+    def outcome(self, shard: int, round_index: int) -> DeadlineOutcome:
+        """s and why, for device `shard` in round `round_index`."""
+        conditions = self.timeline.conditions_at(self.names[shard], self.time_of(round_index))
+        return updates_before_deadline(conditions, E=self.E, deadline_s=self.run.deadline_s,
+                                       update_s=self.update_s[shard], model_bytes=self.model_bytes,
+                                       margin_s=self.run.margin_s)
+
+    def draw(self, shard: int, round_index: int) -> int:
+        return self.outcome(shard, round_index).s
+
+    def rounds_covered(self) -> int:
+        """Rounds that start before the timeline ends (after it, every device is offline)."""
+        if self.timeline.unit is TimeUnit.ROUND:
+            return max(0, math.ceil(self.timeline.end) - 1)
+        return math.ceil(self.timeline.end / self.run.seconds_per_round)
+
+
+def timeline_participation(cfg: SimConfig, run: TimelineRun, *, sample_counts: Sequence[int]) -> TimelineParticipation:
+    """Read `run.path` and make the participation source for `cfg`."""
+    return TimelineParticipation(read_timeline(Path(run.path)), cfg, run, sample_counts=sample_counts,
+                                 model_bytes=model_bytes(cfg))

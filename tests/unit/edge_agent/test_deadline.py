@@ -1,0 +1,102 @@
+"""The agent's deadline rule under a fake clock: s = 0, 0 < s < E and s = E, and the estimates it uses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.deadline import UNMEASURED_UPLOAD_DECAY, Estimates, RoundBudget, may_start_update
+from edge_agent.trainer import train_local
+from workloads.datasets import ArrayDataset
+from workloads.models import build_model
+
+E = 5
+UPDATE_S = 1.0  # what one local update takes on the fake clock (and what the agent has measured)
+UPLOAD_S = 0.5
+MARGIN_S = 0.25  # binary fractions: "fits exactly" is exact in floating point
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def train_under_deadline(deadline_s: float, estimates: Estimates) -> tuple[int, list[float]]:
+    """Run train_local for up to E updates, each taking UPDATE_S of fake time, stopped by the round's budget.
+
+    Returns s and the time left at each check (so a test can see which checks ran).
+    """
+    clock = FakeClock()
+    received = clock.now
+    budget = RoundBudget(deadline_at=received + deadline_s, estimates=estimates, margin_s=MARGIN_S, clock=clock)
+    asked: list[float] = []
+
+    def keep_going(done: int) -> bool:
+        clock.now = received + done * UPDATE_S  # the `done` updates so far took their time
+        asked.append(budget.deadline_at - clock.now)
+        return budget.allows_another_update()
+
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(x=rng.normal(size=(32, 8)).astype(np.float32), y=rng.integers(0, 2, size=32))
+    torch.manual_seed(0)
+    model = build_model("logreg", in_features=8, num_classes=2)
+    result = train_local(model, data, updates=E, lr=0.1, batch_size=8, rng=np.random.default_rng(1),
+                         keep_going=keep_going)
+    return result.updates_completed, asked
+
+
+@pytest.mark.parametrize("deadline_s, expected_s", [
+    (1.5, 0),  # 1.5 s left < 1 + 0.5 + 0.25: not even the first update starts
+    (3.6, 2),  # after 2 updates 1.6 s are left: too little for a third and the upload
+    (6.0, E),  # after 4 updates 2.0 s are left: the fifth fits, and E is the cap
+], ids=["s=0", "0<s<E", "s=E"])
+def test_the_agent_starts_an_update_only_while_it_and_the_upload_fit(deadline_s: float, expected_s: int) -> None:
+    s, asked = train_under_deadline(deadline_s, Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S))
+    assert s == expected_s
+    # The rule was asked before every update that ran and, short of E, once more to stop.
+    assert len(asked) == min(expected_s + 1, E)
+    assert asked[-1] == pytest.approx(deadline_s - (len(asked) - 1) * UPDATE_S)
+
+
+def test_an_update_that_fits_exactly_still_starts() -> None:
+    need = UPDATE_S + UPLOAD_S + MARGIN_S
+    estimates = Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S)
+    assert train_under_deadline(4 * UPDATE_S + need, estimates)[0] == E
+    assert train_under_deadline(4 * UPDATE_S + need - 0.01, estimates)[0] == E - 1
+    assert may_start_update(time_left_s=need, update_s=UPDATE_S, upload_s=UPLOAD_S, margin_s=MARGIN_S)
+    assert not may_start_update(time_left_s=need - 1e-9, update_s=UPDATE_S, upload_s=UPLOAD_S, margin_s=MARGIN_S)
+
+
+def test_before_any_measurement_only_the_margin_is_kept() -> None:
+    # A first round knows neither duration (both count as 0): updates start until less than
+    # the margin is left, here at 0 s left after 3 updates of 1 s in a 3 s round.
+    s, asked = train_under_deadline(3.0, Estimates())
+    assert s == 3
+    assert asked == [3.0, 2.0, 1.0, 0.0]
+
+
+def test_the_update_estimate_is_a_running_mean_over_rounds_and_ignores_rounds_without_updates() -> None:
+    est = Estimates()
+    est.measured_updates(updates=0, seconds=5.0)  # s = 0: nothing to divide by, nothing learnt
+    assert est.update_s is None
+    est.measured_updates(updates=4, seconds=2.0)
+    assert est.update_s == 0.5
+    est.measured_updates(updates=2, seconds=3.0)  # 1.5 s per update this round
+    assert est.update_s == pytest.approx(0.5 * 0.5 + 0.5 * 1.5)
+
+
+def test_a_round_without_an_update_shrinks_the_upload_estimate_until_the_device_fits_again() -> None:
+    est = Estimates(update_s=UPDATE_S)
+    est.sent_no_update()
+    assert est.upload_s is None  # nothing measured yet: nothing to shrink
+    est.measured_upload(16.0)  # one slow stretch of link
+    rounds_idle = 0
+    while not may_start_update(time_left_s=3.0, update_s=est.update_s, upload_s=est.upload_s, margin_s=MARGIN_S):
+        est.sent_no_update()
+        rounds_idle += 1
+    assert est.upload_s == 16.0 * UNMEASURED_UPLOAD_DECAY ** rounds_idle
+    assert rounds_idle == 4  # 16 -> 8 -> 4 -> 2 -> 1 s: 1 + 1 + 0.25 fits in 3 s
