@@ -326,7 +326,10 @@ class Federation:
         if self.completed_round:
             raise RoundStateError("apply_events is for changes before the first round; rounds apply theirs at close")
         for a in arrivals:
-            self.objective.add_initial(a.device, a.n_samples)
+            if a.device in self.objective.departed_included:
+                self.objective.rejoin(a.device)  # left under include and came back before training began
+            else:
+                self.objective.add_initial(a.device, a.n_samples)
         for d in departures:
             if d.device in self.objective.sample_counts:
                 self.objective.depart(d.device, round_index=0, policy=self.departure_policy(d, tau0=0))

@@ -244,3 +244,16 @@ def test_mifa_memories_survive_a_snapshot_and_restore():
     other.memory.restore(saved)
     torch.testing.assert_close(other.memory.term(p={"a": 0.25, "b": 0.75}, n_total=40), term)
     torch.testing.assert_close(term["w"], other.memory.stacked_term(p={"a": 0.25, "b": 0.75})["w"])
+
+
+def test_a_device_that_leaves_under_include_and_rejoins_before_round_1_trains_again():
+    """Before training starts, a rejoin of a departed-but-included device is a rejoin, not a second add
+    (the coordinator had marked it back in its registry and journal while the objective refused it)."""
+    from coordinator.objective import DeparturePolicy
+
+    fed = _federation()
+    fed.apply_events(departures=[Departure("b", policy=DeparturePolicy.INCLUDE)])
+    assert fed.objective.departed_included == {"b"}
+    fed.apply_events(arrivals=[Arrival("b", 30)])
+    assert fed.objective.departed_included == set() and fed.objective.active_members() == ["a", "b"]
+    assert fed.objective.sample_counts == {"a": 10, "b": 30}
