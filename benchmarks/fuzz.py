@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
 
 from benchmarks.fuzz_config import fuzz_configs
 from benchmarks.fuzz_grpc import EVIL, HONEST, SAMPLES, Client, Target, fuzz_grpc
@@ -39,8 +41,6 @@ from coordinator.round import Arrival, Federation, RulesConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 from workloads.federated import initial_model
 from workloads.partition_spec import PartitionSpec
 

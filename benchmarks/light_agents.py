@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire

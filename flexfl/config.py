@@ -179,7 +179,7 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where=where, table=f"{table}.{key}" if table else key)
     if origin is dict:
-        (key_type, item) = typing.get_args(tp)
+        (_key_type, item) = typing.get_args(tp)
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: {_key(table, key)}: expected a table, got {_show(value)}")
         return {str(k): _convert(item, v, where=where, table=f"{table + '.' if table else ''}{key}", key=str(k))

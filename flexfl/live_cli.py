@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flexfl.config import flag_dest
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     from coordinator.cli import add_rules_flags
     from flexfl.live_defaults import LIVE_DEFAULTS

@@ -39,8 +39,17 @@ from loadgen.errors import DaemonError, LoadgenError, ProtocolError
 from loadgen.hostinfo import host_facts
 from loadgen.netns import is_valid_ifname
 from loadgen.protocol import (
-    PROTOCOL_VERSION, Clear, Command, Ping, SetBandwidth, SetCpu, Status, command_name,
-    error_reply, ok_reply, parse_request,
+    PROTOCOL_VERSION,
+    Clear,
+    Command,
+    Ping,
+    SetBandwidth,
+    SetCpu,
+    Status,
+    command_name,
+    error_reply,
+    ok_reply,
+    parse_request,
 )
 
 log = logging.getLogger(__name__)

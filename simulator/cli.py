@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--num-traces-list", default="1-8", help="|T| values, e.g. 1-8 or 1,3,5,8 (default 1-8)")
     cmp_.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     add_sweep_flags(cmp_)
-    cmp_.add_argument("--work-dir", type=Path, default=None, help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
+    cmp_.add_argument("--work-dir", type=Path, default=None,
+                      help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
     cmp_.add_argument("--out", type=Path, default=Path("results"), help="where the table, CSVs and plots go (default results)")
     cmp_.add_argument("--report-only", action="store_true",
                       help="write the table from the runs already in the work folder; compute nothing")
@@ -206,7 +207,7 @@ def _schedule(args: argparse.Namespace) -> dict:
     """--arrive K@R and --depart K@R[:POLICY] as [schedule] tables."""
     def parse(text: str, flag: str) -> tuple[int, int, str | None]:
         where, _, policy = text.partition(":")
-        device, at, round_ = where.partition("@")
+        device, _at, round_ = where.partition("@")
         try:
             return int(device), int(round_), policy or None
         except ValueError:
@@ -259,6 +260,7 @@ def _schemes(args: argparse.Namespace) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
+    import torch
 
     from coordinator.metrics import write_run_info
     from coordinator.strategies import Scheme, get_strategy
@@ -266,8 +268,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
     from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
-
-    import torch
 
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
@@ -315,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         c = configs[scheme]
         t0 = time.perf_counter()
 
-        def progress(r, title=c.rules.aggregation.title, t0=t0):
+        def progress(r, title=c.rules.aggregation.title, t0=t0, c=c):
             if r.round % every == 0 or r.round == c.rounds or r.events:
                 print(f"  {title} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
                       f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
@@ -590,7 +590,7 @@ def cmd_operating_point(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     work_dir = args.work_dir or args.out / "runs" / f"operating_point_{args.dataset}"
-    best, cands, summaries = operating_point.run_protocol(
+    best, _cands, summaries = operating_point.run_protocol(
         args.dataset, args.unit, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
     computed = sum(not s.get("cached") for s in summaries)
     # Nothing computed: the choice keeps the wall time of the command that computed its runs.

@@ -169,10 +169,11 @@ def write_run(work_dir: Path, out: RunOutput) -> None:
     from simulator.report import write_csv_atomic
 
     write_csv_atomic(work_dir / f"{out.name}.csv", out.rounds_csv)
-    with atomic_file(work_dir / f"{out.name}{METRICS_SUFFIX}", "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:  # mtime 0: same bytes for the same rows
-            for row in out.metrics:
-                f.write((json.dumps(clean_json(row)) + "\n").encode())
+    # mtime 0: same bytes for the same rows
+    with (atomic_file(work_dir / f"{out.name}{METRICS_SUFFIX}", "wb") as raw,
+          gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f):
+        for row in out.metrics:
+            f.write((json.dumps(clean_json(row)) + "\n").encode())
     with atomic_file(work_dir / f"{out.name}.json") as f:
         json.dump(out.summary, f, indent=1)
 

@@ -25,10 +25,10 @@ import numpy as np
 
 from coordinator.aggregation import Scheme
 from coordinator.round import RulesConfig
-from simulator.curves import rounds_to_recover
-from simulator.regime import Regime
-from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from flexfl.errors import ConfigError
+from simulator.curves import rounds_to_recover
+from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
+from simulator.regime import Regime
 from simulator.sweep import Executor, Group, Run, finished, read_metrics, run_sweep
 from workloads.partition_spec import PartitionSpec, Sizes
 
@@ -121,7 +121,6 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
     If the committed table4_runs.csv lists runs not finished here, everything goes to
     <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
     from flexfl.files import atomic_file
-
     from simulator.report import page_dir, write_csv_atomic
 
     blocks, plots, rows = [], [], []

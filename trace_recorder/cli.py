@@ -7,9 +7,9 @@ import logging
 import shlex
 from pathlib import Path
 
+from trace_recorder import DEFAULT_PROFILE, timeline_cli
 from trace_recorder.calibrate import PAPER_TABLE2, generate_paper_traces, paper_manifest
 from trace_recorder.format import Trace, TraceSet, read_trace_set, write_trace_set
-from trace_recorder import DEFAULT_PROFILE, timeline_cli
 
 log = logging.getLogger(__name__)
 

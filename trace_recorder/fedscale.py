@@ -26,8 +26,15 @@ from typing import Any
 import numpy as np
 
 from flexfl.errors import ConfigError, TraceFormatError
-from trace_recorder.availability import (Availability, ComputeScaling, DeviceSpec, ImportResult, TraceClock, assemble,
-                                         merge_windows)
+from trace_recorder.availability import (
+    Availability,
+    ComputeScaling,
+    DeviceSpec,
+    ImportResult,
+    TraceClock,
+    assemble,
+    merge_windows,
+)
 from trace_recorder.manifest import shorten
 from trace_recorder.plain_pickle import load_plain_pickle
 

@@ -27,8 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from flexfl.errors import ConfigError, TraceFormatError
-from trace_recorder.availability import (Availability, ComputeScaling, DeviceSpec, ImportResult, TraceClock, assemble,
-                                         merge_windows)
+from trace_recorder.availability import (
+    Availability,
+    ComputeScaling,
+    DeviceSpec,
+    ImportResult,
+    TraceClock,
+    assemble,
+    merge_windows,
+)
 from trace_recorder.fedscale import capacities_from, choose, scaled_specs
 from trace_recorder.manifest import shorten
 

@@ -19,13 +19,18 @@ import torch
 from torch import nn
 
 from flexfl.errors import ConfigError, DataError, PluginError
-from workloads.datasets import (ArrayDataset, PluginData, RawImages, dataset_shape, default_emnist_root,
-                                load_raw)
+from workloads.datasets import ArrayDataset, PluginData, RawImages, dataset_shape, default_emnist_root, load_raw
 from workloads.defaults import DEFAULTS  # the paper's per-dataset settings, light for the parsers
-from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
-                                 proportional_sizes, truncated_pareto_draws)
-from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
 from workloads.models import MODEL_NAMES, ModelSpec
+from workloads.partition import (
+    lognormal_draws,
+    partition_by_label,
+    partition_by_label_shares,
+    partition_iid,
+    proportional_sizes,
+    truncated_pareto_draws,
+)
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
 from workloads.synthetic import make_synthetic
 
 log = logging.getLogger(__name__)

@@ -135,7 +135,7 @@ def partition_by_label_shares(labels: np.ndarray, weights: np.ndarray, *, total:
         pool = rng.permutation(np.flatnonzero(labels == label))
         if len(devices) == 0:
             continue
-        use = max(len(devices) * min_size, int(round(len(pool) * total / len(labels))))
+        use = max(len(devices) * min_size, round(len(pool) * total / len(labels)))
         if use > len(pool):
             raise DataError(f"label {label} has {len(pool)} samples for {len(devices)} devices of at least {min_size}")
         counts = proportional_sizes(weights[devices], total=use, min_size=min_size)

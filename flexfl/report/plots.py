@@ -98,7 +98,7 @@ def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]], *,
         ax_loss.set(xlabel="round", ylabel="test loss", title="Test loss (axis from 0)")
         for ax in (ax_acc, ax_loss):
             _mark_events(ax, events, label=ax is ax_acc)
-        handles, labels = ax_acc.get_legend_handles_labels()
+        handles, _labels = ax_acc.get_legend_handles_labels()
         if any(w == "arrival" for _, _, w in events):
             handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--", label="arrival (takes effect next round)"))
         if any(w == "departure" for _, _, w in events):
@@ -128,7 +128,7 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
     with mpl.rc_context(RC):
         fig, axes = _figure(10, _heatmap_height(len(part.devices)))
         ax = axes[0, 0]
-        rgba = np.zeros(part.state.shape + (4,))
+        rgba = np.zeros((*part.state.shape, 4))
         rgba[part.state == Cell.ABSENT] = to_rgba(ABSENT_COLOR)
         rgba[part.state == Cell.INACTIVE] = to_rgba(INACTIVE_COLOR)
         rgba[part.state == Cell.REJECTED] = to_rgba(REJECTED_COLOR)
@@ -260,7 +260,8 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
             for scheme, runs in by_scheme.items():
                 color, ls = SCHEME_STYLE.get(scheme, (None, "-"))
                 x = np.arange(1, runs.shape[1] + 1)
-                ax.plot(x, 100 * runs.mean(axis=0), color=color, ls=ls, lw=1.2, label=f"{scheme} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+                seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+                ax.plot(x, 100 * runs.mean(axis=0), color=color, ls=ls, lw=1.2, label=f"{scheme} ({seeds})")
                 if len(runs) > 1:
                     ax.fill_between(x, 100 * runs.min(axis=0), 100 * runs.max(axis=0), color=color, alpha=0.15, lw=0)
             ax.set_ylim(0, 100)

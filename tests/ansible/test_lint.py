@@ -34,9 +34,8 @@ def undocumented_variables(role: str) -> list[str]:
             documented = False
         elif line.startswith("#"):
             documented = True
-        elif m := TOP_KEY.match(line):
-            if not documented and " # " not in line:
-                missing.append(m.group(1))
+        elif (m := TOP_KEY.match(line)) and not documented and " # " not in line:
+            missing.append(m.group(1))
     return missing
 
 

@@ -15,9 +15,9 @@ import pytest
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.round import RulesConfig
 from coordinator.runtime import Coordinator
-from flexfl.config import write_config
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.config import write_config
 from workloads.partition_spec import PartitionSpec
 
 TOKEN = "test-fleet-token"

@@ -58,11 +58,10 @@ def test_harness_waits_through_status_and_reports_exits(tmp_path: Path) -> None:
         exits = h.exits()
         assert exits.get("coordinator") == 0
         assert h.exits() == {} or set(h.exits()) <= {"agent-0", "agent-1"}  # each exit is reported once
-    with pytest.raises(HarnessError, match="agent-x exited with code"):
-        with Harness(tmp_path / "logs2") as h2:
-            h2.start_agent("agent-x", tmp_path / "no-such.toml")
-            h2.procs["agent-x"].proc.wait(timeout=60)
-            h2.check("agent-x")
+    with pytest.raises(HarnessError, match="agent-x exited with code"), Harness(tmp_path / "logs2") as h2:
+        h2.start_agent("agent-x", tmp_path / "no-such.toml")
+        h2.procs["agent-x"].proc.wait(timeout=60)
+        h2.check("agent-x")
 
 
 def test_children_die_when_the_harness_is_killed(tmp_path: Path) -> None:

@@ -10,14 +10,14 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
-from coordinator import server
-from edge_agent.agent import AgentError, EdgeAgent
-from edge_agent.config import ParticipationConfig
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, error_reason
+
+from coordinator import server
+from edge_agent.agent import AgentError, EdgeAgent
+from edge_agent.config import ParticipationConfig
 
 from .conftest import make_config
 from .test_bad_input import TOKEN, _bad_variants, _update

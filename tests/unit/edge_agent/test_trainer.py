@@ -83,7 +83,7 @@ def test_keep_going_stops_early_and_early_stop_is_a_prefix():
     res = train_local(stopped, _data(), updates=10, lr=0.1, batch_size=8, rng=np.random.default_rng(2),
                       keep_going=lambda done: done < 3)
     assert res.updates_completed == 3
-    for (n, a), (_, b) in zip(full.named_parameters(), stopped.named_parameters()):
+    for (_n, a), (_, b) in zip(full.named_parameters(), stopped.named_parameters()):
         torch.testing.assert_close(a, b)
 
 

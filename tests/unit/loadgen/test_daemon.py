@@ -14,7 +14,7 @@ from loadgen.errors import DaemonError
 
 
 def test_every_command_is_answered(served):
-    daemon, client, cpu, shaper = served
+    _daemon, client, cpu, shaper = served
     assert client.ping()["pong"] is True
     assert client.set_cpu(30)["cpu"]["target_percent"] == 30.0
     assert cpu.target_percent == 30.0

@@ -6,8 +6,17 @@ import pytest
 
 from loadgen.errors import ProtocolError
 from loadgen.protocol import (
-    MAX_REQUEST_BYTES, Clear, Ping, SetBandwidth, SetCpu, Status,
-    command_name, decode_reply, parse_message, parse_request, to_message,
+    MAX_REQUEST_BYTES,
+    Clear,
+    Ping,
+    SetBandwidth,
+    SetCpu,
+    Status,
+    command_name,
+    decode_reply,
+    parse_message,
+    parse_request,
+    to_message,
 )
 
 

@@ -6,14 +6,13 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.metrics import MetricsWriter
 from coordinator.round import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
-
-import pytest
-
-from coordinator.metrics import MetricsWriter
 
 E = 10
 

@@ -247,7 +247,7 @@ def test_bad_input_names_the_row_or_parameter():
         trainer.train(start, **ok, out={"linear.weight": torch.zeros(2, 10, 60), "linear.bias": torch.zeros(1, 10)})
     with pytest.raises(ConfigError, match="no kernel for Linear"):
         CacheTrainer(torch.nn.Linear(3, 2), _shards([5], 3, 2), batch_size=BATCH)
-    with pytest.raises(ConfigError, match="labels span 0..11 but the model has 10 classes"):
+    with pytest.raises(ConfigError, match=r"labels span 0..11 but the model has 10 classes"):
         CacheTrainer(model, [ArrayDataset(x=np.zeros((2, 60), np.float32), y=np.array([0, 11]))], batch_size=BATCH)
     with pytest.raises(ConfigError, match="batch_size must be >= 1, got 0"):
         CacheTrainer(model, _shards([5], 60, 10), batch_size=0)

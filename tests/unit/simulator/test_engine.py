@@ -8,13 +8,21 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.round import RulesConfig
 from flexfl.cli import main
 from flexfl.errors import ConfigError
-from coordinator.round import RulesConfig
-from simulator.engine import (ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig, TrainerKind,
-                              load_data, run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    TrainerKind,
+    load_data,
+    run_simulation,
+)
+from trace_recorder.format import Trace, TraceManifest, read_trace_set, utc_now_iso, write_trace_set
 from workloads.partition_spec import PartitionSpec
-from trace_recorder.format import Trace, TraceManifest, read_trace_set, write_trace_set, utc_now_iso
 
 SMALL = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
                   rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), rounds=4)
@@ -104,7 +112,7 @@ def test_training_improves_accuracy_over_rounds():
 def test_config_errors_are_clear():
     with pytest.raises(ConfigError, match="dataset: expected one of mnist, emnist, synthetic, got 'cifar'"):
         small(partition={"dataset": "cifar"})
-    with pytest.raises(ConfigError, match="device 9, outside 0..7"):
+    with pytest.raises(ConfigError, match=r"device 9, outside 0..7"):
         small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=9, round=2),)))
     with pytest.raises(ConfigError, match="not after its arrival"):
         small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=1, round=3),),

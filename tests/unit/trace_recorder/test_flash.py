@@ -100,7 +100,7 @@ def test_files_off_the_shape_are_format_errors(tmp_path: Path, data: object, mat
 def test_text_that_is_not_json_is_a_format_error(tmp_path: Path) -> None:
     path = tmp_path / "state_traces.json"
     path.write_text("{'1': ")
-    with pytest.raises(TraceFormatError, match="state_traces.json: not JSON"):
+    with pytest.raises(TraceFormatError, match=r"state_traces.json: not JSON"):
         import_flash(path, constant=DeviceSpec(1.0, 1.0, 1.0))
 
 

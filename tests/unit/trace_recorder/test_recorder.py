@@ -98,7 +98,7 @@ def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp
     recording = Recording(opts)
     recording._load_state()
     assert recording.state["phase"] == "calibrating" and not (work / "old.log").exists()
-    with pytest.raises(ConfigError, match="--resume: .* another profile"):
+    with pytest.raises(ConfigError, match=r"--resume: .* another profile"):
         Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True, rounds=7))._load_state()
 
 

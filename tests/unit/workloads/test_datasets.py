@@ -11,7 +11,6 @@ from flexfl.errors import DataError, DatasetNotFoundError
 from workloads import datasets
 from workloads.datasets import ArrayDataset, load_emnist, load_mnist, read_idx
 
-
 # ---------------------------------------------------------------- ArrayDataset
 
 
@@ -66,7 +65,7 @@ def test_read_idx_truncated_data(tmp_path: Path, write_idx) -> None:
 def test_read_idx_corrupt_gzip(tmp_path: Path) -> None:
     path = tmp_path / "img.gz"
     path.write_bytes(b"not gzip at all")
-    with pytest.raises(DataError, match="img.gz: cannot read IDX file"):
+    with pytest.raises(DataError, match=r"img.gz: cannot read IDX file"):
         read_idx(path, ndim=3)
 
 

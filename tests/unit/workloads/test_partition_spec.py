@@ -61,7 +61,7 @@ def test_load_shard_equals_the_shard_of_the_whole_split(dataset, iid, sizes, hol
     for k in (0, 7, 11):
         shard = load_shard(spec, k, cache_dir=mnist_cache_dir)
         assert np.array_equal(shard.x, whole.train[k].x) and np.array_equal(shard.y, whole.train[k].y)
-    with pytest.raises(ConfigError, match="shard_index 12 is outside the partition's 0..11"):
+    with pytest.raises(ConfigError, match=r"shard_index 12 is outside the partition's 0..11"):
         load_shard(spec, 12, cache_dir=mnist_cache_dir)
 
 
@@ -86,7 +86,7 @@ def test_size_readings_on_mnist(seed, mnist_cache_dir: Path):
     # device never holds more than its label has.
     data = build_federated(PartitionSpec(iid=False, sizes="pareto-per-label", **base), cache_dir=mnist_cache_dir)
     labels = [set(np.unique(d.y).tolist()) for d in data.train]
-    assert all(len(l) == 1 for l in labels)
+    assert all(len(device_labels) == 1 for device_labels in labels)
     assert data.sample_counts.sum() >= 59_900 and data.sample_counts.max() <= 6742  # the largest label (1s)
 
 
