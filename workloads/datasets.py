@@ -131,7 +131,7 @@ def _scaled(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
 
 def _take_rows(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """array[indices] for 2-D arrays; rows of a np.memmap are read with os.pread, in file order."""
-    if not isinstance(array, np.memmap) or array.ndim != 2 or not len(indices):
+    if not isinstance(array, np.memmap) or array.filename is None or array.ndim != 2 or not len(indices):
         return array[indices]
     row_bytes = array.shape[1] * array.itemsize
     out = np.empty((len(indices), array.shape[1]), dtype=array.dtype)
@@ -143,7 +143,7 @@ def _take_rows(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
             row = int(indices[k])
             if not 0 <= row < array.shape[0]:
                 raise IndexError(f"row {row} is outside 0..{array.shape[0] - 1}")
-            got = os.preadv(fd, [memoryview(flat[k * row_bytes:(k + 1) * row_bytes])],
+            got = os.preadv(fd, [flat[k * row_bytes:(k + 1) * row_bytes].data],
                             array.offset + row * row_bytes)
             if got != row_bytes:
                 raise DataError(f"{array.filename}: short read at row {row}")
@@ -287,10 +287,11 @@ def load_emnist_raw(root: Path, *, split: str = "balanced") -> RawImages:
         for part in ("train", "test")
         for kind in ("images-idx3", "labels-idx1")
     }
-    paths = {key: _find_idx(raw_dirs, name) for key, name in names.items()}
-    missing = [names[key] for key, path in paths.items() if path is None]
+    found = {key: _find_idx(raw_dirs, name) for key, name in names.items()}
+    missing = [names[key] for key, path in found.items() if path is None]
     if missing:
         raise DatasetNotFoundError(_emnist_missing_message(root, f"missing {', '.join(missing)}[.gz]"))
+    paths = {key: path for key, path in found.items() if path is not None}
     out: dict[str, np.ndarray] = {}
     for part in ("train", "test"):
         images = read_idx(paths[f"{part}_images-idx3"], ndim=3)  # [n, 28, 28], transposed
@@ -410,7 +411,7 @@ class PluginData:
         return ArrayDataset(x=self.x_train[indices], y=self.y_train[indices])
 
     def test(self) -> ArrayDataset | None:
-        return None if self.x_test is None else ArrayDataset(x=self.x_test, y=self.y_test)
+        return None if self.x_test is None or self.y_test is None else ArrayDataset(x=self.x_test, y=self.y_test)
 
 
 @functools.lru_cache(maxsize=4)

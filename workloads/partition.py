@@ -105,7 +105,7 @@ def _round_to_sum(values: np.ndarray, *, total: int, cap: float) -> np.ndarray:
     return floors
 
 
-def partition_iid(n_samples: int, sizes: Sequence[int], *, seed: int) -> list[np.ndarray]:
+def partition_iid(n_samples: int, sizes: Sequence[int] | np.ndarray, *, seed: int) -> list[np.ndarray]:
     """Disjoint index arrays of the given sizes, cut from one random permutation of n_samples."""
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     if (sizes_arr < 0).any():
@@ -145,7 +145,7 @@ def partition_by_label_shares(labels: np.ndarray, weights: np.ndarray, *, total:
 
 
 def partition_by_label(
-    labels: np.ndarray, sizes: Sequence[int], *, seed: int
+    labels: np.ndarray, sizes: Sequence[int] | np.ndarray, *, seed: int
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Give each device samples of one label only: (index arrays, label of each device).
 

@@ -105,6 +105,9 @@ class PartitionSpec:
         if self.sizes is Sizes.PARETO_PER_LABEL and (self.iid or self.dataset is Dataset.SYNTHETIC):
             raise ConfigError("partition.sizes = pareto-per-label shares each label among its devices: "
                               "it needs non-IID MNIST or EMNIST")
+        if self.dataset is Dataset.SYNTHETIC and self.holdout == 0:
+            raise ConfigError("partition.holdout_fraction = 0 leaves SYNTHETIC without a test set (its test set is the "
+                              "devices' holdouts): give it a fraction in (0, 1), or leave it out for 0.1")
         if self.dataset is not Dataset.SYNTHETIC:
             if self.alpha is not None or self.beta is not None:
                 raise ConfigError(f"partition.alpha/beta shape SYNTHETIC only; leave them out for {self.dataset}")

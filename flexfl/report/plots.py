@@ -13,6 +13,7 @@ import base64
 import io
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
@@ -22,7 +23,10 @@ from matplotlib.patches import Patch
 
 from flexfl.report.sections import Cell, Participation
 
-RC = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9, "axes.titlesize": 10,
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9, "axes.titlesize": 10,
       "axes.grid": True, "grid.alpha": 0.3, "font.family": ["DejaVu Sans", "sans-serif"]}
 SCHEME_STYLE = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-"), None: ("tab:green", "-")}
 ABSENT_COLOR, INACTIVE_COLOR, REJECTED_COLOR = "#f2f2f2", "#fdae61", "#d7191c"

@@ -44,6 +44,8 @@ def test_json_round_trip_and_differences():
     ({"n_devices": 0}, "n_devices must be >= 1"),
     ({"n_devices": 5, "total_samples": 3}, "at least n_devices"),
     ({"alpha": -1.0}, "standard deviation"),
+    # SYNTHETIC's test set is its devices' holdouts: without them a run had no test set to evaluate on
+    ({"holdout_fraction": 0.0}, "holdout_fraction = 0 leaves SYNTHETIC without a test set"),
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
