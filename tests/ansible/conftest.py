@@ -56,13 +56,6 @@ TIMINGS_S: dict[str, float] = {}
 FIGURES: dict[str, str] = {}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "provision: applies the playbooks to a debootstrapped bookworm root (root, minutes)")
-    config.addinivalue_line(
-        "markers", "arm64: the provisioning target is arm64 (under qemu-user-static on other machines)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "provision" in (config.getoption("markexpr") or ""):
         return

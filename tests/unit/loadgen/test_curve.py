@@ -6,7 +6,6 @@ import os
 import re
 import stat
 import threading
-import time
 
 import pytest
 
@@ -101,14 +100,15 @@ def test_unauthenticated_client_gets_no_answer_and_daemon_is_unaffected(curve_da
     assert any(r.message.startswith(f"refused a client on {daemon.endpoint}: ") for r in caplog.records)
 
 
-def test_refusal_before_the_first_request_is_diagnosed(curve_daemon):
+def test_refusal_before_the_first_request_is_diagnosed(curve_daemon, wait_until):
     """The handshake is refused while the client is idle: ZeroMQ then drops the connection and
     the REQ socket takes no request at all; the error still says why (seen in CI as a bare
     'Resource temporarily unavailable')."""
     daemon, server_dir, clients, cpu = curve_daemon
     auth = _auth(daemon.endpoint, clients, "stranger", server_dir / "server.key")
     with LoadgenClient(daemon.endpoint, timeout_s=1.0, auth=auth) as client:
-        time.sleep(0.5)  # several refused handshakes (reconnects every ~100 ms)
+        # the daemon has refused the handshake before the first request is made
+        wait_until(lambda: sum(daemon.refusals.values()) >= 1, "the daemon's refusal")
         with pytest.raises(DaemonError) as refused:
             client.ping()
         assert "authentication failed: the daemon refused this client's CURVE key" in str(refused.value), str(refused.value)

@@ -13,7 +13,7 @@ from loadgen.daemon import DaemonConfig, LoadgenDaemon
 from loadgen.errors import DaemonError
 
 
-def test_every_command_is_answered(served):
+def test_every_command_is_answered(served, wait_until):
     _daemon, client, cpu, shaper = served
     assert client.ping()["pong"] is True
     assert client.set_cpu(30)["cpu"]["target_percent"] == 30.0
@@ -21,7 +21,7 @@ def test_every_command_is_answered(served):
     reply = client.set_bandwidth(4000)  # the daemon's default iface
     assert reply["bandwidth"] == {"veth0": {"rate_kbit": 4000, "burst_bytes": 5000, "latency_ms": 50.0}}
     client.set_bandwidth(1000, burst_bytes=8000, latency_ms=20, iface="veth1")
-    time.sleep(0.4)  # one measurement interval
+    wait_until(lambda: client.status()["cpu"]["measured"] is not None, "a CPU measurement")
     status = client.status()
     assert status["cpu"]["target_percent"] == 30.0
     assert status["cpu"]["measured"]["achieved_percent"] == 30.0
