@@ -120,8 +120,9 @@ def main() -> None:
         raise SystemExit(f"{args.flower_python} not found: `make setup-flower` creates Flower's virtualenv")
     sizes = [int(x) for x in args.agents.split(",")]
     shared = args.connections == "shared"
+    connections = "one TCP connection for all clients" if shared else "one TCP connection per client"
     say(f"FlexFL vs Flower legacy gRPC API: mnist MLP (199,210 float32), {args.rounds} rounds per run, "
-        f"{args.repeat} interleaved pairs, {'one TCP connection for all clients' if shared else 'one TCP connection per client'}, "
+        f"{args.repeat} interleaved pairs, {connections}, "
         f"clients in {args.client_processes} process(es) per system")
     results: dict[tuple[int, bool], list[tuple[float, float]]] = {}
     version = "?"

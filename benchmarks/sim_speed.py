@@ -240,7 +240,8 @@ def sgemm_gflops(m: torch.Tensor) -> float:
 
 
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    return "min " + fmt.format(min(values)) + "  median " + fmt.format(float(np.median(values))) + "  max " + fmt.format(max(values))
+    low, median, high = (fmt.format(v) for v in (min(values), float(np.median(values)), max(values)))
+    return f"min {low}  median {median}  max {high}"
 
 
 def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> None:
@@ -306,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted(v for v in set(variants) - set(VARIANTS) if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
+    unknown = sorted(v for v in set(variants) - set(VARIANTS)
+                     if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
     torch.set_num_threads(args.threads)

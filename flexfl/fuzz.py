@@ -80,8 +80,9 @@ def json_values(*, finite: bool = False, max_leaves: int = 8) -> st.SearchStrate
 
 
 # Values that break validators most often; drawn often, not left to chance.
-EDGE_VALUES: tuple[object, ...] = (None, True, False, 0, -1, 1, *HUGE_INTS, 0.5, -0.0, math.nan, math.inf, -math.inf, 1e308, 5e-324,
-               "", " ", "0", "1", "nan", "\x00", [], {}, [None], {"": None})
+EDGE_VALUES: tuple[object, ...] = (
+    None, True, False, 0, -1, 1, *HUGE_INTS, 0.5, -0.0, math.nan, math.inf, -math.inf, 1e308, 5e-324,
+    "", " ", "0", "1", "nan", "\x00", [], {}, [None], {"": None})
 
 
 @cache

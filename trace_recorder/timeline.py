@@ -177,7 +177,8 @@ def order_problem(start: float, end: float, previous: Interval | None, previous_
         return None
     where = f" on line {previous_line}" if previous_line else ""
     if start < previous.start:
-        return f"interval [{start}, {end}) comes before [{previous.start}, {previous.end}){where} (rows of a device go in time order)"
+        return (f"interval [{start}, {end}) comes before [{previous.start}, {previous.end}){where} "
+                "(rows of a device go in time order)")
     if start < previous.end:
         return f"interval [{start}, {end}) overlaps [{previous.start}, {previous.end}){where}"
     return None

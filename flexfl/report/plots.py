@@ -144,7 +144,8 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
             ax.scatter(np.array(part.rounds)[xs], ys, marker="x", s=22, color="black", lw=1.2, zorder=3)
         _device_axis(ax, part.devices, part.rounds)
         _mark_events(ax, events, label=False, offset=0.5)
-        ax.set_title(f"Participation: s / {part.scale.split(' ')[0] if 'unknown' not in part.scale else 'max s'} per device and round")
+        scale = part.scale.split(" ")[0] if "unknown" not in part.scale else "max s"
+        ax.set_title(f"Participation: s / {scale} per device and round")
         sm = mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap=S_CMAP)
         fig.colorbar(sm, ax=ax, label=f"s / {part.scale}", fraction=0.04, pad=0.01)
         legend = [Patch(color=ABSENT_COLOR, label="absent (not a participant)"),

@@ -178,7 +178,8 @@ def _sweep_context(path: Path) -> dict[str, Any]:
         cells = []
         for setting in table.settings:
             curves = sections.sweep_curves(ds, setting)
-            cells.append({"setting": setting, "svg": plots.sweep_cells(ds.dataset, setting, curves, title=ds.title) if curves else None})
+            svg = plots.sweep_cells(ds.dataset, setting, curves, title=ds.title) if curves else None
+            cells.append({"setting": setting, "svg": svg})
         datasets.append({
             "ds": ds, "table": table, "cells": cells,
             "improvements_svg": plots.sweep_improvements(ds.dataset, table, title=ds.title) if table.ours_values else None,

@@ -212,8 +212,8 @@ def test_code_change_reaches_the_target(target: Target) -> None:
     init.write_text(init.read_text() + marker + "\n")
     run = target.run_playbook("testbed.yml", "testbed-upgrade.log")
     assert run.returncode == 0, run.output[-6000:]
-    assert re.search(r"TASK \[flexfl_install : Install the pushed FlexFL wheel in place of the installed one\].*\n(.*\n)?changed:",
-                     run.output), run.output[-6000:]
+    assert re.search(r"TASK \[flexfl_install : Install the pushed FlexFL wheel in place of the installed one\]"
+                     r".*\n(.*\n)?changed:", run.output), run.output[-6000:]
     proc = target.run("/opt/flexfl/venv/bin/python", "-c",
                       "import flexfl, pathlib; print(pathlib.Path(flexfl.__file__).read_text())")
     assert proc.returncode == 0 and marker in proc.stdout, proc.stderr

@@ -61,7 +61,8 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     wait_for(lambda: metrics.exists() and len(read_metrics(metrics)) >= 2, what="two rounds")
     coord.send_signal(signal.SIGKILL)
     coord.wait(timeout=10)
-    ckpt = load_checkpoint(tmp_path / "out" / "checkpoint.pt", expected={"linear.weight": ((10, 60), None), "linear.bias": ((10,), None)})
+    ckpt = load_checkpoint(tmp_path / "out" / "checkpoint.pt",
+                           expected={"linear.weight": ((10, 60), None), "linear.bias": ((10,), None)})
     # Each round's row is written before its checkpoint: the kill may fall between the two.
     assert ckpt.completed_round >= 1 and len(read_metrics(metrics)) in (ckpt.completed_round, ckpt.completed_round + 1)
     # Every agent has seen the coordinator gone and is backing off (its retry warning names it first),

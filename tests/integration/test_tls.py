@@ -137,5 +137,6 @@ def test_agent_with_another_devices_certificate_stops_with_the_reason(live_confi
     # PERMISSION_DENIED is not retried: the agent gives up at once and says why.
     assert len(outcome) == 1 and isinstance(outcome[0], Exception), outcome
     # Its first call (Status, to learn the partition) is already refused.
-    assert re.search(r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'", str(outcome[0])), outcome
+    refused = r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'"
+    assert re.search(refused, str(outcome[0])), outcome
     assert len(fleet.coordinator.engine.registry.devices) == 0

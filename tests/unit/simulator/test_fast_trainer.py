@@ -147,7 +147,8 @@ def test_out_buffer_receives_the_deltas_and_idle_rows_are_zeroed():
         assert float(out[n][1].abs().max()) == 0.0
     with pytest.raises(ConfigError, match=r"out\['linear.bias'\] must be contiguous float32 of shape "
                                             r"\(>= 3, 10\), got torch.float32 \(2, 10\)"):
-        trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out={**out, "linear.bias": torch.zeros(2, 10)})
+        trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)],
+                      out={**out, "linear.bias": torch.zeros(2, 10)})
 
 
 def test_no_row_trains():

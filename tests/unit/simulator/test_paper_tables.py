@@ -43,7 +43,8 @@ def test_a_resumed_sweeps_time_is_added_to_the_earlier_parts_not_put_in_their_pl
     resumed = wall_time(first, "31 min for seeds 0-2 (48 runs computed, 96 cached)", computed=48, cached=96)
     assert resumed == f"{first}; then 31 min for seeds 0-2 (48 runs computed, 96 cached)"
     assert wall_time(resumed, "0.1 min (0 runs computed, 144 cached)", computed=0, cached=144) is None
-    assert wall_time(resumed, "2 h anew (144 runs computed, 0 cached)", computed=144, cached=0) == "2 h anew (144 runs computed, 0 cached)"
+    anew = "2 h anew (144 runs computed, 0 cached)"
+    assert wall_time(resumed, anew, computed=144, cached=0) == anew
 
 
 def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):

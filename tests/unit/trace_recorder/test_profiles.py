@@ -79,6 +79,7 @@ def test_inventory_curve_keys_resolve_next_to_it_and_come_together(tmp_path: Pat
     inv.write_text(head + devices)
     with pytest.raises(ConfigError, match="loadgen_client_key is not set"):
         load_inventory(inv)
-    inv.write_text(head + 'loadgen_client_key = "c.key_secret"\n' + devices.replace('loadgen_server_key = "/abs/pi-02.key"\n', ""))
+    without_server_key = devices.replace('loadgen_server_key = "/abs/pi-02.key"\n', "")
+    inv.write_text(head + 'loadgen_client_key = "c.key_secret"\n' + without_server_key)
     with pytest.raises(ConfigError, match="every device needs its loadgen_server_key \\(missing for pi-02\\)"):
         load_inventory(inv)
