@@ -35,7 +35,7 @@ from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from coordinator.server import ERRORS
+from coordinator.status import ERRORS  # the server's one exception -> status table
 
 HONEST = ("honest-a", "honest-b")
 EVIL = "evil"

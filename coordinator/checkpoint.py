@@ -47,7 +47,7 @@ def checkpointed_round(path: Path) -> int | None:
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         return int(raw["completed_round"])
-    except Exception:  # noqa: BLE001 - torch raises many types for a corrupt file; the caller says so
+    except Exception:
         return None
 
 

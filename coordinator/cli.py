@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("rules",), scheme: bool = True,
                     eta0_defaults: Mapping[str, float] | None = None) -> None:
-    """The flags that override a config's [rules] table (coordinator.round.RulesConfig).
+    """The flags that override a config's [rules] table (coordinator.rules.RulesConfig).
 
     scheme=False leaves out --scheme (for commands that run several schemes); `eta0_defaults`
     is the command's eta_0 per dataset for the help, when it is not the paper's (DEFAULTS)."""
@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from coordinator.config import load_coordinator_config
-    from coordinator.engine import CHECKPOINT_NAME
+    from coordinator.resume import CHECKPOINT_NAME
     from coordinator.runtime import Coordinator
     from flexfl.config import overrides_from_args
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from coordinator.choices import DeparturePolicy  # defined there so that parsers need no torch
 from coordinator.gamma import GammaEstimates
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, RoundStateError
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class Objective:
     def depart(self, device_id: str, *, round_index: int, policy: DeparturePolicy | str) -> None:
         """An announced departure after round `round_index`; only `exclude` shifts the objective."""
         if device_id not in self.sample_counts:
-            raise ConfigError(f"device {device_id!r} is not in the objective")
+            raise RoundStateError(f"device {device_id!r} is not in the objective")
         policy = DeparturePolicy(policy)
         if policy.decided_at_departure:
             raise ConfigError(f"resolve the {policy} departure policy (Federation.departure_policy) before applying it")
@@ -162,7 +162,7 @@ class Objective:
     def rejoin(self, device_id: str) -> None:
         """A departed-but-included device is back: it trains again; the objective did not change."""
         if device_id not in self.departed_included:
-            raise ConfigError(f"device {device_id!r} has not departed under include")
+            raise RoundStateError(f"device {device_id!r} has not departed under include")
         self.departed_included.discard(device_id)
 
     def members(self) -> list[str]:
@@ -183,7 +183,7 @@ class Objective:
         """
         total = sum(self.sample_counts.values())
         if total <= 0:
-            raise ConfigError("the objective holds no samples")
+            raise RoundStateError("the objective holds no samples")
         p = np.array([self.sample_counts.get(d, 0) / total for d in device_ids], dtype=np.float64)
         if fast_reboot is not None:
             for i, d in enumerate(device_ids):
@@ -217,6 +217,6 @@ class Objective:
 
     def _check_new(self, device_id: str, n_samples: int) -> None:
         if device_id in self.sample_counts:
-            raise ConfigError(f"device {device_id!r} is already in the objective")
+            raise RoundStateError(f"device {device_id!r} is already in the objective")
         if not isinstance(n_samples, (int, np.integer)) or n_samples <= 0:
             raise ConfigError(f"device {device_id!r}: sample count must be a positive integer, got {n_samples!r}")

@@ -8,12 +8,13 @@ import logging
 import threading
 import traceback
 from concurrent import futures
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
-from coordinator.server import preflight, start_server
+from coordinator.listen import preflight
+from coordinator.server import start_server
 from flexfl.errors import FlexFLError
 from workloads.federated import load_evaluation
 

@@ -1,9 +1,9 @@
-"""The gRPC servicer: authenticates every call and hands the work to the round engine.
+"""The gRPC servicer: the wire format in and out, and the work handed to the round engine.
 
-Domain errors become status codes through one table (`ERRORS`), most specific class first
-by inheritance; the reason travels as trailing metadata (proto/options.py) so that agents
-act on code and reason, never on message text. Under mutual TLS a call may only claim the
-device its client certificate names (coordinator/identity.py).
+Each request's protobuf message becomes a domain record (coordinator/records.py) and each
+answer a message again: the engine never sees protobuf. Calls are authenticated first
+(coordinator/callers.py); domain errors end a call with the status code and reason of the
+one table in coordinator/status.py.
 
 Agents take their rounds on one long-lived Session stream each (PullRound and PushUpdate on
 one call, proto/fleet.proto), so a round sets up no call; the two calls stay for agents from
@@ -22,28 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
-import inspect
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent import futures
-from contextlib import aclosing, contextmanager
-from pathlib import Path
+from dataclasses import asdict
 
 import grpc
-
-from coordinator import identity
-from coordinator.config import CoordinatorConfig
-from coordinator.engine import RoundEngine
-from edge_agent.memory import release_freed
-from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
-                           ProtocolMismatch, Unauthenticated, UnknownDevice, UpdateRejected, WrongRoundState)
-from flexfl.net import bind_problem
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
-from flexfl.proto.options import (AUTH_HEADER, DEVICE_HEADER, ERROR_HEADER, PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL,
-                                  SERVER_OPTIONS, ErrorReason)
+from flexfl.proto.options import PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL, SERVER_OPTIONS
+
+from coordinator.callers import Callers, same_device
+from coordinator.config import CoordinatorConfig
+from coordinator.engine import RoundEngine
+from coordinator.listen import bind
+from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
+from coordinator.status import mapped
+from edge_agent.memory import release_freed
+from flexfl.errors import IdentityMismatch, ProtocolMismatch, UpdateRejected, WrongRoundState
 
 log = logging.getLogger(__name__)
 
@@ -68,123 +65,17 @@ TRIM_AFTER_BYTES = 8 << 20
 # server.pull_wait_s when that is shorter.
 SESSION_MIN_WAIT_S = 1.0
 
-Code = grpc.StatusCode
-ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
-    MissingDevice: (Code.UNAUTHENTICATED, ErrorReason.MISSING_DEVICE),
-    Unauthenticated: (Code.UNAUTHENTICATED, ErrorReason.BAD_TOKEN),
-    UnknownDevice: (Code.UNAUTHENTICATED, ErrorReason.UNKNOWN_DEVICE),
-    IdentityMismatch: (Code.PERMISSION_DENIED, ErrorReason.IDENTITY_MISMATCH),
-    DeviceConflict: (Code.ALREADY_EXISTS, ErrorReason.DEVICE_CONFLICT),
-    # A per-device quota (one live stream): agents retry it with backoff, as a reconnecting one must.
-    DeviceBusy: (Code.RESOURCE_EXHAUSTED, ErrorReason.DEVICE_BUSY),
-    ProtocolMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PROTOCOL_VERSION),
-    PartitionMismatch: (Code.FAILED_PRECONDITION, ErrorReason.PARTITION_MISMATCH),
-    WrongRoundState: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
-    UpdateRejected: (Code.INVALID_ARGUMENT, ErrorReason.UPDATE_REJECTED),
-    ConfigError: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
-}
-
-
-def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
-    """The table's entry for `exc`'s most specific class that has one (None: not a domain error)."""
-    return next((ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS), None)
-
-
-def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    """Set the call's status from the table: code, reason (trailing metadata) and the error's text."""
-    code, reason = status_of(exc)
-    context.set_code(code)
-    context.set_details(str(exc))
-    context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))
-
-
-def _mapped(handler):
-    """Wrap a handler (coroutine or async generator): a domain error ends the call with its status.
-
-    The call ends by returning with the status set, never by context.abort(). abort() raises an
-    AbortError that grpc.aio keeps on the call's state; its traceback holds the handler's frames,
-    they hold the context, the context the state: a reference cycle. Raised while the domain
-    error was being handled, it also chains that error (__context__), whose traceback holds the
-    frames that received the upload. Only a full garbage collection frees such a cycle, and with
-    the start-up objects frozen (coordinator/runtime.py) those are rare: 100 refused 63 MiB
-    uploads grew the coordinator from 243 to 7,218-7,526 MiB (benchmarks/refused_uploads.py). Returning
-    leaves nothing behind: the error and the frames it holds go as this function's except ends.
-    """
-    if inspect.isasyncgenfunction(handler):
-        @functools.wraps(handler)
-        async def streaming(self, request, context: grpc.aio.ServicerContext):
-            try:
-                async with aclosing(handler(self, request, context)) as messages:
-                    async for message in messages:
-                        yield message
-            except tuple(ERRORS) as exc:
-                _refuse(context, exc)
-        return streaming
-
-    @functools.wraps(handler)
-    async def unary(self, request, context: grpc.aio.ServicerContext):
-        try:
-            return await handler(self, request, context)
-        except tuple(ERRORS) as exc:
-            _refuse(context, exc)
-            return None  # with a status other than OK, grpc.aio sends no message
-    return unary
-
 
 class FleetServicer(pb_grpc.FleetServicer):
-    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int,
+    def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int, pull_wait_s: float,
                  work: futures.Executor, certificate_identity: bool = False) -> None:
         self.engine = engine
-        self._token = token.encode()
+        self.pull_wait_s = pull_wait_s  # server.pull_wait_s: the longest a pull is held before WAIT
+        self._encoded: tuple[int, asyncio.Future] | None = None  # (round, its model's messages), see _model
         self.max_update_bytes = max_update_bytes
         self._work = work  # uploads' checksums, checks and summing, off the event loop
         self._uploads = 0  # PushUpdate calls past their header check (touched on the loop thread only)
-        self._streams: dict[str, grpc.aio.ServicerContext] = {}  # device -> its live Session or PullRound (loop thread)
-        self.certificate_identity = certificate_identity  # mutual TLS: the certificate's CN is the device id
-
-    def _caller(self, context: grpc.aio.ServicerContext) -> str:
-        """Check the fleet token; return the device id the call claims to come from."""
-        md = dict(context.invocation_metadata())
-        presented = md.get(AUTH_HEADER, "")
-        token = presented[len("Bearer "):] if presented.startswith("Bearer ") else ""
-        if not hmac.compare_digest(token.encode(), self._token):
-            raise Unauthenticated("missing or wrong fleet token")
-        device_id = md.get(DEVICE_HEADER, "")
-        if not device_id:
-            raise MissingDevice(f"missing {DEVICE_HEADER} metadata: every call says which device makes it")
-        if self.certificate_identity:
-            try:
-                identity.check_claim(context.auth_context(), device_id)
-            except IdentityMismatch as exc:
-                log.warning("refused a call: %s", str(exc))
-                raise
-        return device_id
-
-    @contextmanager
-    def _live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        """Hold this call as `caller`'s one live Session or PullRound; DeviceBusy while it has another.
-
-        One at a time: each parked stream would be sent the model when a round opens, so a device
-        holding many would have the coordinator send it the model many times over. The second is
-        refused rather than replacing the first, so that a second agent under the same id cannot
-        take the running device's stream; an agent that reconnects retries until the coordinator
-        has seen its old stream end (at once on a closed connection, within keepalive's ~40 s on
-        a dead one).
-        """
-        if caller in self._streams:
-            raise DeviceBusy(f"device {caller!r} already has a live Session or PullRound call; a device holds one "
-                             "at a time (retry once that one has ended)")
-        self._streams[caller] = context
-        # Released however the call ends: also when its cancellation never reaches this frame.
-        context.add_done_callback(lambda _: self._release_stream(caller, context))
-        try:
-            yield
-        finally:
-            self._release_stream(caller, context)
-
-    def _release_stream(self, caller: str, context: grpc.aio.ServicerContext) -> None:
-        if self._streams.get(caller) is context:
-            del self._streams[caller]
+        self._callers = Callers(token, certificate_identity=certificate_identity)
 
     def _refused(self, caller: str, round_id: int, exc: Exception) -> Exception:
         """Log a refusal of `caller`'s update for round `round_id` and keep it in the round's row; returns `exc`."""
@@ -195,15 +86,10 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine.note_rejection(caller, round_id, str(exc))
         return exc
 
-    @staticmethod
-    def _same(caller: str, claimed: str, what: str) -> None:
-        if claimed and claimed != caller:
-            raise IdentityMismatch(f"{what} for {claimed!r} from {caller!r}")
-
-    @_mapped
+    @mapped
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
-        caller = self._caller(context)
-        self._same(caller, request.device_id or "(none)", "join")
+        caller = self._callers.identify(context)
+        same_device(caller, request.device_id or "(none)", "join")
         if request.protocol_version > PROTOCOL_VERSION:
             raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
                                    f"(coordinator speaks {PROTOCOL_VERSION})")
@@ -212,34 +98,40 @@ class FleetServicer(pb_grpc.FleetServicer):
             raise ProtocolMismatch(f"this run's strategy trains with FedProx's mu = {mu:g}, which agents of "
                                    f"protocol version {request.protocol_version} ignore; update the agent "
                                    f"(version {PROXIMAL_MU_PROTOCOL} or later)")
-        return self.engine.join(request)
+        joined = self.engine.join(Join(
+            device_id=request.device_id, sample_count=request.sample_count,
+            shard_index=request.shard_index if request.HasField("shard_index") else None,
+            partition_json=request.partition_json, hardware={f.name: v for f, v in request.hardware.ListFields()},
+            agent_version=request.agent_version, resident_bytes=request.resident_bytes))
+        return pb.JoinReply(**asdict(joined))
 
-    @_mapped
+    @mapped
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
-        caller = self._caller(context)
-        self._same(caller, request.device_id, "leave")
+        caller = self._callers.identify(context)
+        same_device(caller, request.device_id, "leave")
         return pb.LeaveReply(policy=self.engine.leave(caller, request.reason))
 
-    @_mapped
+    @mapped
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        self._caller(context)
-        return self.engine.status()
+        self._callers.identify(context)
+        state = self.engine.status()
+        return pb.StatusReply(**{**asdict(state), "devices": [pb.DeviceStatus(**asdict(d)) for d in state.devices]})
 
-    @_mapped
+    @mapped
     async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
-        caller = self._caller(context)
-        with self._live_stream(caller, context):
+        caller = self._callers.identify(context)
+        with self._callers.live_stream(caller, context):
             header, chunks = await self._pull(caller, wait_s=request.wait_s)
             async for message in self._offer(caller, header, chunks):
                 yield message
 
-    @_mapped
+    @mapped
     async def Session(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
         """PullRound and PushUpdate on one stream (proto/fleet.proto): the device's rounds until FINISHED."""
         requests = aiter(request_iterator)
-        caller = self._caller(context)
-        with self._live_stream(caller, context):
+        caller = self._callers.identify(context)
+        with self._callers.live_stream(caller, context):
             opening = await anext(requests, None)
             if opening is None:
                 return
@@ -285,9 +177,31 @@ class FleetServicer(pb_grpc.FleetServicer):
         self.engine.delivered(caller, header.round_id, sent)
 
     async def _pull(self, caller: str, *, wait_s: float) -> tuple[pb.RoundHeader, tuple[pb.RoundChunk, ...]]:
-        """The device's next round, waiting (parked in the engine, no thread held) up to wait_s."""
+        """The device's next round (header, the model's data messages), waiting up to wait_s."""
+        offer = await self._next_offer(caller, wait_s=wait_s)
+        if offer.terms is None:
+            return pb.RoundHeader(status=_STATUS[offer.status], round_id=offer.round_id), ()
+        payload, chunks = await self._model(offer)
+        t = offer.terms
+        return pb.RoundHeader(
+            status=_STATUS[offer.status], round_id=offer.round_id, required_updates=t.required_updates,
+            learning_rate=t.learning_rate, batch_size=t.batch_size, deadline_s=t.deadline_s,
+            model=pb.ModelDescription(**asdict(t.model)), payload=payload, seed=t.seed, unit=t.unit,
+            device_index=t.device_index, trace_sampling=t.trace_sampling, s_rule=t.s_rule, proximal_mu=t.proximal_mu,
+        ), chunks
+
+    async def _model(self, offer: RoundOffer) -> tuple[pb.Payload, tuple[pb.RoundChunk, ...]]:
+        """The round's model: its payload description and data messages, the same for every device of
+        the round, encoded once (on a work thread: checksumming a large model would stall the loop)."""
+        if self._encoded is None or self._encoded[0] != offer.round_id:
+            encoding = asyncio.get_running_loop().run_in_executor(self._work, _encode_model, offer.terms.params)
+            self._encoded = (offer.round_id, encoding)
+        return await asyncio.shield(self._encoded[1])  # one cancelled pull does not cancel the others' encoding
+
+    async def _next_offer(self, caller: str, *, wait_s: float) -> RoundOffer:
+        """The engine's offer to the device, waiting (parked in the engine, no thread held) up to wait_s."""
         loop = asyncio.get_running_loop()
-        limit = loop.time() + self.engine.pull_wait_s(wait_s)
+        limit = loop.time() + max(0.0, min(wait_s, self.pull_wait_s))
         while True:
             woken = asyncio.Event()
 
@@ -303,14 +217,14 @@ class FleetServicer(pb_grpc.FleetServicer):
             try:
                 await asyncio.wait_for(woken.wait(), timeout=max(0.0, limit - loop.time()))
             except TimeoutError:
-                return self.engine.waiting_reply(), ()
+                return self.engine.waiting_reply()
             finally:
                 self.engine.unpark(caller, wake)
 
-    @_mapped
+    @mapped
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
-        caller = self._caller(context)
+        caller = self._callers.identify(context)
         requests = aiter(request_iterator)
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "header":
@@ -327,8 +241,11 @@ class FleetServicer(pb_grpc.FleetServicer):
         header = first.header
         buffer = None
         try:
-            self._same(caller, header.device_id, "update header")
-            self.engine.check_push_header(caller, header)
+            same_device(caller, header.device_id, "update header")
+            report = UpdateReport(round_id=header.round_id, updates_completed=header.updates_completed,
+                                  samples_used=header.samples_used, train_s=header.train_s,
+                                  local_loss=header.local_loss, previous_upload_s=header.previous_upload_s)
+            self.engine.check_update(caller, report)
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:
                 raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
@@ -336,7 +253,8 @@ class FleetServicer(pb_grpc.FleetServicer):
             self._uploads += 1
             try:
                 message_bytes = await self._receive(buffer, first.ByteSize(), rest, to_end=to_end)
-                push = functools.partial(self._push, caller, header, buffer.data(), message_bytes=message_bytes)
+                push = functools.partial(self._push, caller, report, header.payload, buffer.data(),
+                                         message_bytes=message_bytes)
                 if self._uploads <= INLINE_UPLOADS and declared <= INLINE_MAX_BYTES:
                     return push()
                 return await asyncio.get_running_loop().run_in_executor(self._work, push)
@@ -348,9 +266,15 @@ class FleetServicer(pb_grpc.FleetServicer):
                 await asyncio.get_running_loop().run_in_executor(self._work, release_freed)
             raise
 
-    def _push(self, caller: str, header: pb.UpdateHeader, data: memoryview, *, message_bytes: int) -> pb.PushReply:
-        """On a work thread: check and sum the update (checksum and numpy work off the event loop)."""
-        return self.engine.push(caller, header, data, message_bytes=message_bytes)
+    def _push(self, caller: str, report: UpdateReport, payload: pb.Payload, data: memoryview, *,
+              message_bytes: int) -> pb.PushReply:
+        """On a work thread (or the loop: INLINE_UPLOADS): decode and check the delta, sum the update."""
+        if payload.total_bytes == 0 and (report.updates_completed == 0 or not payload.tensors):
+            delta = {}  # s = 0 needs no delta; s > 0 without one is refused by the engine, which says so
+        else:
+            delta = wire.decode(payload, data, expected=self.engine.expected)  # views of `data`, checked
+        accepted = self.engine.push(caller, report, delta, bytes_in=message_bytes)
+        return pb.PushReply(round_id=accepted.round_id, accepted=True, message=accepted.message)
 
     @staticmethod
     async def _receive(buffer: wire.PayloadBuffer, first_bytes: int, rest: AsyncIterator[pb.UpdateChunk], *,
@@ -374,6 +298,15 @@ class FleetServicer(pb_grpc.FleetServicer):
         return message_bytes
 
 
+_STATUS = {OfferStatus.ROUND: pb.RoundHeader.ROUND, OfferStatus.WAIT: pb.RoundHeader.WAIT,
+           OfferStatus.FINISHED: pb.RoundHeader.FINISHED}
+
+
+def _encode_model(params) -> tuple[pb.Payload, tuple[pb.RoundChunk, ...]]:
+    payload, data = wire.encode(params)
+    return payload, tuple(pb.RoundChunk(data=piece) for piece in wire.chunks(data))
+
+
 def _kind(message: pb.UpdateChunk) -> str:
     """What an update-stream message is, for errors: 'header', 'data', 'pull' or 'empty'."""
     return message.WhichOneof("kind") or "empty"
@@ -387,44 +320,11 @@ async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: st
     uploads' CPU work (a few threads).
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    servicer = FleetServicer(engine, token=token, max_update_bytes=int(cfg.server.max_update_mib * (1 << 20)),
-                             work=work, certificate_identity=bool(cfg.server.tls_cert and cfg.server.tls_client_ca))
-    pb_grpc.add_FleetServicer_to_server(servicer, server)
     s = cfg.server
-    try:
-        if s.tls_cert:
-            creds = grpc.ssl_server_credentials(
-                [(_read(s.tls_key), _read(s.tls_cert))],
-                root_certificates=_read(s.tls_client_ca) if s.tls_client_ca else None,
-                require_client_auth=bool(s.tls_client_ca),
-            )
-            port = server.add_secure_port(s.listen, creds)
-        else:
-            port = server.add_insecure_port(s.listen)
-    except RuntimeError:  # grpcio >= 1.6x raises instead of returning 0
-        port = 0
-    if port == 0:
-        await server.stop(None)
-        raise ConfigError(f"server.listen: cannot bind {s.listen!r}: "
-                          f"{bind_problem(s.listen) or 'gRPC refused the address (see the line above)'}")
+    servicer = FleetServicer(engine, token=token, max_update_bytes=int(s.max_update_mib * (1 << 20)),
+                             pull_wait_s=s.pull_wait_s, work=work,
+                             certificate_identity=bool(s.tls_cert and s.tls_client_ca))
+    pb_grpc.add_FleetServicer_to_server(servicer, server)
+    port = await bind(server, s)
     await server.start()
     return server, port
-
-
-def preflight(cfg: CoordinatorConfig) -> str:
-    """Check what would fail after seconds of data loading (token, port, TLS files) now; returns the token."""
-    token = cfg.server.token()
-    problem = bind_problem(cfg.server.listen)
-    if problem:
-        raise ConfigError(f"server.listen: cannot bind {cfg.server.listen!r}: {problem}")
-    for name in ("tls_cert", "tls_key", "tls_client_ca"):
-        if getattr(cfg.server, name):
-            _read(getattr(cfg.server, name), what=f"server.{name}")
-    return token
-
-
-def _read(path: str, *, what: str = "TLS file") -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None

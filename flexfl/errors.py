@@ -69,7 +69,13 @@ class ProtocolMismatch(FlexFLError):
     """A device speaks another version of the wire protocol."""
 
 
-class WrongRoundState(UpdateRejected):
+class RoundStateError(FlexFLError):
+    """The round's state does not allow this now: a round opened out of turn, updates or membership
+    events for a round or device they do not belong to, a member added twice. A state, not a bad
+    value: gRPC refuses it with FAILED_PRECONDITION (coordinator/status.py)."""
+
+
+class WrongRoundState(UpdateRejected, RoundStateError):
     """An update for a round that is not open, from a device not in it, a duplicate, or too late."""
 
 
@@ -78,7 +84,8 @@ class ReportError(FlexFLError):
 
 
 class DivergenceError(FlexFLError):
-    """Training diverged: the loss became NaN or infinite (a learning rate too high for the setup)."""
+    """Training diverged: the loss became NaN or infinite (a learning rate too high for the setup); the
+    message names the round and the run's setup."""
 
 
 class SweepError(FlexFLError):

@@ -210,7 +210,8 @@ class LiveRun:
         cfg = self.cfg
         # The whole folder is this run's: an earlier run in it (its agents' files, its metrics)
         # is moved aside with --fresh or refused, never mixed into this one.
-        folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh)
+        folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh,
+                                  resumable=False)  # a live run starts over; its coordinator resumes, not flexfl live
         if folder.moved_aside is not None:
             print(f"--fresh: moved the earlier run in {self.out} to {folder.moved_aside}", flush=True)
         metrics = self.out / "coordinator" / "metrics.jsonl"

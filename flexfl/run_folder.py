@@ -49,12 +49,13 @@ class RunFolder:
 
 
 def claim_run_folder(path: Path, *, what: str, holds_run: Callable[[Path], str | None], resume: bool = False,
-                     fresh: bool = False) -> RunFolder:
+                     fresh: bool = False, resumable: bool = True) -> RunFolder:
     """Lock `path` (created if missing) for one run of `what` (e.g. "flexfl coordinator").
 
     `holds_run(path)` says what earlier run the folder holds (e.g. "a checkpoint after round
     43"), or None when there is nothing worth keeping. Such a folder is refused unless
-    `resume` (continue it) or `fresh` (move it aside first).
+    `resume` (continue it) or `fresh` (move it aside first). A caller that cannot continue
+    a run (`resumable` False) is not told to pass --resume.
     """
     if resume and fresh:
         raise ConfigError(f"{what}: --resume continues the run in {path} and --fresh starts a new one; pick one")
@@ -66,8 +67,9 @@ def claim_run_folder(path: Path, *, what: str, holds_run: Callable[[Path], str |
         if earlier is not None and not resume:
             if not fresh:
                 raise RunFolderTaken(
-                    f"{path} holds an earlier run ({earlier}); pass --resume to continue it, or --fresh to start "
-                    f"a new one (the earlier run is moved to {path.name}.previous-<time>, nothing is deleted), "
+                    f"{path} holds an earlier run ({earlier}); "
+                    + ("pass --resume to continue it, or --fresh to start " if resumable else "pass --fresh to start ")
+                    + f"a new one (the earlier run is moved to {path.name}.previous-<time>, nothing is deleted), "
                     "or choose another output folder")
             moved, lock = _move_aside(path, lock, what=what)
         remove_stale_temporaries(path)  # ours alone now: no other writer can be mid-write

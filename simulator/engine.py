@@ -535,8 +535,11 @@ class _Run:
                       else [self.shard[d] for d in fed.objective.active_members()])
             extra[str(name)] = dict(zip(("acc", "loss"), evaluate(self.model, fed.params, self.data.test_for(shards))))
         if not math.isfinite(loss):
-            raise DivergenceError(f"round {tau}: test loss became {loss}; the learning rate {work.opening.lr:g} "
-                              "is too high for this setup")
+            # Which run, too: paired runs train several configs in one loop (run_paired).
+            raise DivergenceError(f"round {tau} of the {cfg.partition.dataset} run "
+                                  f"({cfg.rules.aggregation.description}, E = {fed.E} {cfg.rules.unit}s, "
+                                  f"seed {cfg.seed}): test loss became {loss}; "
+                                  f"the learning rate {work.opening.lr:g} is too high for this setup")
         self.result.device_updates += sum(work.steps)
         coef = {d: c for d, c in zip(weighing.devices, weighing.coefficients.values)}
         w = np.array([coef[d] for d in rows])

@@ -136,6 +136,27 @@ def test_duplicate_update_refused_while_the_round_is_open(live_config, fleet_fac
         d.channel.close()
 
 
+def test_an_update_from_a_device_outside_the_open_round_is_a_state_error(live_config, fleet_factory):
+    """A device that joined during round 1 trains from round 2: its update for round 1 is refused as
+    the round's state (FAILED_PRECONDITION), not as bad input (INVALID_ARGUMENT)."""
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=1, deadline_s=20.0))
+    first, late = RawDevice(fleet.port, "first"), RawDevice(fleet.port, "late")
+    first.join()
+    header, model = first.pull()
+    late.join()
+    engine = fleet.coordinator.engine
+    assert engine.current.round_id == header.round_id and not engine.current.closed  # the branch under test runs
+    assert "late" in engine.registry and "late" not in engine.current.taking_part
+    with pytest.raises(grpc.RpcError) as err:
+        late.push(*_update("late", header.round_id, {n: np.zeros_like(v) for n, v in model.items()}))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(err.value) == "wrong-round-state"
+    assert f"device 'late' does not take part in round {header.round_id}" in err.value.details()
+    assert "late" not in engine.current.updates and not engine.current.closed
+    for d in (first, late):
+        d.channel.close()
+
+
 def test_partition_mismatch_is_refused_at_join_naming_both(live_config, fleet_factory):
     fleet = fleet_factory(live_config(rounds=1, n_devices=4, min_devices=1))
     dev = RawDevice(fleet.port, "dev-0")

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-import coordinator.engine as engine_module
+import coordinator.finisher as finisher_module
 from coordinator.checkpoint import load_checkpoint
 from coordinator.metrics import MetricsWriter, read_metrics
 
@@ -38,7 +38,7 @@ def crash_between_the_writes_of_round(monkeypatch):
             return write(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(engine_module, "save_checkpoint", guarded("checkpoint", engine_module.save_checkpoint))
+    monkeypatch.setattr(finisher_module, "save_checkpoint", guarded("checkpoint", finisher_module.save_checkpoint))
     monkeypatch.setattr(MetricsWriter, "write_many", guarded("metrics", MetricsWriter.write_many))
 
     def arm(round_index: int) -> dict:
@@ -78,7 +78,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
         (ckpt.completed_round, rows_at_crash)
 
     state["round"], state["dead"] = None, False  # the restarted process writes normally
-    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         _train(cfg, resume=True)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
@@ -92,16 +92,15 @@ def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
     fleet = _train(cfg)
     metrics = fleet.coordinator.out_dir / "metrics.jsonl"
     MetricsWriter.rewrite(metrics, [r for r in read_metrics(metrics) if r["round"] != 1])  # as a crash used to
-    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         Fleet(cfg, resume=True).close()
     assert "metrics have no row for rounds [1]" in caplog.text
 
 
 def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_config):
     """Found by the soak: before its first resumed round, a new device's join was refused (INVALID_ARGUMENT)."""
-    from flexfl.proto import fleet_pb2 as pb
-
     from coordinator.config import with_changes
+    from coordinator.records import Join
 
     cfg = live_config(rounds=2, n_devices=4, min_devices=3, deadline_s=5.0)
     _train(cfg)
@@ -110,10 +109,11 @@ def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_c
     try:
         e = engine.coordinator.engine
         assert not e.started and e.completed_round == 2
-        reply = e.join(pb.JoinRequest(device_id="dev-3", shard_index=3, protocol_version=1))
-        assert reply.arrival and e._pending_arrivals == ["dev-3"]
+        reply = e.join(Join(device_id="dev-3", shard_index=3))
+        assert reply.arrival and e.membership.pending_arrivals == ["dev-3"]
         e.leave("dev-0", "leaving while the coordinator waits")
-        assert e._pending_departures == ["dev-0"] and "dev-0" in e.objective.sample_counts  # applied at a close
+        assert e.membership.pending_departures == ["dev-0"]
+        assert "dev-0" in e.objective.sample_counts  # applied at a close
     finally:
         engine.close()
 
@@ -127,7 +127,7 @@ def test_a_torn_last_row_is_set_aside_and_the_rerun_rounds_row_is_whole(live_con
     fragment = '{"round": 3, "participants": ["dev-0", "de'  # a crash mid-write: no newline
     with open(metrics, "a", encoding="utf-8") as f:
         f.write(fragment)
-    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         _train(with_changes(cfg, run={"rounds": 3}), resume=True)
     assert [r["round"] for r in read_metrics(metrics)] == [1, 2, 3]  # round 3's row was not glued to it
     assert (metrics.parent / "metrics.jsonl.torn").read_text() == fragment + "\n"

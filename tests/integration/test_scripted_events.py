@@ -41,7 +41,7 @@ def test_a_scripted_arrival_that_never_comes_is_logged_and_the_run_goes_on(live_
     fleet = fleet_factory(cfg)
     for i in range(3):
         fleet.start_agent(i)
-    with caplog.at_level(logging.ERROR, logger="coordinator.engine"):
+    with caplog.at_level(logging.ERROR, logger="coordinator.membership"):
         assert fleet.coordinator.wait(timeout=60)
     rows = _rows(fleet)
     assert sorted(rows) == [1, 2, 3] and not any(r["arrivals"] for r in rows.values())

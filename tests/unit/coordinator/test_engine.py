@@ -13,9 +13,8 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
+from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
 from coordinator.round import RulesConfig
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
@@ -46,17 +45,29 @@ def engine(tmp_path):
 
 
 def _join(eng: RoundEngine, device_id: str) -> None:
-    eng.join(pb.JoinRequest(device_id=device_id, sample_count=50, protocol_version=1))
+    eng.join(Join(device_id=device_id, sample_count=50))
+
+
+def _pull(eng: RoundEngine, device_id: str, *, wait_s: float) -> RoundOffer:
+    """Wait (blocking this thread) up to `wait_s` for the device's next round, as the servicer does."""
+    limit = time.monotonic() + wait_s
+    while True:
+        woken = threading.Event()
+        offer = eng.offer(device_id, wake=woken.set)
+        if offer is not None:
+            return offer
+        woken.wait(max(0.0, limit - time.monotonic()))
+        eng.unpark(device_id, woken.set)
+        if not woken.is_set():
+            return eng.waiting_reply()
 
 
 def _answer(eng: RoundEngine, device_id: str, delta_value: float) -> None:
-    header, data = eng.pull(device_id, after_round=0, wait_s=5)
-    assert header.status == pb.RoundHeader.ROUND
-    eng.delivered(device_id, header.round_id, len(data))
+    offer = _pull(eng, device_id, wait_s=5)
+    assert offer.status is OfferStatus.ROUND
+    eng.delivered(device_id, offer.round_id, 1000)
     delta = {n: np.full(p.shape, delta_value, dtype=np.float32) for n, p in eng.params.items()}
-    payload, body = wire.encode(delta)
-    eng.push(device_id, pb.UpdateHeader(device_id=device_id, round_id=header.round_id, updates_completed=E,
-                                        payload=payload), body)
+    eng.push(device_id, UpdateReport(round_id=offer.round_id, updates_completed=E), delta, bytes_in=1000)
 
 
 def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participants(engine):
@@ -67,10 +78,10 @@ def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participan
     _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
     # Ten devices join during round 1 (arrivals: they train from round 2) and park a PullRound each.
     late = [f"late-{i}" for i in range(10)]
-    got: dict[str, pb.RoundHeader] = {}
+    got: dict[str, RoundOffer] = {}
     for d in late:
         _join(eng, d)
-    pullers = [threading.Thread(target=lambda d=d: got.__setitem__(d, eng.pull(d, after_round=0, wait_s=60)[0]))
+    pullers = [threading.Thread(target=lambda d=d: got.__setitem__(d, _pull(eng, d, wait_s=60)))
                for d in late]
     for t in pullers:
         t.start()
@@ -83,7 +94,7 @@ def test_a_push_wakes_no_parked_pull_and_an_opening_wakes_exactly_its_participan
     _answer(eng, "b", 0.5)  # the last answer closes round 1; round 2 opens for all twelve
     for t in pullers:
         t.join(timeout=30)
-    assert {d: h.status for d, h in got.items()} == {d: pb.RoundHeader.ROUND for d in late}
+    assert {d: h.status for d, h in got.items()} == {d: OfferStatus.ROUND for d in late}
     assert {h.round_id for h in got.values()} == {2}
     assert eng.pull_wakeups == before + len(late)  # the opening woke each parked pull once
 
@@ -114,7 +125,7 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
 
 
 def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
-    from coordinator.engine import _Stage
+    from coordinator.finisher import Stage as _Stage
 
     calls, release = [], threading.Event()
 
@@ -189,6 +200,71 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
         RoundEngine(_mifa_config(tmp_path / "c"), data=build_federated(other.partition), resume=True)
 
 
+def test_one_round_through_domain_records_alone(tmp_path):
+    """A join, a round with an upload and the close, with the engine's own records: no gRPC, no protobuf."""
+    cfg = CoordinatorConfig(
+        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        rules=RulesConfig(required_updates=E), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=1),
+        output=OutputConfig(dir=str(tmp_path / "out")))
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    joined = eng.join(Join(device_id="solo", shard_index=2))
+    assert (joined.device_index, joined.arrival, joined.current_round) == (2, False, 0)  # seeded by its shard
+    start = {n: p.clone() for n, p in eng.params.items()}
+    thread = threading.Thread(target=eng.run, daemon=True)
+    thread.start()
+    try:
+        offer = _pull(eng, "solo", wait_s=30)
+        assert (offer.status, offer.round_id) == (OfferStatus.ROUND, 1)
+        terms = offer.terms
+        assert (terms.required_updates, terms.deadline_s, terms.device_index) == (E, 60.0, 2)
+        assert terms.params.keys() == start.keys()
+        eng.delivered("solo", 1, nbytes=1234)
+        delta = {n: np.full(p.shape, 0.25, dtype=np.float32) for n, p in start.items()}
+        accepted = eng.push("solo", UpdateReport(round_id=1, updates_completed=E, samples_used=30, train_s=0.5,
+                                                 local_loss=1.5), delta, bytes_in=999)
+        assert (accepted.round_id, accepted.message) == (1, f"s = {E} accepted")
+        thread.join(timeout=60)
+        assert eng.finished and _pull(eng, "solo", wait_s=0).status is OfferStatus.FINISHED
+    finally:
+        eng.stop()
+    for n, p in eng.params.items():  # the only member, complete: w + delta
+        torch.testing.assert_close(p, start[n] + 0.25)
+    state = eng.status()
+    assert (state.completed_round, state.open_round, state.finished) == (1, 0, True)
+    assert [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices] == [("solo", 2, True, True)]
+    row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
+    assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"]) == \
+        ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered")
+
+
+def test_the_wire_format_stops_at_the_servicer():
+    """The engine imports no protobuf or gRPC module; in coordinator/ only server.py imports a protobuf module."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import coordinator
+
+    root = str(Path(coordinator.__file__).parent.parent)  # this checkout's, not an installed copy's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; print(sorted(m for m in sys.modules "
+                             "if m.split('.')[0] in ('grpc', 'google') or m.startswith('flexfl.proto')))"],
+                            capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert loaded == "[]"
+    wire = {"flexfl.proto.fleet_pb2", "flexfl.proto.fleet_pb2_grpc", "flexfl.proto.tensors"}
+    importers = set()
+    for path in Path(coordinator.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+                     if isinstance(node, ast.ImportFrom) and node.module else [])
+            if wire & set(names):
+                importers.add(path.name)
+    assert importers == {"server.py"}
+
+
 EVALUATION_FAILS = """
     import torch
     from torch import nn
@@ -224,7 +300,7 @@ def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_che
     def run() -> None:
         try:
             eng.run()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             failures.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, RoundStateError
 
 
 def test_staircase_rate_and_reset_after_shift():
@@ -64,11 +64,11 @@ def test_objective_round_trips_and_rejects_bad_input():
     obj.depart("a", round_index=4, policy="include")
     again = Objective.from_dict(obj.to_dict())
     assert again == obj
-    with pytest.raises(ConfigError, match="already"):
+    with pytest.raises(RoundStateError, match="already"):
         obj.add_initial("a", 1)
     with pytest.raises(ConfigError, match="positive"):
         obj.add_initial("z", 0)
-    with pytest.raises(ConfigError, match="not in the objective"):
+    with pytest.raises(RoundStateError, match="not in the objective"):
         obj.depart("nope", round_index=5, policy="exclude")
     with pytest.raises(ConfigError, match="malformed"):
         Objective.from_dict({"sample_counts": {}})

@@ -21,8 +21,8 @@ ALLOWED = {
     ("flexfl/files.py", "os.replace(tmp, path)"): "atomic_file itself",
     ("coordinator/metrics.py", 'self._file = open(path, "a" if append else "w"'):
         "MetricsWriter appends rows and fsyncs each; a torn last row is repaired on resume",
-    ("coordinator/engine.py", 'with open(self.events_path, "a"'): "the membership journal: appended, fsynced",
-    ("coordinator/engine.py", 'with open(aside, "a"'): "torn metrics lines set aside: appended",
+    ("coordinator/resume.py", 'with open(path, "a"'): "the membership journal: appended, fsynced",
+    ("coordinator/resume.py", 'with open(aside, "a"'): "torn metrics lines set aside: appended",
     ("flexfl/run_folder.py", 'f = open(path / LOCK_NAME, "a+"'): "the run folder's lock file",
     ("flexfl/harness.py", 'with open(log_path, "ab")'): "a process's log",
     ("loadgen/fleet.py", 'log_file = open(log_path, "ab")'): "a process's log",

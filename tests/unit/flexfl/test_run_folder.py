@@ -39,6 +39,9 @@ def test_an_earlier_run_is_refused_resumed_or_moved_aside_never_overwritten(tmp_
     (run / "metrics.jsonl").write_text('{"round": 1}\n')
     with pytest.raises(RunFolderTaken, match=r"holds an earlier run \(metrics.jsonl\); pass --resume"):
         claim_run_folder(run, what="test", holds_run=entries_besides_lock)
+    # flexfl live cannot continue a run: it is told of --fresh only
+    with pytest.raises(RunFolderTaken, match=r"holds an earlier run \(metrics.jsonl\); pass --fresh to start a new one"):
+        claim_run_folder(run, what="test", holds_run=entries_besides_lock, resumable=False)
     with pytest.raises(ConfigError, match="pick one"):
         claim_run_folder(run, what="test", holds_run=entries_besides_lock, resume=True, fresh=True)
     claim_run_folder(run, what="test", holds_run=entries_besides_lock, resume=True).release()

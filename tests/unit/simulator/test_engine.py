@@ -10,7 +10,7 @@ import torch
 
 from coordinator.round import RulesConfig
 from flexfl.cli import main
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, DivergenceError
 from simulator.engine import (
     ArrivalEvent,
     DepartureEvent,
@@ -46,6 +46,14 @@ def test_short_run_is_deterministic_for_a_seed():
     for n in a.final_params:
         assert torch.equal(a.final_params[n], b.final_params[n])
     assert any(not torch.equal(a.final_params[n], c.final_params[n]) for n in a.final_params)
+
+
+def test_a_diverging_run_raises_a_divergence_error_naming_the_round_and_the_run():
+    with pytest.raises(DivergenceError) as diverged:
+        run_simulation(small(rules={"eta0": 1e38}, seed=3))  # the first SGD step overflows float32
+    assert not isinstance(diverged.value, ConfigError)  # the setup is valid; the training failed
+    assert str(diverged.value).startswith("round 1 of the synthetic run (Scheme C, E = 5 steps, seed 3): test loss "
+                                          "became nan; the learning rate 1e+38 is too high for this setup")
 
 
 @pytest.mark.parametrize("kind", [TrainerKind.CACHE, TrainerKind.FAST])

@@ -1,0 +1,116 @@
+"""What a coordinator's output folder holds across a crash, and how --resume takes it up again.
+
+The folder: metrics.jsonl (a row per round), checkpoint.pt (coordinator/checkpoint.py) and
+events.jsonl, the journal of announced departures and returns. The finisher writes (and
+fsyncs) each round's row before its checkpoint (coordinator/finisher.py), so a resumed
+coordinator drops rows of rounds its checkpoint does not hold (they run again) and reports
+rounds that have no row. The journal is appended as events happen: a crash before the next
+checkpoint must not lose a departure, since the device is gone and will not announce it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.checkpoint import Checkpoint, checkpointed_round, load_checkpoint
+from coordinator.metrics import MetricsWriter, read_metrics_and_torn
+from coordinator.objective import Objective
+from coordinator.round import Federation
+from flexfl.errors import AggregationError, ConfigError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"  # in the output folder, beside metrics.jsonl
+METRICS_NAME = "metrics.jsonl"
+EVENTS_NAME = "events.jsonl"
+
+
+def earlier_run(folder: Path) -> str | None:
+    """What run a coordinator's output folder holds (flexfl.run_folder), None if nothing worth keeping.
+
+    A checkpoint of round 0 (a coordinator stopped before its first round) holds no training.
+    """
+    found = []
+    metrics = folder / METRICS_NAME
+    if metrics.exists() and metrics.stat().st_size > 0:
+        with open(metrics, "rb") as f:
+            found.append(f"{METRICS_NAME} with {sum(1 for _ in f)} rows")
+    checkpoint = folder / CHECKPOINT_NAME
+    if checkpoint.exists():
+        done = checkpointed_round(checkpoint)
+        if done is None:
+            found.append(f"an unreadable {CHECKPOINT_NAME}")
+        elif done > 0:
+            found.append(f"a checkpoint after round {done}")
+    return "; ".join(found) or None
+
+
+def restore(federation: Federation, path: Path, *, expected: dict[str, tuple[tuple[int, ...], np.dtype]],
+            strategy: str) -> Checkpoint:
+    """Set `federation` (model, round, objective, update memory) from the checkpoint at `path`; returns it.
+
+    The caller restores the rest (run id, registry) from the returned checkpoint.
+    """
+    ckpt = load_checkpoint(path, expected=expected)
+    federation.params = {n: v.clone() for n, v in ckpt.params.items()}
+    federation.completed_round = ckpt.completed_round
+    federation.objective = Objective.from_dict(ckpt.objective)
+    if federation.memory is not None:
+        if ckpt.memory is None:
+            raise ConfigError(f"checkpoint {path} holds no update memory, which strategy {strategy!r} needs to "
+                              "resume (written under another strategy)")
+        try:
+            federation.memory.restore(ckpt.memory)
+        except (AggregationError, KeyError, TypeError) as exc:
+            raise ConfigError(f"checkpoint {path}: its update memory is malformed: {exc}") from None
+    return ckpt
+
+
+def repair_metrics(path: Path, *, completed_round: int) -> None:
+    """Keep rows of checkpointed rounds (1..completed_round) only; say which rounds have no row."""
+    if not path.exists():
+        return
+    rows, torn = read_metrics_and_torn(path)
+    kept = [row for row in rows if row["round"] <= completed_round]
+    if torn:
+        # A crash mid-write left part of a row: appending after it would glue the next row to
+        # it. Set the fragments aside (nothing is deleted) and rewrite the file clean.
+        aside = path.with_name(path.name + ".torn")
+        with open(aside, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in torn))
+        log.warning("metrics.jsonl held %d torn line(s) from a crash: moved to %s", len(torn), aside)
+    if len(kept) != len(rows):
+        redo = sorted({row["round"] for row in rows} - {row["round"] for row in kept})
+        log.warning("metrics hold rows of rounds %s that the checkpoint does not: they run again", redo)
+    if torn or len(kept) != len(rows):
+        MetricsWriter.rewrite(path, kept)
+    missing = sorted(set(range(1, completed_round + 1)) - {row["round"] for row in kept})
+    if missing:
+        log.warning("metrics have no row for rounds %s (written by a version that checkpointed first)", missing)
+
+
+def append_event(path: Path, *, event: str, device_id: str, after_round: int) -> None:
+    """Append a membership event ("leave", "rejoin") to the journal and fsync it (departures are rare)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": event, "device": device_id, "after_round": after_round}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def journaled_events(path: Path) -> dict[str, str]:
+    """Each device's last journaled event ({} without a journal); unreadable lines are skipped with a warning."""
+    if not path.exists():
+        return {}
+    last: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            e = json.loads(line)
+            last[str(e["device"])] = str(e["event"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s line %d is unreadable (a crash mid-write?): skipped", path, n)
+    return last

@@ -1,0 +1,57 @@
+"""One deadline per device: offering the model, taking an update and closing the round follow deadline_for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coordinator.open_round import OpenRound, check_open, with_grace
+from coordinator.round import Arrival, Federation, RulesConfig
+from flexfl.errors import WrongRoundState
+
+OPENED, DEADLINE = 100.0, 10.0
+
+
+def _round(participants=("a", "b")) -> OpenRound:
+    fed = Federation(rules=RulesConfig(), dataset="synthetic", params={"w": torch.zeros(2)})
+    fed.apply_events(arrivals=[Arrival(d, 10) for d in participants])
+    opening = fed.open(1)
+    return OpenRound(round_id=1, lr=opening.lr, opened_at=OPENED, deadline_s=DEADLINE, opening=opening,
+                     participants=list(participants), params=fed.params, summed=fed.start_sum(opening))
+
+
+def test_a_device_has_until_its_delivery_plus_deadline_and_grace_else_until_the_opening_plus_deadline():
+    r = _round()
+    assert with_grace(DEADLINE) == pytest.approx(10.5) and with_grace(1.0) == pytest.approx(1.2)  # 5 %, >= 0.2 s
+    assert r.deadline_for("a") == OPENED + DEADLINE  # not delivered yet
+    assert r.offers_model_to("a", now=OPENED + DEADLINE - 0.01)
+    assert not r.offers_model_to("a", now=OPENED + DEADLINE)  # too late to start: no model handed over
+    r.mark_delivered("a", 100, now=OPENED + 4.0)
+    assert r.deadline_for("a") == OPENED + 4.0 + 10.5
+    assert not r.offers_model_to("a", now=OPENED + 5.0)  # once per round
+
+
+def test_the_round_closes_at_the_last_deadline_of_a_device_it_waits_for():
+    r = _round()
+    assert r.closes_at() == OPENED + DEADLINE  # nobody has the model: the opening's deadline
+    r.mark_delivered("a", 100, now=OPENED + 1.0)
+    r.mark_delivered("b", 100, now=OPENED + 3.0)
+    assert r.closes_at() == r.deadline_for("b") == OPENED + 3.0 + 10.5
+    r.answered("b")
+    assert r.closes_at() == r.deadline_for("a") == OPENED + 1.0 + 10.5  # b answered: a's deadline counts
+
+
+def test_an_update_after_its_devices_deadline_or_for_a_round_not_open_is_a_state_error():
+    r = _round()
+    r.mark_delivered("a", 100, now=OPENED)
+    r.check_update("a", 1, now=r.deadline_for("a"))  # at the deadline: still taken
+    with pytest.raises(WrongRoundState, match="the deadline of device 'a' has passed"):
+        r.check_update("a", 1, now=r.deadline_for("a") + 0.01)
+    with pytest.raises(WrongRoundState, match="device 'b' has not received round 1's model"):
+        r.check_update("b", 1, now=OPENED)
+    with pytest.raises(WrongRoundState, match="device 'z' does not take part in round 1"):
+        r.check_update("z", 1, now=OPENED)
+    with pytest.raises(WrongRoundState, match=r"round 2 is not open \(open round: 1\)"):
+        r.check_update("a", 2, now=OPENED)
+    with pytest.raises(WrongRoundState, match=r"round 1 is not open \(open round: None\)"):
+        check_open(None, 1)
