@@ -205,7 +205,9 @@ class FleetServicer(pb_grpc.FleetServicer):
         while True:
             woken = asyncio.Event()
 
-            def wake() -> None:  # called by the engine under its lock, from another thread
+            # called by the engine under its lock, from another thread; bound to this turn's event,
+            # so a wake kept from an earlier turn cannot set the event this turn waits on
+            def wake(woken: asyncio.Event = woken) -> None:
                 try:
                     loop.call_soon_threadsafe(woken.set)
                 except RuntimeError:  # the loop has closed: the server is gone, nobody waits

@@ -106,7 +106,7 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     start = {n: p.clone() for n, p in eng.params.items()}
     thread.start()
     for tau in (1, 2):
-        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _wait_for(lambda tau=tau: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
         _answer(eng, "a", 1.0)
         _answer(eng, "b", 3.0)
     thread.join(timeout=60)
@@ -308,7 +308,7 @@ def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_che
     _join(eng, "b")
     thread.start()
     for tau in (1, 2):
-        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _wait_for(lambda tau=tau: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
         _answer(eng, "a", 1.0)
         _answer(eng, "b", 3.0)
     thread.join(timeout=60)

@@ -1,5 +1,7 @@
 """Learning-rate schedule, fast-reboot decay, and the include/exclude departure policies."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ def test_fast_reboot_starts_at_boost_and_decays_quadratically():
     fr = FastReboot(boost=3.0, decay_power=2.0)
     assert fr.multiplier(rounds_since_arrival=0) == 3.0
     extra = [fr.multiplier(rounds_since_arrival=r) - 1 for r in range(0, 40)]
-    assert all(a > b for a, b in zip(extra, extra[1:]))
+    assert all(a > b for a, b in itertools.pairwise(extra))
     # O(r^-2): doubling r+1 quarters the extra weight.
     assert extra[19] / extra[39] == pytest.approx(4.0)
     assert FastReboot(boost=1.0).multiplier(rounds_since_arrival=0) == 1.0

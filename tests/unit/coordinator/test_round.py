@@ -181,7 +181,7 @@ def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
         RulesConfig(strategy="fedfoo")
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="fednova")
-    with pytest.raises(ConfigError, match="'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
+    with pytest.raises(ConfigError, match=r"'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
         RulesConfig(strategy="fednova", unit="epoch")
     assert RulesConfig(scheme="C", unit="epoch").unit == "epoch"
     with pytest.raises(ConfigError, match="name two strategies"):
@@ -195,9 +195,9 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
     np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
                                   coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
     assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
-    with pytest.raises(ConfigError, match="'fedprox' needs rules.mu"):
+    with pytest.raises(ConfigError, match=r"'fedprox' needs rules.mu"):
         RulesConfig(strategy="fedprox")
-    with pytest.raises(ConfigError, match="rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
+    with pytest.raises(ConfigError, match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
         RulesConfig(mu=0.1)
     with pytest.raises(ConfigError, match="FedProx's mu must be a number >= 0"):
         RulesConfig(strategy="fedprox", mu=-1.0)
