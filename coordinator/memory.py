@@ -46,7 +46,7 @@ class UpdateMemory:
             if tuple(t.shape) != self.shapes[name]:
                 raise AggregationError(f"update from {device!r}: tensor '{name}' has shape {tuple(t.shape)}, "
                                        f"expected {self.shapes[name]}")
-            new[name] = t * np.float32(scale)
+            new[name] = t * float(np.float32(scale))  # scale rounded to float32, the tensor's dtype
         if not all(torch.isfinite(t).all() for t in new.values()):
             raise AggregationError(f"update from {device!r} scaled by {scale!r} is not finite")
         self.forget(device)
