@@ -72,3 +72,15 @@ def test_proto_imports_only_the_ground_floor() -> None:
             wrong += [f"{path.name}: {n}" for n in names
                       if n.split(".")[0] in roots and not n.startswith(allowed)]
     assert not wrong, wrong
+
+
+def test_ruff_is_clean() -> None:
+    result = _run_tool("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_mypy_is_clean() -> None:
+    """mypy over [tool.mypy] files (~15 s cold); no cache is written (--cache-dir /dev/null)."""
+    result = _run_tool("mypy", "--cache-dir", "/dev/null")
+    assert result.returncode == 0, result.stdout + result.stderr
