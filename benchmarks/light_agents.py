@@ -128,8 +128,8 @@ async def agent(address: str, token: str, device_id: str, shard_index: int, *, p
     try:
         for attempt in range(100):
             try:
-                await stub.Join(pb.JoinRequest(device_id=device_id, shard_index=shard_index, protocol_version=PROTOCOL_VERSION),
-                                metadata=md, timeout=30)
+                join = pb.JoinRequest(device_id=device_id, shard_index=shard_index, protocol_version=PROTOCOL_VERSION)
+                await stub.Join(join, metadata=md, timeout=30)
                 break
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE or attempt == 99:

@@ -142,7 +142,8 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise ConfigError(f"--out {args.out}: {folder} is not a folder")
     if args.out.exists() and not args.force:
-        raise ConfigError(f"{args.out} exists; pass --force to replace the fleet token (every device then needs the new one)")
+        raise ConfigError(f"{args.out} exists; pass --force to replace the fleet token "
+                          "(every device then needs the new one)")
     with atomic_file(args.out, perms=0o600) as f:
         f.write(secrets.token_hex(32) + "\n")
     print(f"wrote a new fleet token to {args.out} (mode 0600); give the same file to the coordinator "

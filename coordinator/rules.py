@@ -150,7 +150,9 @@ class RulesConfig:
         return DEFAULTS[Dataset(dataset)]
 
     def fast_reboot_rule(self) -> FastReboot | None:
-        return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power) if self.fast_reboot else None
+        if not self.fast_reboot:
+            return None
+        return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)
 
     def in_effect(self, policies: Collection[DeparturePolicy]) -> RulesConfig:
         """These rules with the constants of departure policies not in `policies` (the ones

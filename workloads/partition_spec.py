@@ -99,7 +99,8 @@ class PartitionSpec:
         if self.n_devices < 1:
             raise ConfigError(f"partition.n_devices must be >= 1, got {self.n_devices}")
         if self.total_samples is not None and self.total_samples < self.n_devices:
-            raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least n_devices ({self.n_devices})")
+            raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least "
+                              f"n_devices ({self.n_devices})")
         if self.holdout_fraction is not None and not 0 <= self.holdout_fraction < 1:
             raise ConfigError(f"partition.holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
         if self.sizes is Sizes.PARETO_PER_LABEL and (self.iid or self.dataset is Dataset.SYNTHETIC):

@@ -267,7 +267,8 @@ def _opt(value: Any, kind: type, where: Path | str, name: str) -> Any:
     """value converted to kind (None stays None); a ReportError naming the field otherwise."""
     if value is None:
         return None
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind in (int, float) else isinstance(value, kind)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number if kind in (int, float) else isinstance(value, kind)
     if kind is int and isinstance(value, float) and not value.is_integer():
         ok = False
     if not ok:

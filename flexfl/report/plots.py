@@ -215,7 +215,8 @@ def durations_plot(d: dict[str, list], deadline_s: float | None) -> str:
         handles = [Patch(color="tab:green", label="round closed: all answered"),
                    Patch(color="tab:orange", label="round closed: deadline"),
                    Patch(color="tab:gray", alpha=0.7, label="aggregation + evaluation"),
-                   mpl.lines.Line2D([], [], marker="o", ms=3, color="black", ls="", label="an update's arrival after delivery")]
+                   mpl.lines.Line2D([], [], marker="o", ms=3, color="black", ls="",
+                                    label="an update's arrival after delivery")]
         if deadline_s is not None:
             ax.axhline(deadline_s, color="tab:red", ls="--", lw=1.2)
             handles.append(mpl.lines.Line2D([], [], color="tab:red", ls="--", label=f"deadline {deadline_s:g} s"))
@@ -244,7 +245,8 @@ def sweep_improvements(dataset: str, table, *, title: str | None = None) -> str:
                 mean = np.array([np.mean(v) for v in vals])
                 lo = mean - np.array([np.min(v) for v in vals])
                 hi = np.array([np.max(v) for v in vals]) - mean
-                ax.errorbar(js, mean, yerr=[lo, hi], fmt="o-", color="tab:green", capsize=3, label="FlexFL (min-max over seeds)")
+                ax.errorbar(js, mean, yerr=[lo, hi], fmt="o-", color="tab:green", capsize=3,
+                            label="FlexFL (min-max over seeds)")
                 if paper:
                     ax.plot(range(1, len(paper) + 1), [p[col] for p in paper], "s--", color="tab:gray", label="paper")
                 ax.axhline(0, color="black", lw=0.6)
@@ -277,7 +279,8 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
             ax.set_visible(False)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-        fig.suptitle(f"{title or dataset.upper()} {setting.upper()}: test accuracy per round (mean, band: min-max over seeds)")
+        fig.suptitle(f"{title or dataset.upper()} {setting.upper()}: "
+                     "test accuracy per round (mean, band: min-max over seeds)")
     return svg_uri(fig)
 
 
@@ -293,7 +296,8 @@ def trace_figure(trace, resolution: int | None) -> str:
         ax_t.plot(trace.round, 100 * frac, lw=0.8, color="tab:blue")
         zeros = frac == 0
         if zeros.any():
-            ax_t.scatter(trace.round[zeros], np.zeros(zeros.sum()), s=10, color=REJECTED_COLOR, zorder=3, label="inactive (0)")
+            ax_t.scatter(trace.round[zeros], np.zeros(zeros.sum()), s=10, color=REJECTED_COLOR, zorder=3,
+                         label="inactive (0)")
             ax_t.legend(fontsize=7, loc="lower left")
         ax_t.set_ylim(-3, 103)
         ax_t.set(xlabel="round", ylabel="% of E", title=f"{trace.name}: per round")

@@ -227,7 +227,8 @@ def test_device_identity_and_loadgen_keys(target: Target) -> None:
     from loadgen.keys import client_auth, write_keypair
 
     device_id = target.inventory["edge_agent_device_id"]
-    subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in", str(target.path("/etc/flexfl/tls/agent.pem")))
+    subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in",
+                      str(target.path("/etc/flexfl/tls/agent.pem")))
     assert subject.strip() == f"subject=CN={device_id}"
     assert tomllib.loads(target.path("/etc/flexfl/agent.toml").read_text())["device_id"] == device_id
 

@@ -84,7 +84,8 @@ def test_auto_departure_rule_follows_corollary_4_3():
     assert rule.decide(tau0=30, horizon=70, gamma=0.25) == "exclude"
     assert rule.decide(tau0=30, horizon=70, gamma=200.0) == "include"
     # Later departures need more remaining time; an IID device (Gamma ~ 0) is excluded even at the end.
-    assert rule.decide(tau0=60, horizon=70, gamma=2.0) == "include" and rule.decide(tau0=20, horizon=70, gamma=2.0) == "exclude"
+    assert rule.decide(tau0=60, horizon=70, gamma=2.0) == "include"
+    assert rule.decide(tau0=20, horizon=70, gamma=2.0) == "exclude"
     assert rule.decide(tau0=69, horizon=70, gamma=0.0) == "exclude"
     assert rule.decide(tau0=10, horizon=70, gamma=None) == "include"  # never trained: nothing known
     with pytest.raises(ConfigError, match="c must be > 0"):

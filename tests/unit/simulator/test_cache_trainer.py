@@ -62,7 +62,8 @@ def test_ragged_steps_equal_train_local_and_the_fast_trainer(name, dim, classes)
     deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(start, **args, rngs=[device_rng(*k) for k in keys])
     _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[start] * len(steps),
                                    shard_of_row=shard_of_row, steps=steps, lrs=[0.05] * len(steps), rng_keys=keys)
-    fast, fast_losses = FastTrainer(model, shards, batch_size=BATCH).train(start, **args, rngs=[device_rng(*k) for k in keys])
+    fast, fast_losses = FastTrainer(model, shards, batch_size=BATCH).train(start, **args,
+                                                                           rngs=[device_rng(*k) for k in keys])
     for n in start:
         torch.testing.assert_close(deltas[n], fast[n], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(losses, fast_losses, rtol=1e-5)

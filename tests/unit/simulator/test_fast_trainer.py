@@ -32,7 +32,8 @@ def _reference(name, dim, classes, start, shard, *, steps, lr, rng):
 
 def _assert_rows_equal(name, dim, classes, shards, deltas, losses, *, starts, shard_of_row, steps, lrs, rng_keys):
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
-        res = _reference(name, dim, classes, starts[i], shards[shard], steps=int(s), lr=float(lr), rng=device_rng(*rng_keys[i]))
+        res = _reference(name, dim, classes, starts[i], shards[shard], steps=int(s), lr=float(lr),
+                         rng=device_rng(*rng_keys[i]))
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:
