@@ -182,7 +182,8 @@ def main() -> None:
     ap.add_argument("--agents-per-process", type=int, default=250)
     ap.add_argument("--no-eval", action="store_true", help="skip central evaluation (run.evaluate = false)")
     ap.add_argument("--shared-connection", action="store_true", help="the agents of a process share one channel")
-    ap.add_argument("--markdown", type=Path, help="also write the output as a section of this file (results/performance.md)")
+    ap.add_argument("--markdown", type=Path,
+                    help="also write the output as a section of this file (results/performance.md)")
     args = ap.parse_args()
     say = Output()
     sizes = [int(x) for x in args.agents.split(",")]

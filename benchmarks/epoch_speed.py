@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setting", choices=SETTINGS, default="niid")
     p.add_argument("--num-traces", type=int, default=8, help="|T| (default 8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--round", type=int, default=1, help="ragged vs equal: the round whose draws are trained (default 1)")
+    p.add_argument("--round", type=int, default=1,
+                   help="ragged vs equal: the round whose draws are trained (default 1)")
     p.add_argument("--epochs", type=int, default=20, help="ragged vs equal: E in epochs (default 20)")
     p.add_argument("--rate-rounds", type=int, default=2, help="--price: rounds of the group per timed repetition")
     args = p.parse_args(argv)

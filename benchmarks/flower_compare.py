@@ -52,7 +52,8 @@ def flower_periods(n: int, *, rounds: int, evaluate: bool, python: Path, shared_
         argv = [str(python), side, "server", "--address", address, "--agents", str(n), "--rounds", str(rounds),
                 "--out", str(out)] + (["--eval"] if evaluate else [])
         with open(tmp / "server.log", "wb") as log:
-            srv = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+            srv = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, cwd=REPO)
         clients = []
         try:
             _wait_listening(address, srv, tmp / "server.log")
@@ -113,7 +114,8 @@ def main() -> None:
     ap.add_argument("--connections", choices=["own", "shared"], default="own",
                     help="own: one TCP connection per agent/client (separate devices; default); shared: all "
                          "clients of a process on one (gRPC's default for Flower's channels)")
-    ap.add_argument("--markdown", type=Path, help="also write the output as a section of this file (results/performance.md)")
+    ap.add_argument("--markdown", type=Path,
+                    help="also write the output as a section of this file (results/performance.md)")
     args = ap.parse_args()
     say = Output()
     if not args.flower_python.exists():

@@ -121,7 +121,8 @@ async def agent(address: str, token: str, device_id: str, shard_index: int, *, p
                 shared: grpc.aio.Channel | None, answer: Answer, per_round_rpcs: bool = False) -> int:
     """One agent until FINISHED; returns the rounds it answered."""
     # A local subchannel pool gives every agent its own TCP connection, as separate devices have.
-    channel = shared or grpc.aio.insecure_channel(address, options=[*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+    channel = shared or grpc.aio.insecure_channel(address,
+                                                  options=[*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
     stub = pb_grpc.FleetStub(channel)
     md = ((AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, device_id))
     answered = 0

@@ -40,7 +40,8 @@ BENCHES = (
           "compute roofline, >= 3x sequential and ahead of the torch per-device loop (torchloop) on MNIST. The "
           "rooflines are printed with the bytes and FLOPs per device-step assumed."),
     Bench("Simulator: paired runs (the schemes of a seed) trained together against one by one",
-          ("benchmarks.sweep_speed", "--reps", "5"), ("benchmarks.sweep_speed", "--reps", "1", "--workloads", "synthetic"),
+          ("benchmarks.sweep_speed", "--reps", "5"), ("benchmarks.sweep_speed", "--reps", "1",
+                                                      "--workloads", "synthetic"),
           "What pairing saves in a sweep (simulator.engine.run_paired)."),
     Bench("Threads per worker process",
           ("benchmarks.threads", "--reps", "3"), ("benchmarks.threads", "--reps", "1"),

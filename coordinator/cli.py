@@ -53,7 +53,8 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     fr.add_argument("--fast-reboot", dest=dest("fast_reboot"), action="store_true", default=None,
                     help="boost an arriving device's weight (default on)")
     fr.add_argument("--no-fast-reboot", dest=dest("fast_reboot"), action="store_false", help="no boost on arrival")
-    g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float, help="fast-reboot boost at arrival (default 3)")
+    g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float,
+                   help="fast-reboot boost at arrival (default 3)")
     g.add_argument("--departure-policy", dest=dest("departure_policy"),
                    choices=enum_choices(DeparturePolicy),
                    help="what a departure does to the objective (default exclude); auto and threshold decide "

@@ -118,7 +118,8 @@ class FleetServicer(pb_grpc.FleetServicer):
         return pb.StatusReply(**{**asdict(state), "devices": [pb.DeviceStatus(**asdict(d)) for d in state.devices]})
 
     @mapped
-    async def PullRound(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
+    async def PullRound(self, request: pb.PullRequest,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RoundChunk]:
         caller = self._callers.identify(context)
         with self._callers.live_stream(caller, context):
             header, chunks = await self._pull(caller, wait_s=request.wait_s)

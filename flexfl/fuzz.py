@@ -138,7 +138,8 @@ def _flipped(data: bytes) -> st.SearchStrategy[bytes]:
 
 
 def _inserted(data: bytes) -> st.SearchStrategy[bytes]:
-    junk = st.one_of(st.binary(min_size=1, max_size=16), st.sampled_from([b"\x00", b",", b"\n", b'"', b"\xff", b"\n\n"]))
+    junk = st.one_of(st.binary(min_size=1, max_size=16),
+                     st.sampled_from([b"\x00", b",", b"\n", b'"', b"\xff", b"\n\n"]))
     return st.tuples(st.integers(0, len(data)), junk).map(lambda t: data[:t[0]] + t[1] + data[t[0]:])
 
 

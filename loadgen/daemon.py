@@ -110,7 +110,8 @@ class LoadgenDaemon:
         context: zmq.Context | None = None,
     ) -> None:
         self.config = config
-        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice, cpu_method=config.cpu_method)
+        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice,
+                                                        cpu_method=config.cpu_method)
         self._shaper = shaper
         # A context of its own: ZeroMQ allows one ZAP handler per context.
         self._own_context = context is None

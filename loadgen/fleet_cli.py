@@ -138,7 +138,8 @@ def _print_table(rows: list[dict]) -> None:
     for r in rows:
         procs = " ".join(f"{p['role']}:{p['pid']}{'' if p['alive'] else '(dead)'}" for p in r["processes"]) or "-"
         quota = "-" if r["cpu_quota"] is None else f"{r['cpu_quota']:g} CPU"
-        table.append((str(r["device"]), r["netns"], r["address"], rate(r["up_kbit"]), rate(r["down_kbit"]), quota, procs))
+        table.append((str(r["device"]), r["netns"], r["address"], rate(r["up_kbit"]),
+                      rate(r["down_kbit"]), quota, procs))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

@@ -568,7 +568,8 @@ class _Trainer:
         self.data = data
         self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
         self.mu = cfg.rules.aggregation.proximal_mu  # FedProx's local term (0: plain SGD)
-        self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train, batch_size=self.batch_size) if cfg.batched else None
+        self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train,
+                                                   batch_size=self.batch_size) if cfg.batched else None
         self._out: dict[str, torch.Tensor] | None = None  # delta buffers kept from round to round
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,

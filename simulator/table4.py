@@ -59,7 +59,8 @@ def run_config(dataset: str, *, seed: int, tau0: int, fast_reboot: bool, regime:
         schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=p.n_devices - 1, round=tau0 - 1),))))
 
 
-def groups(dataset: str, *, seeds: Sequence[int], tau0s: Sequence[int] = TAU0, regime: Regime = Regime()) -> list[Group]:
+def groups(dataset: str, *, seeds: Sequence[int], tau0s: Sequence[int] = TAU0,
+           regime: Regime = Regime()) -> list[Group]:
     """One group per (seed, tau_0): the fast-reboot run and the vanilla one."""
     return [Group(tuple(
         Run(name=f"{dataset}_tau{t}_seed{seed}_{'fast' if fast else 'vanilla'}",

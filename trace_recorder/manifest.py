@@ -107,7 +107,8 @@ class TraceManifest:
         version = take("schema_version", (int,), "an integer")
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
-            raise fail("schema_version", f"unsupported version {shorten(str(version))}; this reader supports {supported}")
+            raise fail("schema_version",
+                       f"unsupported version {shorten(str(version))}; this reader supports {supported}")
         known = [f.name for f in cls.__dataclass_fields__.values()]
         for key in d:
             if key not in known:

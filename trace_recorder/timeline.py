@@ -211,7 +211,8 @@ def read_timeline(path: Path) -> Timeline:
     for number, line in enumerate(lines[n + 1:], start=n + 2):
         cells = [cell.strip() for cell in line.split(",")]
         if not any(cells):
-            raise format_error(path, number, "device", "blank line inside the data (only trailing blank lines are allowed)")
+            raise format_error(path, number, "device",
+                               "blank line inside the data (only trailing blank lines are allowed)")
         if len(cells) != len(header):
             column = header[len(cells)] if len(cells) < len(header) else f"column {len(header) + 1}"
             raise format_error(path, number, column, f"line has {len(cells)} fields, the header {len(header)}")

@@ -31,7 +31,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     flash.add_argument("--states", type=Path, required=True, help="the state-log JSON file (FLASH: state_traces.json)")
     flash.add_argument("--capacity", type=Path, help="FedScale's client_device_capacity for compute and links")
     flash.add_argument("--up-kbit-s", type=float, help="without --capacity: every device's upload rate, kbit/s")
-    flash.add_argument("--down-kbit-s", type=float, help="without --capacity: download rate, kbit/s (default: the upload's)")
+    flash.add_argument("--down-kbit-s", type=float,
+                       help="without --capacity: download rate, kbit/s (default: the upload's)")
     flash.add_argument("--cpu-share", type=float, help="without --capacity: every device's CPU share (default 1)")
     _add_common_flags(flash)
     flash.set_defaults(func=_import_flash)

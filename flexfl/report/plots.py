@@ -104,7 +104,8 @@ def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]], *,
             _mark_events(ax, events, label=ax is ax_acc)
         handles, _labels = ax_acc.get_legend_handles_labels()
         if any(w == "arrival" for _, _, w in events):
-            handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--", label="arrival (takes effect next round)"))
+            handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--",
+                                            label="arrival (takes effect next round)"))
         if any(w == "departure" for _, _, w in events):
             handles.append(mpl.lines.Line2D([], [], color=DEPARTURE_COLOR, ls=":", label="departure"))
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)

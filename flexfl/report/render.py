@@ -182,7 +182,8 @@ def _sweep_context(path: Path) -> dict[str, Any]:
             cells.append({"setting": setting, "svg": svg})
         datasets.append({
             "ds": ds, "table": table, "cells": cells,
-            "improvements_svg": plots.sweep_improvements(ds.dataset, table, title=ds.title) if table.ours_values else None,
+            "improvements_svg": plots.sweep_improvements(ds.dataset, table,
+                                                         title=ds.title) if table.ours_values else None,
             "schemes": sorted({r["scheme"] for r in ds.final}),
             "seeds": sorted({r["seed"] for r in ds.final}),
             "runs_dir": None if ds.runs_dir is None else (

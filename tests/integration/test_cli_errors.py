@@ -149,7 +149,8 @@ def test_grpc_itself_refuses_a_second_server_on_a_port(tmp_path: Path, live_conf
             first, port = await start_server(cfg, engine=None, token=TOKEN, work=work)
             try:
                 same = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}"))
-                with pytest.raises(ConfigError, match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
+                with pytest.raises(ConfigError,
+                                   match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
                     await start_server(same, engine=None, token=TOKEN, work=work)
             finally:
                 await first.stop(None)

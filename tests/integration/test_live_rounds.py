@@ -148,7 +148,8 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
-@pytest.mark.parametrize("rules, refused", [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
+@pytest.mark.parametrize("rules, refused",
+                         [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
 def test_a_fedprox_run_refuses_agents_that_would_train_without_its_term(live_config, fleet_factory, rules, refused):
     """Protocol 1 agents do not know RoundHeader.proximal_mu: they would run plain SGD and call it FedProx."""
     import grpc

@@ -58,7 +58,8 @@ def _tls_config(live_config, pki: Path, *, mutual: bool):
 def test_rounds_complete_over_tls(live_config, fleet_factory, pki, mutual):
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=mutual))
     for i in range(2):
-        client = dict(tls_client_cert=str(pki / f"dev-{i}.pem"), tls_client_key=str(pki / f"dev-{i}.key")) if mutual else {}
+        client = dict(tls_client_cert=str(pki / f"dev-{i}.pem"),
+                      tls_client_key=str(pki / f"dev-{i}.key")) if mutual else {}
         fleet.start_agent(i, tls_ca=str(pki / "ca.pem"), **client)
     assert fleet.coordinator.wait(timeout=60)
     rows = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")

@@ -156,7 +156,8 @@ def _mifa_config(tmp_path, strategy: str = "mifa") -> CoordinatorConfig:
     return CoordinatorConfig(
         server=ServerConfig(fleet_token="t", pull_wait_s=60.0),
         partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
-        rules=RulesConfig(required_updates=E, strategy=strategy), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=2),
+        rules=RulesConfig(required_updates=E, strategy=strategy), run=RunConfig(rounds=1,
+                                                                                deadline_s=60.0, min_devices=2),
         output=OutputConfig(dir=str(tmp_path / "out")))
 
 
@@ -203,7 +204,8 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
 def test_one_round_through_domain_records_alone(tmp_path):
     """A join, a round with an upload and the close, with the engine's own records: no gRPC, no protobuf."""
     cfg = CoordinatorConfig(
-        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4,
+                                                                      total_samples=800),
         rules=RulesConfig(required_updates=E), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=1),
         output=OutputConfig(dir=str(tmp_path / "out")))
     eng = RoundEngine(cfg, data=build_federated(cfg.partition))

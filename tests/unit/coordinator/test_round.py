@@ -177,7 +177,8 @@ def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
     assert "strategy" not in to_dict(RulesConfig(scheme="B"))  # files of scheme runs read as before
     assert RulesConfig(scheme="B").with_strategy("fednova") == RulesConfig(strategy="fednova")
     assert RulesConfig(strategy="fednova").with_strategy("A") == RulesConfig(scheme="A")
-    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
+    with pytest.raises(ConfigError,
+                       match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
         RulesConfig(strategy="fedfoo")
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="fednova")
@@ -197,7 +198,8 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
     assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
     with pytest.raises(ConfigError, match=r"'fedprox' needs rules.mu"):
         RulesConfig(strategy="fedprox")
-    with pytest.raises(ConfigError, match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
+    with pytest.raises(ConfigError,
+                       match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
         RulesConfig(mu=0.1)
     with pytest.raises(ConfigError, match="FedProx's mu must be a number >= 0"):
         RulesConfig(strategy="fedprox", mu=-1.0)

@@ -41,7 +41,8 @@ def test_every_command_is_answered(served, wait_until):
     (b'{"cmd": "set_cpu", "percent": 130}', "set_cpu: field 'percent'"),
     (b'{"cmd": "set_cpu", "percent": 66}', "set_cpu: stress-ng exited at once"),
     (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "nosuch0"}', "set_bandwidth: no such interface 'nosuch0'"),
-    (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "boom0"}', "set_bandwidth: internal error: RuntimeError: a bug"),
+    (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "boom0"}',
+     "set_bandwidth: internal error: RuntimeError: a bug"),
 ])
 def test_malformed_or_failing_request_gets_error_and_daemon_keeps_serving(served, raw, expected):
     _, client, _, _ = served

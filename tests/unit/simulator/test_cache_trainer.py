@@ -59,7 +59,8 @@ def test_ragged_steps_equal_train_local_and_the_fast_trainer(name, dim, classes)
     steps = np.array([2, 9, 5, 0, 6, 1])
     keys = [(7, 3, int(k)) for k in shard_of_row]
     args = dict(shard_of_row=shard_of_row, steps=steps, lr=0.05)
-    deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(start, **args, rngs=[device_rng(*k) for k in keys])
+    deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(start, **args,
+                                                                         rngs=[device_rng(*k) for k in keys])
     _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[start] * len(steps),
                                    shard_of_row=shard_of_row, steps=steps, lrs=[0.05] * len(steps), rng_keys=keys)
     fast, fast_losses = FastTrainer(model, shards, batch_size=BATCH).train(start, **args,
@@ -119,7 +120,8 @@ def test_a_global_parameter_beside_stacked_ones():
     model = build_model("logreg", in_features=60, num_classes=10)
     shards = _shards([20, 30], 60, 10)
     starts = _models("logreg", 60, 10, 2)
-    start = {"linear.weight": torch.stack([s["linear.weight"] for s in starts]), "linear.bias": starts[0]["linear.bias"]}
+    start = {"linear.weight": torch.stack([s["linear.weight"] for s in starts]),
+             "linear.bias": starts[0]["linear.bias"]}
     keys = [(3, 1, 0), (3, 1, 1)]
     deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(
         start, shard_of_row=[0, 1], steps=[3, 4], lr=0.2, rngs=[device_rng(*k) for k in keys])

@@ -99,7 +99,8 @@ def _one_trace_set(tmp_path, fractions):
 
 def test_scheme_a_discards_rounds_without_complete_devices(tmp_path):
     traces = _one_trace_set(tmp_path, [0.5, 0.75])  # nobody ever completes E = 4
-    cfg = small(rules={"scheme": "A", "required_updates": 4}, traces=TracesConfig(set=str(tmp_path / "set"), num_traces=1))
+    cfg = small(rules={"scheme": "A", "required_updates": 4},
+                traces=TracesConfig(set=str(tmp_path / "set"), num_traces=1))
     res = run_simulation(cfg, traces=traces)
     assert all(r.discarded for r in res.records)
     assert res.device_updates == 0

@@ -126,7 +126,8 @@ def test_an_alias_is_written_from_its_source_under_its_own_config(tmp_path):
 def test_a_failed_run_is_named_and_the_others_are_saved(tmp_path):
     diverging = Group((Run("boom", replace(cfg_of(1, "C"), rules=replace(cfg_of(1, "C").rules, eta0=1e36))),))
     lines: list[str] = []
-    with pytest.raises(SweepError, match=r"1 of 4 runs failed .* boom: round 1 of the synthetic run .*: test loss became"):
+    with pytest.raises(SweepError,
+                       match=r"1 of 4 runs failed .* boom: round 1 of the synthetic run .*: test loss became"):
         run_sweep([groups()[0], diverging], work_dir=tmp_path, report=quiet(lines))
     assert any("boom: FAILED" in line for line in lines)
     assert (tmp_path / "s0_C.json").is_file() and not (tmp_path / "boom.json").exists()

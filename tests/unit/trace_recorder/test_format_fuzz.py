@@ -199,7 +199,8 @@ def test_edited_manifest_is_read_or_refused_with_a_trace_format_error(data: st.D
 @given(st.data())
 def test_corrupted_files_are_read_or_refused_with_a_trace_format_error(data: st.DataObject) -> None:
     manifest, written = data.draw(trace_sets())
-    files = {MANIFEST_NAME: manifest.to_json().encode(), **{f"{t.name}.csv": _trace_csv_text(t).encode() for t in written}}
+    files = {MANIFEST_NAME: manifest.to_json().encode(),
+             **{f"{t.name}.csv": _trace_csv_text(t).encode() for t in written}}
     victim = data.draw(st.sampled_from(sorted(files)))
     files[victim] = data.draw(corrupted(files[victim]))
     with _folder() as d:

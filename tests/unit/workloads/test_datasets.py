@@ -173,11 +173,13 @@ GOOD = dict(x_train="np.zeros((10, 3), np.float32)", y_train="np.arange(10) % 2"
 
 
 @pytest.mark.parametrize(("changes", "problem"), [
-    (dict(x_train="np.zeros((10, 3))"), "gives x_train of dtype float64; expected float32 (x_train.astype(np.float32))"),
+    (dict(x_train="np.zeros((10, 3))"),
+     "gives x_train of dtype float64; expected float32 (x_train.astype(np.float32))"),
     (dict(x_train="[[0.0] * 3] * 10"), "gives x_train as a list; expected a numpy array, float32 [n, features...]"),
     (dict(x_train="np.zeros(10, np.float32)"), "gives x_train of shape (10,); expected [n, features...]"),
     (dict(x_train="np.full((10, 3), np.nan, np.float32)"), "gives x_train with 30 NaN/Inf values"),
-    (dict(y_train="np.zeros((10, 1), np.int64)"), "gives y_train of shape (10, 1); expected (10,), one label per sample"),
+    (dict(y_train="np.zeros((10, 1), np.int64)"),
+     "gives y_train of shape (10, 1); expected (10,), one label per sample"),
     (dict(y_train="np.zeros(10, np.float32)"), "gives y_train of dtype float32; expected integer labels"),
     (dict(y_train="np.arange(10)"), "gives y_train with label 9; with num_classes = 2 labels are 0..1"),
     (dict(x_test="np.zeros((4, 5), np.float32)"), "gives x_test samples of shape (5,), x_train samples of shape (3,)"),
