@@ -149,7 +149,8 @@ def main() -> None:
                     f"(ratio {got['flexfl'] / got['flower']:.2f}; order {' '.join(order)})")
     say()
     say(f"round period, median of per-run medians (ms); ratio FlexFL / Flower {version} over the pairs")
-    say(f"{'agents':>6}  {'evaluation':>10}  {'FlexFL':>8}  {'Flower':>8}  {'ratio min / median / max':>25}  goal <= 0.8")
+    say(f"{'agents':>6}  {'evaluation':>10}  {'FlexFL':>8}  {'Flower':>8}  {'ratio min / median / max':>25}  "
+        "goal <= 0.8")
     for (n, evaluate), pairs in sorted(results.items()):
         a = np.array([p[0] for p in pairs])
         b = np.array([p[1] for p in pairs])

@@ -39,7 +39,8 @@ class UpdateMemory:
                 scale: float) -> None:
         """m_device <- scale * update (its old memory, if any, leaves S); raises, changing nothing, if malformed."""
         if set(update) != set(self.shapes):
-            raise AggregationError(f"update from {device!r} has tensors {sorted(update)}, expected {sorted(self.shapes)}")
+            raise AggregationError(f"update from {device!r} has tensors {sorted(update)}, expected "
+                                   f"{sorted(self.shapes)}")
         new: Tensors = {}
         for name, d in update.items():
             t = torch.as_tensor(d).detach().to("cpu", torch.float32)

@@ -232,7 +232,8 @@ def _parse_ints(text: str, what: str) -> list[int]:
             if "-" in part:
                 lo, hi = part.split("-")
                 if int(hi) < int(lo):
-                    raise ConfigError(f"{what}: the range {part.strip()!r} runs backwards (write {hi.strip()}-{lo.strip()})")
+                    raise ConfigError(f"{what}: the range {part.strip()!r} runs backwards (write "
+                                      f"{hi.strip()}-{lo.strip()})")
                 out.extend(range(int(lo), int(hi) + 1))
             elif part.strip():
                 out.append(int(part))

@@ -95,7 +95,8 @@ class RayExecutor:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise ConfigError("a Ray address was given but Ray is not installed: pip install 'flexfl[cluster]'") from None
+            raise ConfigError("a Ray address was given but Ray is not installed: pip install "
+                              "'flexfl[cluster]'") from None
         self.address = address
         self.num_cpus = num_cpus
 

@@ -91,7 +91,8 @@ def parse_behave(data: Any, *, path: Path) -> dict[Hashable, Availability]:
         times = {}
         for key in ("active", "inactive"):
             if not isinstance(entry[key], list | tuple):
-                raise TraceFormatError(f"{where}: field '{key}': expected a list of times, got {type(entry[key]).__name__}")
+                raise TraceFormatError(f"{where}: field '{key}': expected a list of times, got "
+                                       f"{type(entry[key]).__name__}")
             times[key] = [_number(t, where=where, field=f"{key}[{i}]", positive=False) for i, t in enumerate(entry[key])]
         if len(times["active"]) != len(times["inactive"]):
             raise TraceFormatError(f"{where}: field 'inactive': {len(times['inactive'])} times for "

@@ -124,7 +124,8 @@ class Timeline:
                 for column, value in (("start", row.start), ("end", row.end)):
                     problem = time_problem(value, self.unit)
                     if problem:
-                        raise TraceFormatError(f"{where}: interval {i + 1}: field '{column}': value {value!r} {problem}")
+                        raise TraceFormatError(f"{where}: interval {i + 1}: field '{column}': value {value!r} "
+                                               f"{problem}")
                 problem = order_problem(row.start, row.end, previous)
                 if problem:
                     raise TraceFormatError(f"{where}: interval {i + 1}: field 'start': {problem}")

@@ -67,7 +67,8 @@ def proportional_sizes(weights: np.ndarray, *, total: int, min_size: int, max_si
         if max_size < min_size:
             raise DataError(f"max_size {max_size} is below min_size {min_size}")
         if n_devices * max_size < total:
-            raise DataError(f"{n_devices} devices x max_size {max_size} = {n_devices * max_size} is below total {total}")
+            raise DataError(f"{n_devices} devices x max_size {max_size} = {n_devices * max_size} is below total "
+                            f"{total}")
         cap = float(max_size - min_size)
     weights = np.asarray(weights, dtype=np.float64)
     rest = total - n_devices * min_size
