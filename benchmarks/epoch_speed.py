@@ -67,7 +67,10 @@ def groups(*, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequenc
     """Table 3's headline MNIST groups under E = `epochs` epochs, as `flexfl sim table3 --unit epoch` builds them."""
     out = reading_groups("mnist", READINGS[HEADLINE], seeds=seeds, num_traces=num_traces, settings=settings,
                          regime=REGIME)
-    return [Group(tuple(replace(r, config=with_e(r.config, epochs=epochs, rounds=rounds)) for r in g.runs)) for g in out]
+    def in_epochs(r):
+        return replace(r, config=with_e(r.config, epochs=epochs, rounds=rounds))
+
+    return [Group(tuple(in_epochs(r) for r in g.runs)) for g in out]
 
 
 def with_e(cfg: SimConfig, *, epochs: int, rounds: int) -> SimConfig:

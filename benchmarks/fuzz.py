@@ -151,8 +151,10 @@ def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: flo
                 # The legitimate end of the round.
                 rng = np.random.default_rng(random_seed)
                 updates = {
-                    HONEST[0]: (3, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for n, v in model.items()}),
-                    HONEST[1]: (E, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for n, v in model.items()}),
+                    HONEST[0]: (3, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32)
+                                    for n, v in model.items()}),
+                    HONEST[1]: (E, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32)
+                                    for n, v in model.items()}),
                     EVIL: (0, {}),
                 }
                 for device, (s, delta) in updates.items():

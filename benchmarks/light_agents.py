@@ -154,7 +154,8 @@ async def run(args: argparse.Namespace) -> int:
                                        shared=shared, answer=answer, per_round_rpcs=args.per_round_rpcs))
              for i in range(args.first, args.first + args.count)]
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    failed = [(i, r) for i, r in zip(range(args.first, args.first + args.count), results) if isinstance(r, BaseException)]
+    failed = [(i, r) for i, r in zip(range(args.first, args.first + args.count), results)
+              if isinstance(r, BaseException)]
     for i, exc in failed[:5]:
         log.error("agent %s%d failed: %r", args.prefix, i, exc)
     if shared is not None:

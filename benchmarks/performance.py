@@ -33,7 +33,8 @@ class Bench:
 
 
 BENCHES = (
-    Bench("Simulator: the cache and fast trainers against plain sequential and per-device torch loops, and the rooflines",
+    Bench("Simulator: the cache and fast trainers against plain sequential and per-device torch loops, "
+          "and the rooflines",
           ("benchmarks.sim_speed", "--reps", "7"), ("benchmarks.sim_speed", "--reps", "1", "--workloads", "synthetic"),
           "Issue 10's goal: >= 3x the sequential loop on MNIST (MLP, 100 devices, batch 10, E = 20) and >= 15x on "
           "SYNTHETIC (logistic regression, 50 devices, batch 20); issue 18's for the cache trainer: >= 0.65 of the "

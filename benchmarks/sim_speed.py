@@ -104,7 +104,8 @@ def build_workload(name: str, *, participation: str, seed: int) -> Workload:
                       for k, j in enumerate(assignment)], dtype=np.int64)
     rows = np.flatnonzero(s > 0)
     n = data.sample_counts[rows]
-    return Workload(name=name, data=data, model=model, start={n: p.detach().clone() for n, p in model.named_parameters()},
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return Workload(name=name, data=data, model=model, start=start,
                     batch_size=d.batch_size, E=E, lr=d.eta0, rows=rows, steps=s[rows], coef=n / n.sum())
 
 
@@ -231,7 +232,8 @@ def cpu_model() -> str:
     except OSError:
         return "unknown CPU"
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    name, family, model = (fields.get(k, d) for k, d in (("model name", "unknown CPU"), ("cpu family", "?"), ("model", "?")))
+    name, family, model = (fields.get(k, d)
+                           for k, d in (("model name", "unknown CPU"), ("cpu family", "?"), ("model", "?")))
     return f"{name} (family {family}, model {model})"
 
 
@@ -311,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: one per worker process)")
     p.add_argument("--workloads", default="mnist,synthetic", help="comma-separated: mnist, synthetic")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N (the fast trainer with N rows per chunk)")
+                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N "
+                        "(the fast trainer with N rows per chunk)")
     p.add_argument("--participation", choices=["full", "traces"], default="full")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -88,7 +88,8 @@ class UpdateMemory:
         if not devices:
             return {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         c = torch.tensor([p[d] for d in devices], dtype=torch.float64)
-        return {name: torch.tensordot(c, torch.stack([self.memories[d][name].double() for d in devices]), dims=1).float()
+        return {name: torch.tensordot(c, torch.stack([self.memories[d][name].double() for d in devices]),
+                                      dims=1).float()
                 for name in self.shapes}
 
     def snapshot(self) -> dict[str, dict]:

@@ -305,7 +305,8 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
     problems = []
     if cfg.arrival and arrival != cfg.arrival:
         late = f"dev-{cfg.devices - 1}"
-        problems.append(f"the late device {late} {'never arrived' if arrival is None else f'arrived in round {arrival}'}"
+        when = "never arrived" if arrival is None else f"arrived in round {arrival}"
+        problems.append(f"the late device {late} {when}"
                         f", not in round {cfg.arrival} as asked (see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'})")
     return {
         "problems": problems,

@@ -79,7 +79,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     cpus = _cycled(args.cpu, n, kind=float, flag="--cpu")
     ups = _cycled(args.up_kbit, n, kind=int, flag="--up-kbit")
     downs = _cycled(args.down_kbit, n, kind=int, flag="--down-kbit")
-    spec = FleetSpec(devices=tuple(DeviceSpec(cpu_quota=c, up_kbit=u, down_kbit=d) for c, u, d in zip(cpus, ups, downs)),
+    devices = tuple(DeviceSpec(cpu_quota=c, up_kbit=u, down_kbit=d) for c, u, d in zip(cpus, ups, downs))
+    spec = FleetSpec(devices=devices,
                      prefix=args.prefix, subnet=args.subnet, cfs_period_us=args.cfs_period_us)
     fleet = EmulatedFleet.up(spec)
     try:

@@ -85,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(t5, "table5_runs.csv")
     t5.set_defaults(func=cmd_table5)
 
-    op = sim_sub.add_parser("operating-point", help="the operating-point protocol: eta_0 for a dataset and E's unit, "
-                                                    "chosen on full-participation FedAvg (simulator/operating_point.py)")
+    op = sim_sub.add_parser("operating-point",
+                            help="the operating-point protocol: eta_0 for a dataset and E's unit, "
+                                 "chosen on full-participation FedAvg (simulator/operating_point.py)")
     op.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), required=True)
     op.add_argument("--unit", choices=enum_choices(Unit), required=True, help="what one of the E = 20 updates is")
     add_sweep_flags(op)
@@ -117,7 +118,8 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
                    help="with --timeline, instead of --update-s: one training sample at cpu_share 1, seconds "
                         "(x batch size, or x n_k with --unit epoch)")
     g.add_argument("--round-s", type=float,
-                   help="with a timeline in seconds: seconds from one round's start to the next (default: the deadline)")
+                   help="with a timeline in seconds: seconds from one round's start to the next "
+                        "(default: the deadline)")
 
 
 def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
@@ -178,13 +180,15 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int,
-                   help="seed of the model, traces and minibatches, and of the data split unless --data-seed (default 0)")
+                   help="seed of the model, traces and minibatches, and of the data split unless --data-seed "
+                        "(default 0)")
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
                    help="|T|: devices draw from the first |T| traces (default 8)")
     p.add_argument("--trainer", dest=flag_dest("trainer"), choices=enum_choices(TrainerKind),
                    help="cache (each device alone in numba kernels, the fastest), fast (all devices together in "
-                        "batched torch), plain (edge_agent.trainer per device, the reference), or auto (default: cache)")
+                        "batched torch), plain (edge_agent.trainer per device, the reference), "
+                        "or auto (default: cache)")
     p.add_argument("--arrive", action="append", default=[], metavar="K@R",
                    help="device K is absent until it arrives during round R (trains from R+1); repeatable")
     p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
@@ -393,6 +397,7 @@ def cmd_schemes(args: argparse.Namespace) -> int:
 def _markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, *, note: str = "", work_dir: Path) -> str:
     plots = "\n".join(f"![{k}]({Path(v).name})" for k, v in paths.items() if k.startswith("plot_"))
     r, ds = cfg.rules, cfg.partition.dataset
+    n_devices, final_csv, work_name = cfg.partition.n_devices, Path(paths["final_csv"]).name, Path(work_dir).name
     from simulator.schemes import cell_config
 
     setting_text = ", ".join(f"{s}: {cell_config(cfg, setting=s, seed=0, num_traces=1).partition.describe()}"
@@ -410,7 +415,7 @@ Rows marked (paper) are the published values. Where every trace in use is always
 (|T| = 1: trace T0), all devices finish E updates every round and A, B, C are the same
 algorithm; that run is computed once and shared by the three schemes (marked in its JSON).
 
-Setup: {cfg.partition.n_devices} devices, {cfg.rounds} rounds, E = {r.required_updates} local updates ({r.unit}) per round,
+Setup: {n_devices} devices, {cfg.rounds} rounds, E = {r.required_updates} local updates ({r.unit}) per round,
 batch size {r.batch_size_for(ds)}, eta_tau = {r.eta0_for(ds):g} / tau, traces `{trace_set}` (|T| = {num_traces}),
 s drawn `{r.trace_sampling}` from the device's trace, fraction -> s rule `{r.s_rule}`,
 sample counts {cfg.partition.sizes}, settings {setting_text}.
@@ -420,7 +425,7 @@ Speed on this machine: one {cfg.rounds}-round run took {run_s:.1f} s on average 
 the three schemes of a cell train together; {per_s:.0f} simulated device-updates per second, SGD steps
 actually computed).
 
-Per-run final accuracies: `{Path(paths['final_csv']).name}`; per-round metrics of every run: `runs/{Path(work_dir).name}/`.
+Per-run final accuracies: `{final_csv}`; per-round metrics of every run: `runs/{work_name}/`.
 
 {plots}
 """

@@ -3,7 +3,8 @@
 Non-IID MNIST (the paper's; `--dataset synthetic`: SYNTHETIC(1,1)), N = 10 devices with
 equal sample counts and 10 % holdouts, the first five traces, Scheme C. Devices 7, 8 and 9
 first train in rounds 100, 150 and 200 (they arrive during the round before); the test set
-gains each newcomer's holdout at its arrival and the rate restarts each time. Paired runs per seed: fast-reboot on and off.
+gains each newcomer's holdout at its arrival and the rate restarts each time. Paired runs per
+seed: fast-reboot on and off.
 """
 
 from __future__ import annotations

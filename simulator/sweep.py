@@ -96,11 +96,11 @@ class Group:
             if run.same_as is not None:
                 source = seen.get(run.same_as)
                 if source is None or source.same_as is not None:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier computed run "
-                                      "of its group")
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier "
+                                      "computed run of its group")
                 if source.config.rounds != run.config.rounds:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs {source.config.rounds} rounds, "
-                                      f"it runs {run.config.rounds}")
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs "
+                                      f"{source.config.rounds} rounds, it runs {run.config.rounds}")
             seen[run.name] = run
 
 

@@ -81,8 +81,8 @@ def reading_groups(dataset: str, reading: Reading, *, seeds: Sequence[int], num_
     def adjust(cfg: SimConfig) -> SimConfig:
         return replace(cfg, partition=replace(cfg.partition, sizes=reading.sizes(cfg.partition)))
 
-    return comparison_groups(base_config(dataset, reading, regime), settings=settings, num_traces=num_traces, seeds=seeds,
-                             prefix=f"{reading.name}_", adjust=adjust)
+    return comparison_groups(base_config(dataset, reading, regime), settings=settings, num_traces=num_traces,
+                             seeds=seeds, prefix=f"{reading.name}_", adjust=adjust)
 
 
 def run_table3(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], num_traces: Sequence[int],
@@ -147,7 +147,8 @@ def progress(out_dir: Path, dataset: str, work_dir: Path, summaries: Sequence[di
     text += f" Still to run: {', '.join(g[0].rsplit('_', 1)[0] for g in open_groups)}."
     if walls:
         median_h = float(np.median(walls)) / 3600
-        text += (f" At the median wall time of a finished group here ({median_h:.2f} h over {len(walls) // 3} finished; "
+        text += (f" At the median wall time of a finished group here ({median_h:.2f} h over {len(walls) // 3} "
+                 "finished; "
                  f"groups differ in steps with |T| and setting, and a resumed group counts its last part only) the "
                  f"rest would take about {median_h * len(open_groups):.1f} h on one worker.")
     else:
@@ -351,7 +352,8 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
             shares = {st: largest_share(dataset, reading, setting=st, seeds=seeds[:3]) for st in SETTINGS}
             n_seeds = len({s["seed"] for s in summaries if s["reading"] == name})
             score_rows.append(f"| {name}{' (headline)' if name == HEADLINE else ''} | {dataset.upper()} | {a.cells}/16 "
-                              f"| {n_seeds} | {a.sign_b_a:.0%} | {a.sign_c_b:.0%} | {a.rank_b_a:+.2f} | {a.rank_c_b:+.2f} "
+                              f"| {n_seeds} | {a.sign_b_a:.0%} | {a.sign_c_b:.0%} | {a.rank_b_a:+.2f} "
+                              f"| {a.rank_c_b:+.2f} "
                               f"| {100 * shares['iid']:.1f} % / {100 * shares['niid']:.1f} % |")
             table = cells_markdown(dataset, cells)
             if name == HEADLINE:

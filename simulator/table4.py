@@ -145,8 +145,8 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
                 horizon = ROUNDS - t + 1
                 fast = [r.rounds[metric] for r in found if r.tau0 == t and r.reboot == "fast"]
                 van = [r.rounds[metric] for r in found if r.tau0 == t and r.reboot == "vanilla"]
-                pairs = [(f, v) for f, v in zip(_by_seed(found, t, "fast", metric), _by_seed(found, t, "vanilla", metric))
-                         if f is not None or v is not None]
+                by_seed = zip(_by_seed(found, t, "fast", metric), _by_seed(found, t, "vanilla", metric))
+                pairs = [(f, v) for f, v in by_seed if f is not None or v is not None]
                 faster = sum(fast_sooner(f, v) for f, v in pairs)
                 cells.append(f"{cell_text(fast, horizon)} \\| {cell_text(van, horizon)}"
                              + (f"; fast sooner in {faster}/{len(pairs)}" if pairs else ""))

@@ -263,7 +263,8 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
         base = {p: baseline_accuracy(held, p) for p in ("include", "exclude")}
         oracle_by_h = {h: np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS])
                        for h in HORIZONS}
-        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {list(HORIZONS)}):
+        horizons = list(HORIZONS)
+        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {horizons}):
   auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
   always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
 - Share of held-out cases where excluding was better, per remaining horizon:

@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `traces` and its subcommands to the top-level `flexfl` parser."""
-    parser = sub.add_parser("traces", help="trace sets: calibrate, record, show, validate; device timelines: import, check",
+    parser = sub.add_parser("traces",
+                            help="trace sets: calibrate, record, show, validate; device timelines: import, check",
                             description="Trace sets (per round, the fraction of required updates submitted) and "
                                         "device timelines (per device, its conditions over time).")
     actions = parser.add_subparsers(dest="traces_command", required=True, metavar="ACTION")

@@ -262,7 +262,7 @@ def _read_header(text: str, *, path: Path, line: int) -> TimeUnit:
 
 
 def _shown(text: str) -> str:
-    """A value from the file as an error shows it: control characters escaped (the message stays one line), cut short."""
+    """A value from the file as an error shows it: control characters escaped (one line), cut short."""
     return shorten(text if text.isprintable() else text.encode("unicode_escape").decode("ascii"), 40)
 
 

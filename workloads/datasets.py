@@ -429,8 +429,9 @@ def load_plugin_data(name: str) -> PluginData:
         {key: getattr(result, key) for key in _PLUGIN_FIELDS if hasattr(result, key)}
     missing = [key for key in ("x_train", "y_train", "num_classes") if key not in values]
     if missing:
-        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns an "
-                           "object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) and num_classes")
+        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns "
+                           "an object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) "
+                           "and num_classes")
     num_classes = values["num_classes"]
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
         raise plugin.error(f"gives num_classes = {num_classes!r}; expected an integer >= 2")

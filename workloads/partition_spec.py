@@ -165,7 +165,8 @@ class PartitionSpec:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: partition is not valid JSON: {exc}") from None
         claimed = raw.get("dataset") if isinstance(raw, dict) else None
-        if ours is not None and isinstance(claimed, str) and claimed != ours.dataset and not is_builtin_dataset(claimed):
+        if (ours is not None and isinstance(claimed, str) and claimed != ours.dataset
+                and not is_builtin_dataset(claimed)):
             raise PartitionMismatch(f"{where}: its partition's dataset is {raw.get('dataset')!r}, the coordinator's "
                                     f"{str(ours.dataset)!r}")
         return from_dict(cls, raw, where=where, table="partition")

@@ -216,8 +216,8 @@ def _scheme_runs(path: Path) -> Run | None:
     and E. None if a scheme of rounds.csv has no such folder (then the aggregates are read)."""
     named = list(dict.fromkeys(r.scheme for r in _read_rounds_csv(path / SIM_ROUNDS_CSV)))
     schemes = [s for s in named if s is not None]
-    if not schemes or len(schemes) < len(named) or not all((path / s / RUN_JSON).is_file() and (path / s / METRICS_FILES[0])
-                                                 .is_file() for s in schemes):
+    if not schemes or len(schemes) < len(named) or not all(
+            (path / s / RUN_JSON).is_file() and (path / s / METRICS_FILES[0]).is_file() for s in schemes):
         return None
     runs = {s: read_run(path / s) for s in schemes}
     first = runs[schemes[0]]

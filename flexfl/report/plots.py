@@ -26,8 +26,9 @@ from flexfl.report.sections import Cell, Participation
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
-RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9, "axes.titlesize": 10,
-      "axes.grid": True, "grid.alpha": 0.3, "font.family": ["DejaVu Sans", "sans-serif"]}
+RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9,
+                            "axes.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3,
+                            "font.family": ["DejaVu Sans", "sans-serif"]}
 SCHEME_STYLE = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-"), None: ("tab:green", "-")}
 ABSENT_COLOR, INACTIVE_COLOR, REJECTED_COLOR = "#f2f2f2", "#fdae61", "#d7191c"
 ARRIVAL_COLOR, DEPARTURE_COLOR = "tab:blue", "tab:red"

@@ -37,7 +37,8 @@ def make_config(tmp_path, **values) -> CoordinatorConfig:
         if key == "data_seed":
             tables["partition"]["seed"] = value
             continue
-        table = "run" if key == "seed" else next(t for t, cls in _TABLES.items() if key in {f.name for f in fields(cls)})
+        table = "run" if key == "seed" else next(t for t, cls in _TABLES.items()
+                                                 if key in {f.name for f in fields(cls)})
         tables[table][key] = value
     return CoordinatorConfig(
         server=ServerConfig(listen="127.0.0.1:0", fleet_token=TOKEN, pull_wait_s=0.5),

@@ -80,8 +80,8 @@ def _bad_variants(header, model):
     return {
         "wrong shape": (_update("evil", header.round_id, wrong_shape), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
         "NaN": (_update("evil", header.round_id, nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
-        "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1), grpc.StatusCode.INVALID_ARGUMENT,
-                  "outside 0..E"),
+        "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1),
+                  grpc.StatusCode.INVALID_ARGUMENT, "outside 0..E"),
         "bad checksum": ((h_ok, bytes(corrupt)), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
         "truncated": ((h_ok, d_ok[:-4]), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
         "missing tensor": (_update("evil", header.round_id, missing), grpc.StatusCode.INVALID_ARGUMENT, "missing"),

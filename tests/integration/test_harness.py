@@ -28,8 +28,8 @@ def _configs(tmp_path: Path, *, rounds: int = 2, start_grace_s: float = 0.0) -> 
     cfg = make_config(tmp_path, n_devices=2, min_devices=2, rounds=rounds, deadline_s=5.0)
     cfg = cfg.__class__(server=cfg.server.__class__(listen=address, fleet_token_file=str(tmp_path / "token"),
                                                     pull_wait_s=0.5),
-                        partition=cfg.partition, rules=cfg.rules, run=RunConfig(rounds=rounds, deadline_s=5.0, min_devices=2,
-                                                         start_grace_s=start_grace_s),
+                        partition=cfg.partition, rules=cfg.rules,
+                        run=RunConfig(rounds=rounds, deadline_s=5.0, min_devices=2, start_grace_s=start_grace_s),
                         output=OutputConfig(dir=str(tmp_path / "out")))
     write_config(tmp_path / "c.toml", cfg)
     for i in range(2):

@@ -179,8 +179,8 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
     """Agents follow traces; dev-4 arrives (fast-reboot), dev-0 departs: the simulator ends with the same model
     and the same Gamma estimate for dev-0."""
     n, rounds = 5, 8
-    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C", departure_policy=policy,
-                      total_samples=2000, seed=3)
+    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C",
+                      departure_policy=policy, total_samples=2000, seed=3)
     fleet = fleet_factory(cfg)
     traces = read_trace_set(REPO / "traces" / "paper").first(5)
     assignment = assign_traces(n, n_traces=len(traces), seed=cfg.run.seed)

@@ -46,8 +46,8 @@ def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, t
     assert rows[4]["p"]["dev-2"] > 0 and "dev-2" in rows[4]["participants"]
 
 
-def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs, wait_for,
-                                                                       caplog):
+def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs,
+                                                                       wait_for, caplog):
     caplog.set_level(logging.WARNING, logger="edge_agent.agent")
     port = free_port()
     config = coordinator_toml(tmp_path, port, rounds=6)

@@ -157,7 +157,8 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
 def _train(fleet, n: int) -> tuple[list[EdgeAgent], dict[str, torch.Tensor]]:
     # Ragged s, fixed per device and round, so that both runs train the same model.
     schedules = [tuple((i + r) % 5 + 1 for r in range(3)) for i in range(n)]
-    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=s)) for i, s in enumerate(schedules)]
+    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=s))
+              for i, s in enumerate(schedules)]
     assert fleet.coordinator.wait(timeout=120)
     return agents, {k: v.clone() for k, v in fleet.coordinator.engine.params.items()}
 

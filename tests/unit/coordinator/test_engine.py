@@ -233,7 +233,8 @@ def test_one_round_through_domain_records_alone(tmp_path):
         torch.testing.assert_close(p, start[n] + 0.25)
     state = eng.status()
     assert (state.completed_round, state.open_round, state.finished) == (1, 0, True)
-    assert [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices] == [("solo", 2, True, True)]
+    devices = [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices]
+    assert devices == [("solo", 2, True, True)]
     row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
     assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"]) == \
         ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered")
@@ -251,7 +252,8 @@ def test_the_wire_format_stops_at_the_servicer():
 
     root = str(Path(coordinator.__file__).parent.parent)  # this checkout's, not an installed copy's
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; print(sorted(m for m in sys.modules "
+    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; "
+                             "print(sorted(m for m in sys.modules "
                              "if m.split('.')[0] in ('grpc', 'google') or m.startswith('flexfl.proto')))"],
                             capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert loaded == "[]"

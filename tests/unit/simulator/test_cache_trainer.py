@@ -39,8 +39,8 @@ def _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, *
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
         ref = build_model(name, in_features=dim, num_classes=classes)
         ref.load_state_dict({n: p.clone() for n, p in starts[i].items()})
-        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch, rng=device_rng(*rng_keys[i]),
-                          mu=mu)
+        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch,
+                          rng=device_rng(*rng_keys[i]), mu=mu)
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:

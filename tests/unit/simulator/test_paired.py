@@ -36,7 +36,8 @@ def assert_same_run(paired, alone):
         torch.testing.assert_close(paired.final_params[n], alone.final_params[n], rtol=1e-5, atol=1e-6)
     assert [r["s"] for r in paired.rows] == [r["s"] for r in alone.rows]
     assert [(r["p"], r["coefficients"]) for r in paired.rows] == [(r["p"], r["coefficients"]) for r in alone.rows]
-    assert [(r["arrivals"], r["departures"]) for r in paired.rows] == [(r["arrivals"], r["departures"]) for r in alone.rows]
+    events = [(r["arrivals"], r["departures"]) for r in paired.rows]
+    assert events == [(r["arrivals"], r["departures"]) for r in alone.rows]
     for a, b in zip(paired.records, alone.records):
         assert (a.round, a.lr, a.active, a.complete, a.members, a.events) == (b.round, b.lr, b.active, b.complete,
                                                                                 b.members, b.events)
@@ -130,7 +131,9 @@ def test_rows_sharing_a_generator_train_on_its_batches_each_for_its_own_steps():
 
 
 def test_an_interrupted_paired_group_resumes_from_its_checkpoint_to_the_same_result(tmp_path, monkeypatch):
-    """A worker killed mid-run loses at most the rounds since its last save; the resumed runs equal uninterrupted ones."""
+    """A worker killed mid-run loses at most the rounds since its last save.
+
+    The resumed runs equal uninterrupted ones."""
     from simulator import engine
 
     events = ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2),),

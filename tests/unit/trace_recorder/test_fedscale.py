@@ -63,7 +63,8 @@ def test_availability_windows_become_online_and_offline_rows(tmp_path: Path) -> 
 
 def test_time_scale_and_start_map_run_seconds_onto_trace_seconds() -> None:
     av = merge_windows([(0, 20), (50, 80)], period_s=100)
-    # A run second reads 10 trace seconds, from trace second 40: [40, 50) off, [50, 80) on, [80, 100) off, [100, 120) on.
+    # A run second reads 10 trace seconds, from trace second 40:
+    # [40, 50) off, [50, 80) on, [80, 100) off, [100, 120) on.
     segments = online_segments(av, TraceClock(horizon_s=8, time_scale=10, start_s=40))
     assert segments == [(0.0, 1.0, False), (1.0, 4.0, True), (4.0, 6.0, False), (6.0, 8.0, True)]
 

@@ -55,7 +55,8 @@ def test_inventory_resolves_the_token_next_to_it_and_rejects_shared_traces(tmp_p
     inv = tmp_path / "hosts.toml"
     inv.write_text('coordinator_listen = "0.0.0.0:50051"\nfleet_token_file = "fleet_token"\n'
                    '[[devices]]\ndevice_id = "pi-01"\ntrace = "T0"\nloadgen = "tcp://10.0.0.21:5601"\n'
-                   '[[devices]]\ndevice_id = "pi-02"\ntrace = "T90"\nloadgen = "tcp://10.0.0.22:5601"\niface = "wlan0"\n')
+                   '[[devices]]\ndevice_id = "pi-02"\ntrace = "T90"\nloadgen = "tcp://10.0.0.22:5601"\n'
+                   'iface = "wlan0"\n')
     loaded = load_inventory(inv)
     assert loaded.fleet_token_file == str(tmp_path / "fleet_token")
     assert [(d.device_id, d.trace, d.iface) for d in loaded.devices] == [("pi-01", "T0", ""), ("pi-02", "T90", "wlan0")]

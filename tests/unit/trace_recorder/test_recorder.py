@@ -8,7 +8,8 @@ from trace_recorder.format import read_trace_set, write_trace_set
 from trace_recorder.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
 
 IDS = ["T0", "T90"]
-DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None) for i, d in enumerate(IDS)]
+DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None)
+           for i, d in enumerate(IDS)]
 
 
 def row(k: int, *, s: dict, delivered: tuple = ("T0", "T90"), arrived: tuple = ("T0", "T90"),

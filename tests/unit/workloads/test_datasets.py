@@ -143,7 +143,8 @@ def test_mnist_corrupt_cache_is_rebuilt(
         np.save(cache / f"{key}.npy", np.zeros(shape, np.uint8))
     if corruption == "garbage":
         (cache / "x_train.npy").write_bytes(b"\x93NUMPY truncated")
-    good_arrays = {k: np.load(mnist_cache_dir / "mnist" / f"{k}.npy") for k in ("x_train", "y_train", "x_test", "y_test")}
+    good_arrays = {k: np.load(mnist_cache_dir / "mnist" / f"{k}.npy")
+                   for k in ("x_train", "y_train", "x_test", "y_test")}
     parsed = []
     monkeypatch.setattr(datasets, "_parse_mnist_csvs", lambda folder: parsed.append(folder) or good_arrays)
     train, test = load_mnist(tmp_path)
