@@ -112,7 +112,7 @@ class Stage:
             try:
                 if self.error is None and items:
                     self._work(items)
-            except BaseException as exc:
+            except BaseException as exc:  # the engine thread raises it (Finisher.raise_error)
                 log.exception("%s failed", self._thread.name)
                 self.error = exc
             finally:

@@ -313,6 +313,10 @@ def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_che
     thread.start()
     for tau in (1, 2):
         _wait_for(lambda tau=tau: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        if tau == 2:
+            # Round 1 is tested once round 2 is open; round 2 closes only after that test has failed, else
+            # round 3 would open first and wait out its 60 s deadline (the race made this test flaky).
+            _wait_for(lambda: eng.finisher.failed is not None, "round 1's evaluation to fail")
         _answer(eng, "a", 1.0)
         _answer(eng, "b", 3.0)
     thread.join(timeout=60)
