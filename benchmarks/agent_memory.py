@@ -142,8 +142,10 @@ def main() -> None:
     print(f"agent joined:                 RSS {med('joined_rss'):7.1f}   (reported by the agent at join: "
           f"{med('reported'):.0f})")
     print(f"agent idle 5 s later:         RSS {idle:7.1f}   peak (VmHWM) {peak:7.1f}")
-    print(f"over torch: idle +{idle - floor_rss:.1f} MiB (goal <= +30: {'met' if idle - floor_rss <= 30 else 'NOT met'}), "
-          f"peak +{peak - floor_hwm:.1f} MiB (goal <= +80: {'met' if peak - floor_hwm <= 80 else 'NOT met'})")
+    idle_goal = "met" if idle - floor_rss <= 30 else "NOT met"
+    peak_goal = "met" if peak - floor_hwm <= 80 else "NOT met"
+    print(f"over torch: idle +{idle - floor_rss:.1f} MiB (goal <= +30: {idle_goal}), "
+          f"peak +{peak - floor_hwm:.1f} MiB (goal <= +80: {peak_goal})")
     trained, trained_peak, anon = med("trained_rss"), med("trained_peak"), med("trained_anon")
     print(f"agent after {args.rounds} trained rounds: RSS {trained:7.1f}   peak (VmHWM) {trained_peak:7.1f}   "
           f"(anonymous {anon:.1f}; torch alone {floor_anon:.1f})")

@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9, help="rotations (each runs every command once)")
     args = ap.parse_args()
     everything = (FLOOR, *COMMANDS)
-    for name, argv, expect in everything:  # warm the page cache once; not counted
+    for _name, argv, expect in everything:  # warm the page cache once; not counted
         timed(argv, expect)
     times: dict[str, list[float]] = {name: [] for name, _, _ in everything}
     excess: dict[str, list[float]] = {name: [] for name, _, _ in COMMANDS}

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks.report import Output
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from benchmarks.report import Output
 from flexfl.harness import Harness, HarnessError, free_port
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
@@ -182,13 +182,15 @@ def main() -> None:
     ap.add_argument("--agents-per-process", type=int, default=250)
     ap.add_argument("--no-eval", action="store_true", help="skip central evaluation (run.evaluate = false)")
     ap.add_argument("--shared-connection", action="store_true", help="the agents of a process share one channel")
-    ap.add_argument("--markdown", type=Path, help="also write the output as a section of this file (results/performance.md)")
+    ap.add_argument("--markdown", type=Path,
+                    help="also write the output as a section of this file (results/performance.md)")
     args = ap.parse_args()
     say = Output()
     sizes = [int(x) for x in args.agents.split(",")]
+    channels = "one channel per process" if args.shared_connection else "one channel (TCP connection) per agent"
     say(f"coordinator benchmark: mnist MLP (199,210 float32), {args.rounds} rounds per size, "
         f"{'no evaluation' if args.no_eval else 'central evaluation on 10k test images'}, light agents in processes "
-        f"of up to {args.agents_per_process}, {'one channel per process' if args.shared_connection else 'one channel (TCP connection) per agent'}")
+        f"of up to {args.agents_per_process}, {channels}")
     say("medians over rounds 2.., [min, max]; times in ms")
     say(f"{'agents':>6}  {'overhead close->open':>24}  {'round period':>26}  {'eval':>6}  {'wake-ups':>8}  "
         f"{'coordinator RSS (MiB)':>23}  {'per agent':>9}  {'bytes per device':>17}")

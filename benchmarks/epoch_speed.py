@@ -67,7 +67,10 @@ def groups(*, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequenc
     """Table 3's headline MNIST groups under E = `epochs` epochs, as `flexfl sim table3 --unit epoch` builds them."""
     out = reading_groups("mnist", READINGS[HEADLINE], seeds=seeds, num_traces=num_traces, settings=settings,
                          regime=REGIME)
-    return [Group(tuple(replace(r, config=with_e(r.config, epochs=epochs, rounds=rounds)) for r in g.runs)) for g in out]
+    def in_epochs(r):
+        return replace(r, config=with_e(r.config, epochs=epochs, rounds=rounds))
+
+    return [Group(tuple(in_epochs(r) for r in g.runs)) for g in out]
 
 
 def with_e(cfg: SimConfig, *, epochs: int, rounds: int) -> SimConfig:
@@ -206,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setting", choices=SETTINGS, default="niid")
     p.add_argument("--num-traces", type=int, default=8, help="|T| (default 8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--round", type=int, default=1, help="ragged vs equal: the round whose draws are trained (default 1)")
+    p.add_argument("--round", type=int, default=1,
+                   help="ragged vs equal: the round whose draws are trained (default 1)")
     p.add_argument("--epochs", type=int, default=20, help="ragged vs equal: E in epochs (default 20)")
     p.add_argument("--rate-rounds", type=int, default=2, help="--price: rounds of the group per timed repetition")
     args = p.parse_args(argv)

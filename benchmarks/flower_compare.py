@@ -52,7 +52,8 @@ def flower_periods(n: int, *, rounds: int, evaluate: bool, python: Path, shared_
         argv = [str(python), side, "server", "--address", address, "--agents", str(n), "--rounds", str(rounds),
                 "--out", str(out)] + (["--eval"] if evaluate else [])
         with open(tmp / "server.log", "wb") as log:
-            srv = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+            srv = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, cwd=REPO)
         clients = []
         try:
             _wait_listening(address, srv, tmp / "server.log")
@@ -113,15 +114,17 @@ def main() -> None:
     ap.add_argument("--connections", choices=["own", "shared"], default="own",
                     help="own: one TCP connection per agent/client (separate devices; default); shared: all "
                          "clients of a process on one (gRPC's default for Flower's channels)")
-    ap.add_argument("--markdown", type=Path, help="also write the output as a section of this file (results/performance.md)")
+    ap.add_argument("--markdown", type=Path,
+                    help="also write the output as a section of this file (results/performance.md)")
     args = ap.parse_args()
     say = Output()
     if not args.flower_python.exists():
         raise SystemExit(f"{args.flower_python} not found: `make setup-flower` creates Flower's virtualenv")
     sizes = [int(x) for x in args.agents.split(",")]
     shared = args.connections == "shared"
+    connections = "one TCP connection for all clients" if shared else "one TCP connection per client"
     say(f"FlexFL vs Flower legacy gRPC API: mnist MLP (199,210 float32), {args.rounds} rounds per run, "
-        f"{args.repeat} interleaved pairs, {'one TCP connection for all clients' if shared else 'one TCP connection per client'}, "
+        f"{args.repeat} interleaved pairs, {connections}, "
         f"clients in {args.client_processes} process(es) per system")
     results: dict[tuple[int, bool], list[tuple[float, float]]] = {}
     version = "?"
@@ -146,7 +149,8 @@ def main() -> None:
                     f"(ratio {got['flexfl'] / got['flower']:.2f}; order {' '.join(order)})")
     say()
     say(f"round period, median of per-run medians (ms); ratio FlexFL / Flower {version} over the pairs")
-    say(f"{'agents':>6}  {'evaluation':>10}  {'FlexFL':>8}  {'Flower':>8}  {'ratio min / median / max':>25}  goal <= 0.8")
+    say(f"{'agents':>6}  {'evaluation':>10}  {'FlexFL':>8}  {'Flower':>8}  {'ratio min / median / max':>25}  "
+        "goal <= 0.8")
     for (n, evaluate), pairs in sorted(results.items()):
         a = np.array([p[0] for p in pairs])
         b = np.array([p[1] for p in pairs])

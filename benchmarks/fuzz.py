@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
 
 from benchmarks.fuzz_config import fuzz_configs
 from benchmarks.fuzz_grpc import EVIL, HONEST, SAMPLES, Client, Target, fuzz_grpc
@@ -39,8 +41,6 @@ from coordinator.round import Arrival, Federation, RulesConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 from workloads.federated import initial_model
 from workloads.partition_spec import PartitionSpec
 
@@ -151,8 +151,10 @@ def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: flo
                 # The legitimate end of the round.
                 rng = np.random.default_rng(random_seed)
                 updates = {
-                    HONEST[0]: (3, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for n, v in model.items()}),
-                    HONEST[1]: (E, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for n, v in model.items()}),
+                    HONEST[0]: (3, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32)
+                                    for n, v in model.items()}),
+                    HONEST[1]: (E, {n: (rng.standard_normal(v.shape) * 0.05).astype(np.float32)
+                                    for n, v in model.items()}),
                     EVIL: (0, {}),
                 }
                 for device, (s, delta) in updates.items():

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
-from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
-
-from coordinator.status import ERRORS  # the server's one exception -> status table
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from coordinator.status import ERRORS  # the server's one exception -> status table
 
 HONEST = ("honest-a", "honest-b")
 EVIL = "evil"
@@ -112,20 +112,17 @@ def identity(draw, *, allow_evil: bool = True):
     if kind == "pool":
         return {"device": draw(st.sampled_from(POOL)), "token": None}
     if kind == "stranger":
-        return {"device": draw(st.sampled_from((EVIL,) + POOL)), "token": draw(_printable.filter(bool))}
+        return {"device": draw(st.sampled_from((EVIL, *POOL))), "token": draw(_printable.filter(bool))}
     if kind == "no-token":
         return {"device": EVIL, "token": "", "bare": True}
     if kind == "no-device":
         return {"device": "", "token": None}
-    return {"device": draw(_printable.filter(lambda d: d not in HONEST + (EVIL,))),
+    return {"device": draw(_printable.filter(lambda d: d not in (*HONEST, EVIL))),
             "token": draw(st.one_of(st.none(), _printable))}
 
 
 def _metadata(client: Client, who: dict, extra: list) -> list[tuple[str, str]]:
-    if who.get("bare"):
-        md = [(DEVICE_HEADER, who["device"])]
-    else:
-        md = client.md(who["device"], token=who["token"])
+    md = [(DEVICE_HEADER, who["device"])] if who.get("bare") else client.md(who["device"], token=who["token"])
     return [(k, v) for k, v in md if v] + extra
 
 

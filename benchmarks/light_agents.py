@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
@@ -122,15 +121,16 @@ async def agent(address: str, token: str, device_id: str, shard_index: int, *, p
                 shared: grpc.aio.Channel | None, answer: Answer, per_round_rpcs: bool = False) -> int:
     """One agent until FINISHED; returns the rounds it answered."""
     # A local subchannel pool gives every agent its own TCP connection, as separate devices have.
-    channel = shared or grpc.aio.insecure_channel(address, options=[*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+    channel = shared or grpc.aio.insecure_channel(address,
+                                                  options=[*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
     stub = pb_grpc.FleetStub(channel)
     md = ((AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, device_id))
     answered = 0
     try:
         for attempt in range(100):
             try:
-                await stub.Join(pb.JoinRequest(device_id=device_id, shard_index=shard_index, protocol_version=PROTOCOL_VERSION),
-                                metadata=md, timeout=30)
+                join = pb.JoinRequest(device_id=device_id, shard_index=shard_index, protocol_version=PROTOCOL_VERSION)
+                await stub.Join(join, metadata=md, timeout=30)
                 break
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE or attempt == 99:
@@ -154,7 +154,8 @@ async def run(args: argparse.Namespace) -> int:
                                        shared=shared, answer=answer, per_round_rpcs=args.per_round_rpcs))
              for i in range(args.first, args.first + args.count)]
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    failed = [(i, r) for i, r in zip(range(args.first, args.first + args.count), results) if isinstance(r, BaseException)]
+    failed = [(i, r) for i, r in zip(range(args.first, args.first + args.count), results)
+              if isinstance(r, BaseException)]
     for i, exc in failed[:5]:
         log.error("agent %s%d failed: %r", args.prefix, i, exc)
     if shared is not None:

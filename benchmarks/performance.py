@@ -33,14 +33,16 @@ class Bench:
 
 
 BENCHES = (
-    Bench("Simulator: the cache and fast trainers against plain sequential and per-device torch loops, and the rooflines",
+    Bench("Simulator: the cache and fast trainers against plain sequential and per-device torch loops, "
+          "and the rooflines",
           ("benchmarks.sim_speed", "--reps", "7"), ("benchmarks.sim_speed", "--reps", "1", "--workloads", "synthetic"),
           "Issue 10's goal: >= 3x the sequential loop on MNIST (MLP, 100 devices, batch 10, E = 20) and >= 15x on "
           "SYNTHETIC (logistic regression, 50 devices, batch 20); issue 18's for the cache trainer: >= 0.65 of the "
           "compute roofline, >= 3x sequential and ahead of the torch per-device loop (torchloop) on MNIST. The "
           "rooflines are printed with the bytes and FLOPs per device-step assumed."),
     Bench("Simulator: paired runs (the schemes of a seed) trained together against one by one",
-          ("benchmarks.sweep_speed", "--reps", "5"), ("benchmarks.sweep_speed", "--reps", "1", "--workloads", "synthetic"),
+          ("benchmarks.sweep_speed", "--reps", "5"), ("benchmarks.sweep_speed", "--reps", "1",
+                                                      "--workloads", "synthetic"),
           "What pairing saves in a sweep (simulator.engine.run_paired)."),
     Bench("Threads per worker process",
           ("benchmarks.threads", "--reps", "3"), ("benchmarks.threads", "--reps", "1"),

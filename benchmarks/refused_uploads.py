@@ -27,16 +27,16 @@ from pathlib import Path
 
 import grpc
 import psutil
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION
 
 from benchmarks.report import Output, machine
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import fleet_pb2_grpc as pb_grpc
-from flexfl.proto import tensors as wire
-from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION
 from workloads.partition_spec import PartitionSpec
 
 TOKEN = "refused-uploads-bench"
@@ -103,8 +103,10 @@ def run(*, uploads: int = 100, parallel: int = 5, upload_mib: float = 63.0, limi
             header = None
             while header is None or header.status != pb.RoundHeader.ROUND:
                 # Read to the end: the model counts as delivered (and the deadline runs) once it is all sent.
-                header = list(stub.PullRound(pb.PullRequest(device_id=DEVICE, wait_s=5), metadata=md,
-                                             timeout=60))[0].header
+                # The whole stream is read, not its first message: the coordinator counts the model as
+                # delivered only once every chunk has gone out, and refuses uploads before that.
+                pulled = list(stub.PullRound(pb.PullRequest(device_id=DEVICE, wait_s=5), metadata=md, timeout=60))
+                header = pulled[0].header
             update, data = _corrupt_update(header.round_id, nbytes)
 
             def push(_: int) -> str:

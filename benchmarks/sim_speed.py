@@ -46,6 +46,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -103,7 +104,8 @@ def build_workload(name: str, *, participation: str, seed: int) -> Workload:
                       for k, j in enumerate(assignment)], dtype=np.int64)
     rows = np.flatnonzero(s > 0)
     n = data.sample_counts[rows]
-    return Workload(name=name, data=data, model=model, start={n: p.detach().clone() for n, p in model.named_parameters()},
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return Workload(name=name, data=data, model=model, start=start,
                     batch_size=d.batch_size, E=E, lr=d.eta0, rows=rows, steps=s[rows], coef=n / n.sum())
 
 
@@ -183,7 +185,10 @@ def torch_loop(w: Workload) -> Callable[[list[np.random.Generator]], dict[str, t
     return run
 
 
-def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]]:
+Aggregator = Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]  # per-row generators -> sum_k c_k delta_k
+
+
+def variant_fns(w: Workload, variants: list[str]) -> dict[str, Aggregator]:
     """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
     fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
     coef = torch.from_numpy(w.coef.astype(np.float32))
@@ -199,11 +204,13 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np
             with torch.no_grad():
                 for n, p in w.model.named_parameters():
                     p.copy_(w.start[n])
-            deltas.append(train_local(w.model, w.data.train[k], updates=int(s), lr=w.lr, batch_size=w.batch_size, rng=rng).delta)
+            deltas.append(train_local(w.model, w.data.train[k], updates=int(s), lr=w.lr, batch_size=w.batch_size,
+                                      rng=rng).delta)
         return aggregate(stack_deltas(deltas))
 
     def fast_with(trainer):
-        return lambda rngs: aggregate(trainer.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs, out=out)[0])
+        return lambda rngs: aggregate(trainer.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs,
+                                                    out=out)[0])
 
     # fast@N: the fast trainer with N rows per chunk (to choose DEFAULT_CHUNK_ROWS).
     chunked = {v: fast_with(FastTrainer(w.model, w.data.train, batch_size=w.batch_size, chunk_rows=int(v[5:])))
@@ -220,11 +227,14 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Callable[[list[np
 def cpu_model() -> str:
     """The CPU's model name and family (as lscpu shows them), from /proc/cpuinfo."""
     try:
-        fields = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line)
+        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        fields = dict(line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)
     except OSError:
         return "unknown CPU"
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+    name, family, model = (fields.get(k, d)
+                           for k, d in (("model name", "unknown CPU"), ("cpu family", "?"), ("model", "?")))
+    return f"{name} (family {family}, model {model})"
 
 
 def add_bandwidth_gbs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -240,7 +250,8 @@ def sgemm_gflops(m: torch.Tensor) -> float:
 
 
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    return "min " + fmt.format(min(values)) + "  median " + fmt.format(float(np.median(values))) + "  max " + fmt.format(max(values))
+    low, median, high = (fmt.format(v) for v in (min(values), float(np.median(values)), max(values)))
+    return f"min {low}  median {median}  max {high}"
 
 
 def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> None:
@@ -286,7 +297,8 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int) -> Non
     if roofline:
         roof = [bw * 1e9 / MLP_STEP_BYTES for bw in bandwidth]
         comp = [g * 1e9 / MLP_STEP_FLOPS for g in gflops]
-        print(f"memory bandwidth (add_, 2 x 256 MiB, {torch.get_num_threads()} thread(s)): {spread(bandwidth, '{:.1f} GB/s')}")
+        threads = torch.get_num_threads()
+        print(f"memory bandwidth (add_, 2 x 256 MiB, {threads} thread(s)): {spread(bandwidth, '{:.1f} GB/s')}")
         print(f"memory roofline at {MLP_STEP_BYTES:,} bytes per MLP device-step: device-steps/s {spread(roof)}")
         print(f"sgemm 1024^3: {spread(gflops, '{:.1f} GFLOP/s')}")
         print(f"compute roofline at {MLP_STEP_FLOPS:,} FLOPs per MLP device-step: device-steps/s {spread(comp)}")
@@ -301,12 +313,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: one per worker process)")
     p.add_argument("--workloads", default="mnist,synthetic", help="comma-separated: mnist, synthetic")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N (the fast trainer with N rows per chunk)")
+                   help=f"comma-separated, from {','.join(VARIANTS)} and fast@N "
+                        "(the fast trainer with N rows per chunk)")
     p.add_argument("--participation", choices=["full", "traces"], default="full")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted(v for v in set(variants) - set(VARIANTS) if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
+    unknown = sorted(v for v in set(variants) - set(VARIANTS)
+                     if not (v.startswith("fast@") and v[5:].isdigit() and int(v[5:]) > 0))
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
     torch.set_num_threads(args.threads)

@@ -35,20 +35,20 @@ from pathlib import Path
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # forks for emulated devices (grpc/grpc#43055)
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import psutil
+import torch
 
-from coordinator.checkpoint import load_checkpoint  # noqa: E402
-from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig  # noqa: E402
-from coordinator.metrics import read_metrics  # noqa: E402
-from coordinator.round import RulesConfig  # noqa: E402
-from edge_agent.config import AgentConfig, ParticipationConfig  # noqa: E402
-from flexfl.config import write_config  # noqa: E402
-from flexfl.files import atomic_file  # noqa: E402
-from flexfl.harness import Harness, free_port  # noqa: E402
-from workloads.federated import initial_model  # noqa: E402
-from workloads.partition_spec import PartitionSpec, Sizes  # noqa: E402
+from coordinator.checkpoint import load_checkpoint
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.metrics import read_metrics
+from coordinator.round import RulesConfig
+from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.config import write_config
+from flexfl.files import atomic_file
+from flexfl.harness import Harness, free_port
+from workloads.federated import initial_model
+from workloads.partition_spec import PartitionSpec, Sizes
 
 TOKEN = "soak-fleet-token"
 REPO = Path(__file__).resolve().parent.parent

@@ -50,7 +50,8 @@ def worker(threads: int, commands: mp.Queue, results: mp.Queue) -> None:
 
 
 def spread(values: list[float], fmt: str) -> str:
-    return f"min {fmt.format(min(values))}  median {fmt.format(float(np.median(values)))}  max {fmt.format(max(values))}"
+    low, median, high = (fmt.format(v) for v in (min(values), float(np.median(values)), max(values)))
+    return f"min {low}  median {median}  max {high}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import grpc
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
 from coordinator import identity
 from flexfl.errors import DeviceBusy, IdentityMismatch, MissingDevice, Unauthenticated
-from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
 log = logging.getLogger(__name__)
 

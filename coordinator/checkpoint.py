@@ -47,7 +47,7 @@ def checkpointed_round(path: Path) -> int | None:
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         return int(raw["completed_round"])
-    except Exception:  # noqa: BLE001 - torch raises many types for a corrupt file; the caller says so
+    except Exception:
         return None
 
 
@@ -63,7 +63,8 @@ def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np
         raise ConfigError(f"checkpoint {path}: tensors {sorted(params)} do not match the model {sorted(expected)}")
     for name, (shape, _dtype) in expected.items():
         if tuple(params[name].shape) != tuple(shape):
-            raise ConfigError(f"checkpoint {path}: tensor '{name}' has shape {tuple(params[name].shape)}, model needs {shape}")
+            raise ConfigError(f"checkpoint {path}: tensor '{name}' has shape {tuple(params[name].shape)}, "
+                              f"model needs {shape}")
     try:
         return Checkpoint(params=params, completed_round=int(raw["completed_round"]), run_id=str(raw["run_id"]),
                           registry=dict(raw["registry"]), objective=dict(raw["objective"]),

@@ -53,7 +53,8 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     fr.add_argument("--fast-reboot", dest=dest("fast_reboot"), action="store_true", default=None,
                     help="boost an arriving device's weight (default on)")
     fr.add_argument("--no-fast-reboot", dest=dest("fast_reboot"), action="store_false", help="no boost on arrival")
-    g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float, help="fast-reboot boost at arrival (default 3)")
+    g.add_argument("--boost", dest=dest("fast_reboot_boost"), type=float,
+                   help="fast-reboot boost at arrival (default 3)")
     g.add_argument("--departure-policy", dest=dest("departure_policy"),
                    choices=enum_choices(DeparturePolicy),
                    help="what a departure does to the objective (default exclude); auto and threshold decide "
@@ -142,7 +143,8 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise ConfigError(f"--out {args.out}: {folder} is not a folder")
     if args.out.exists() and not args.force:
-        raise ConfigError(f"{args.out} exists; pass --force to replace the fleet token (every device then needs the new one)")
+        raise ConfigError(f"{args.out} exists; pass --force to replace the fleet token "
+                          "(every device then needs the new one)")
     with atomic_file(args.out, perms=0o600) as f:
         f.write(secrets.token_hex(32) + "\n")
     print(f"wrote a new fleet token to {args.out} (mode 0600); give the same file to the coordinator "

@@ -81,7 +81,8 @@ class RunConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.founding_rounds <= self.rounds:
-            raise ConfigError(f"run.founding_rounds must be in 0..run.rounds ({self.rounds}), got {self.founding_rounds}")
+            raise ConfigError(f"run.founding_rounds must be in 0..run.rounds ({self.rounds}), got "
+                              f"{self.founding_rounds}")
         if not self.deadline_s > 0:
             raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
         if not self.expected_wait_s > 0:

@@ -37,11 +37,28 @@ from coordinator.metrics import MetricsWriter
 from coordinator.objective import Objective
 from coordinator.open_round import OpenRound, check_open, check_report
 from coordinator.parking import ParkedPulls
-from coordinator.records import (Accepted, Delta, FleetState, Join, Joined, ModelDescription, OfferStatus, RoundOffer,
-                                 RoundTerms, UpdateReport)
+from coordinator.records import (
+    Accepted,
+    Delta,
+    FleetState,
+    Join,
+    Joined,
+    ModelDescription,
+    OfferStatus,
+    RoundOffer,
+    RoundTerms,
+    UpdateReport,
+)
 from coordinator.registry import Registry
-from coordinator.resume import (CHECKPOINT_NAME, EVENTS_NAME, METRICS_NAME, earlier_run, journaled_events,
-                                repair_metrics, restore)
+from coordinator.resume import (
+    CHECKPOINT_NAME,
+    EVENTS_NAME,
+    METRICS_NAME,
+    earlier_run,
+    journaled_events,
+    repair_metrics,
+    restore,
+)
 from coordinator.round import Federation
 from flexfl.errors import UpdateRejected
 from flexfl.run_folder import claim_run_folder
@@ -318,7 +335,7 @@ class RoundEngine:
         with self._lock:
             opening = self.federation.open(tau)
             participants = [d for d in self.registry.ordered(list(opening.participants))
-                            if not self.registry.get(d).departed]
+                            if not self.registry.record(d).departed]
             self.current = r = OpenRound(round_id=tau, lr=opening.lr, opened_at=time.monotonic(),
                                          deadline_s=self.cfg.run.deadline_s, opening=opening,
                                          participants=participants, params=self.params,
@@ -346,7 +363,7 @@ class RoundEngine:
         outcome = self.federation.close(weighing, summed=r.summed, arrivals=arrivals, departures=departures)
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
-        shards = [self.registry.get(d).shard_index for d in self.objective.members()]
+        shards = [self.registry.record(d).shard_index for d in self.objective.members()]
         return ClosedRound(r=r, outcome=outcome, reason=reason, overhead_s=overhead_s, closed_at=closed_at,
                            aggregate_s=time.monotonic() - closed_at, shards=shards, run_id=self.run_id,
                            objective=self.objective.to_dict(), registry=self.registry.snapshot(),

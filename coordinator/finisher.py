@@ -112,7 +112,7 @@ class Stage:
             try:
                 if self.error is None and items:
                     self._work(items)
-            except BaseException as exc:  # noqa: BLE001 - the engine thread raises it (Finisher.raise_error)
+            except BaseException as exc:  # the engine thread raises it (Finisher.raise_error)
                 log.exception("%s failed", self._thread.name)
                 self.error = exc
             finally:
@@ -137,23 +137,32 @@ class Finisher:
         self._writer = Stage("round-writer", self._write)
         self._evaluator = Stage("round-evaluator", self._evaluate)
 
+    def _stages(self) -> tuple[Stage, Stage]:
+        """(evaluator, writer); a RuntimeError before start(), which is the engine's bug."""
+        if self._evaluator is None or self._writer is None:
+            raise RuntimeError("Finisher used before start()")
+        return self._evaluator, self._writer
+
     def put(self, closed: ClosedRound) -> None:
-        self._evaluator.put(closed)  # blocks while it is two rounds behind
+        self._stages()[0].put(closed)  # blocks while it is two rounds behind
 
     def drain(self) -> None:
         """Wait until every closed round is evaluated and written."""
-        self._evaluator.drain()
-        self._writer.drain()
+        for stage in self._stages():
+            stage.drain()
         self.raise_error()
 
     def close(self) -> None:
-        self._evaluator.close()  # before the writer: it hands its last rounds to the writer
-        self._writer.close()
+        for stage in self._stages():  # the evaluator first: it hands its last rounds to the writer
+            stage.close()
 
     @property
     def failed(self) -> BaseException | None:
-        """What stopped evaluating or writing closed rounds, if anything did."""
-        return (self._evaluator and self._evaluator.error) or (self._writer and self._writer.error)
+        """What stopped evaluating or writing closed rounds, if anything did (the evaluator's first)."""
+        for stage in (self._evaluator, self._writer):
+            if stage is not None and stage.error is not None:
+                return stage.error
+        return None
 
     def raise_error(self) -> None:
         error = self.failed
@@ -168,14 +177,16 @@ class Finisher:
 
     def _evaluate(self, closed: list[ClosedRound]) -> None:
         """Evaluator thread: test each round's model and make its metrics row; the writer takes both."""
+        writer = self._stages()[1]
         for c in closed:
-            self._writer.put((c, self._row(c)))
+            writer.put((c, self._row(c)))
 
     def _row(self, c: ClosedRound) -> dict[str, Any]:
         r = c.r
         started = time.monotonic()
         if self.evaluate:
-            test = self.data.test_for(c.shards) if None not in c.shards else self.data.test
+            shards = [k for k in c.shards if k is not None]
+            test = self.data.test_for(shards) if len(shards) == len(c.shards) else self.data.test
             acc, loss = evaluate(self.model, c.outcome.params, test)
         else:
             acc, loss = math.nan, math.nan

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from coordinator.config import CoordinatorConfig, OnEmpty
 from coordinator.open_round import OpenRound
 from coordinator.records import DeviceState, Join
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class Membership:
-    def __init__(self, cfg: CoordinatorConfig, *, federation: Federation, shard_samples: Sequence[int],
+    def __init__(self, cfg: CoordinatorConfig, *, federation: Federation, shard_samples: Sequence[int] | np.ndarray,
                  events_path: Path) -> None:
         self.cfg = cfg
         self.federation = federation
@@ -158,7 +160,7 @@ class Membership:
 
     def take_events(self) -> tuple[list[Arrival], list[Departure]]:
         """The pending arrivals and departures as events for the close (or the pause), which clears them."""
-        arrivals = [Arrival(d, self.registry.get(d).sample_count, founding=d in self.founding)
+        arrivals = [Arrival(d, self.registry.record(d).sample_count, founding=d in self.founding)
                     for d in self.pending_arrivals]
         departures = [Departure(d) for d in self.pending_departures]
         self.pending_arrivals.clear()
@@ -177,7 +179,7 @@ class Membership:
         # A departure is awaited only from a device that uploaded (it leaves right after); a
         # dead device is not waited for.
         due += [d for d, rnd in run.expected_departures.items()
-                if rnd == tau and d in r.updates and not self.registry.get(d).departed]
+                if rnd == tau and d in r.updates and not self.registry.record(d).departed]
         if not due:
             return False
         if now < r.opened_at + run.expected_wait_s:

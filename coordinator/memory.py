@@ -39,14 +39,15 @@ class UpdateMemory:
                 scale: float) -> None:
         """m_device <- scale * update (its old memory, if any, leaves S); raises, changing nothing, if malformed."""
         if set(update) != set(self.shapes):
-            raise AggregationError(f"update from {device!r} has tensors {sorted(update)}, expected {sorted(self.shapes)}")
+            raise AggregationError(f"update from {device!r} has tensors {sorted(update)}, expected "
+                                   f"{sorted(self.shapes)}")
         new: Tensors = {}
         for name, d in update.items():
             t = torch.as_tensor(d).detach().to("cpu", torch.float32)
             if tuple(t.shape) != self.shapes[name]:
                 raise AggregationError(f"update from {device!r}: tensor '{name}' has shape {tuple(t.shape)}, "
                                        f"expected {self.shapes[name]}")
-            new[name] = t * np.float32(scale)
+            new[name] = t * float(np.float32(scale))  # scale rounded to float32, the tensor's dtype
         if not all(torch.isfinite(t).all() for t in new.values()):
             raise AggregationError(f"update from {device!r} scaled by {scale!r} is not finite")
         self.forget(device)
@@ -87,7 +88,8 @@ class UpdateMemory:
         if not devices:
             return {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         c = torch.tensor([p[d] for d in devices], dtype=torch.float64)
-        return {name: torch.tensordot(c, torch.stack([self.memories[d][name].double() for d in devices]), dims=1).float()
+        return {name: torch.tensordot(c, torch.stack([self.memories[d][name].double() for d in devices]),
+                                      dims=1).float()
                 for name in self.shapes}
 
     def snapshot(self) -> dict[str, dict]:

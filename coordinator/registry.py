@@ -35,6 +35,10 @@ class Registry:
     def get(self, device_id: str) -> DeviceRecord | None:
         return self.devices.get(device_id)
 
+    def record(self, device_id: str) -> DeviceRecord:
+        """The record of a device that has joined (KeyError otherwise: a caller's bug, not bad input)."""
+        return self.devices[device_id]
+
     def check_claim(self, device_id: str, shard_index: int | None) -> None:
         """Refuse a join whose shard clashes with the registry: one shard per device id and one device per shard.
 

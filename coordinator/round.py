@@ -35,6 +35,7 @@ from coordinator.aggregation import Coefficients, RunningAggregate, apply_update
 from coordinator.gamma import UpdateSketch, dissimilarities
 from coordinator.memory import UpdateMemory
 from coordinator.objective import AutoDeparture, DeparturePolicy, LearningRate, Objective, ThresholdDeparture
+
 # The rules a Federation runs under; importers of RulesConfig and AUTO_C from here predate coordinator/rules.py.
 from coordinator.rules import AUTO_C, THRESHOLD_K, RulesConfig  # noqa: F401
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
@@ -134,7 +135,7 @@ class Federation:
     """The objective and the global model, advanced one round at a time under `rules`."""
 
     rules: RulesConfig
-    dataset: Dataset
+    dataset: Dataset | str  # or a plug-in dataset's name
     params: dict[str, torch.Tensor]
     objective: Objective = field(default_factory=Objective)
     completed_round: int = 0
@@ -227,7 +228,7 @@ class Federation:
             elif device_rows:  # apply_update checks the deltas before they are sketched
                 params = apply_update(global_state=self.params, deltas=deltas or {},
                                       coefficients=weighing.coefficients, rows=device_rows)
-            sketches = np.array([self.sketch.of({name: d[row_of[c]] for name, d in deltas.items()})
+            sketches = np.array([self.sketch.of({name: d[row_of[c]] for name, d in (deltas or {}).items()})
                                  for c in contributors], dtype=np.float64)
             self.params = params
         self._note_gamma(weighing, contributors, sketches, lr=lr)

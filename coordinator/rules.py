@@ -108,7 +108,8 @@ class RulesConfig:
         if self.eta0 is not None and not self.eta0 > 0:
             raise ConfigError(f"rules.eta0 must be > 0 (or left out for the paper's value), got {self.eta0}")
         if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError(f"rules.batch_size must be >= 1 (or left out for the paper's value), got {self.batch_size}")
+            raise ConfigError("rules.batch_size must be >= 1 (or left out for the paper's value), got "
+                              f"{self.batch_size}")
         FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)  # validates
         AutoDeparture(c=self.auto_c)
         if not (np.isfinite(self.threshold_k) and self.threshold_k >= 0):
@@ -150,7 +151,9 @@ class RulesConfig:
         return DEFAULTS[Dataset(dataset)]
 
     def fast_reboot_rule(self) -> FastReboot | None:
-        return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power) if self.fast_reboot else None
+        if not self.fast_reboot:
+            return None
+        return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)
 
     def in_effect(self, policies: Collection[DeparturePolicy]) -> RulesConfig:
         """These rules with the constants of departure policies not in `policies` (the ones

@@ -8,8 +8,8 @@ import logging
 import threading
 import traceback
 from concurrent import futures
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine

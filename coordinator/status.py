@@ -14,11 +14,22 @@ import inspect
 from contextlib import aclosing
 
 import grpc
-
-from flexfl.errors import (ConfigError, DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, PartitionMismatch,
-                           ProtocolMismatch, RoundStateError, Unauthenticated, UnknownDevice, UpdateRejected,
-                           WrongRoundState)
 from flexfl.proto.options import ERROR_HEADER, ErrorReason
+
+from flexfl.errors import (
+    ConfigError,
+    DeviceBusy,
+    DeviceConflict,
+    IdentityMismatch,
+    MissingDevice,
+    PartitionMismatch,
+    ProtocolMismatch,
+    RoundStateError,
+    Unauthenticated,
+    UnknownDevice,
+    UpdateRejected,
+    WrongRoundState,
+)
 
 Code = grpc.StatusCode
 ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
@@ -45,7 +56,10 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, ErrorReason] | None:
 
 def refuse(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     """Set the call's status from the table: code, reason (trailing metadata) and the error's text."""
-    code, reason = status_of(exc)
+    entry = status_of(exc)
+    if entry is None:
+        raise TypeError(f"refuse() takes an error of the ERRORS table, got {type(exc).__name__}") from exc
+    code, reason = entry
     context.set_code(code)
     context.set_details(str(exc))
     context.set_trailing_metadata(((ERROR_HEADER, str(reason)),))

@@ -52,8 +52,8 @@ def checked_round(s: Sequence[int] | np.ndarray, E: int,
         raise AggregationError(
             f"s and p must be 1-D and of equal length, got shapes {s_arr.shape} and {p_arr.shape}"
         )
-    if s_arr.size and not np.issubdtype(s_arr.dtype, np.integer):
-        if not np.all(np.isfinite(s_arr)) or not np.all(s_arr == np.round(s_arr)):
+    if s_arr.size and not np.issubdtype(s_arr.dtype, np.integer) and (
+            not np.all(np.isfinite(s_arr)) or not np.all(s_arr == np.round(s_arr))):
             raise AggregationError(f"s must hold integers (updates completed), got {s_arr.tolist()}")
     s_arr = s_arr.astype(np.int64)
     bad = np.flatnonzero((s_arr < 0) | (s_arr > E))
@@ -292,7 +292,8 @@ class PluginStrategy(Strategy):
     """
 
     # The round a plug-in is first called on, before any run: devices that did nothing, part and all of E.
-    _PROBE = {"s": np.array([0, 1, 2, 4], dtype=np.int64), "E": 4, "p": np.array([0.1, 0.2, 0.3, 0.4])}
+    _PROBE: ClassVar[dict[str, Any]] = {"s": np.array([0, 1, 2, 4], dtype=np.int64), "E": 4,
+                                        "p": np.array([0.1, 0.2, 0.3, 0.4])}
 
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin

@@ -26,6 +26,10 @@ import grpc
 import numpy as np
 import psutil
 import torch
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto import tensors as wire
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION, ErrorReason, error_reason
 
 from edge_agent.config import AgentConfig
 from edge_agent.deadline import Estimates, RoundBudget
@@ -34,10 +38,6 @@ from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.net import reach_problem
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import fleet_pb2_grpc as pb_grpc
-from flexfl.proto import tensors as wire
-from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION, ErrorReason, error_reason
 from loadgen.hostinfo import host_facts
 from workloads.datasets import ArrayDataset
 from workloads.federated import load_shard

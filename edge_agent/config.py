@@ -69,7 +69,8 @@ class AgentConfig:
         if self.shard_index < 0:
             raise ConfigError(f"shard_index must be >= 0, got {self.shard_index}")
         if self.partition is not None and self.shard_index >= self.partition.n_devices:
-            raise ConfigError(f"shard_index {self.shard_index} is outside the partition's 0..{self.partition.n_devices - 1}")
+            raise ConfigError(f"shard_index {self.shard_index} is outside the partition's "
+                              f"0..{self.partition.n_devices - 1}")
 
     def token(self) -> str:
         if self.fleet_token_file:

@@ -34,12 +34,15 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 PATH = {"path": True}
 IMPORT_PATH = {"path": True, "import_path": True}
@@ -176,10 +179,10 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
             except ConfigError:
                 pass
         return _convert(options[-1], value, where=where, table=table, key=key)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where=where, table=f"{table}.{key}" if table else key)
     if origin is dict:
-        (key_type, item) = typing.get_args(tp)
+        (_key_type, item) = typing.get_args(tp)
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: {_key(table, key)}: expected a table, got {_show(value)}")
         return {str(k): _convert(item, v, where=where, table=f"{table + '.' if table else ''}{key}", key=str(k))
@@ -188,7 +191,7 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
         (item, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: {_key(table, key)}: expected a list, got {_show(value)}")
-        if dataclasses.is_dataclass(item):
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
             return tuple(from_dict(item, v, where=where, table=f"{table + '.' if table else ''}{key}[{i}]")
                          for i, v in enumerate(value))
         return tuple(_convert(item, v, where=where, table=table, key=f"{key}[{i}]") for i, v in enumerate(value))
@@ -226,11 +229,11 @@ def _resolve_paths(cls: type, raw: dict[str, Any], base: Path) -> None:
         value, tp = raw[f.name], _unwrap_optional(hints[f.name])
         if f.metadata.get("path") and isinstance(value, str) and value and not Path(value).is_absolute():
             raw[f.name] = str(base / value)
-        elif dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
             _resolve_paths(tp, value, base)
         elif typing.get_origin(tp) is tuple and isinstance(value, list):
             item = typing.get_args(tp)[0]
-            if dataclasses.is_dataclass(item):
+            if isinstance(item, type) and dataclasses.is_dataclass(item):
                 for v in value:
                     if isinstance(v, dict):
                         _resolve_paths(item, v, base)

@@ -24,7 +24,8 @@ def atomic_file(path: Path, mode: str = "w", *, perms: int = 0o644) -> Iterator[
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
+        binary = "b" in mode
+        with os.fdopen(fd, mode) if binary else os.fdopen(fd, mode, encoding="utf-8", newline="") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -80,8 +80,9 @@ def json_values(*, finite: bool = False, max_leaves: int = 8) -> st.SearchStrate
 
 
 # Values that break validators most often; drawn often, not left to chance.
-EDGE_VALUES = (None, True, False, 0, -1, 1, *HUGE_INTS, 0.5, -0.0, math.nan, math.inf, -math.inf, 1e308, 5e-324,
-               "", " ", "0", "1", "nan", "\x00", [], {}, [None], {"": None})
+EDGE_VALUES: tuple[object, ...] = (
+    None, True, False, 0, -1, 1, *HUGE_INTS, 0.5, -0.0, math.nan, math.inf, -math.inf, 1e308, 5e-324,
+    "", " ", "0", "1", "nan", "\x00", [], {}, [None], {"": None})
 
 
 @cache
@@ -137,7 +138,8 @@ def _flipped(data: bytes) -> st.SearchStrategy[bytes]:
 
 
 def _inserted(data: bytes) -> st.SearchStrategy[bytes]:
-    junk = st.one_of(st.binary(min_size=1, max_size=16), st.sampled_from([b"\x00", b",", b"\n", b'"', b"\xff", b"\n\n"]))
+    junk = st.one_of(st.binary(min_size=1, max_size=16),
+                     st.sampled_from([b"\x00", b",", b"\n", b'"', b"\xff", b"\n\n"]))
     return st.tuples(st.integers(0, len(data)), junk).map(lambda t: data[:t[0]] + t[1] + data[t[0]:])
 
 

@@ -82,7 +82,8 @@ class CoordinatorClient:
             if exc.code() in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED,
                               self._grpc.StatusCode.CANCELLED):
                 return None
-            raise HarnessError(f"coordinator {self.address} refused Status: {exc.code().name}: {exc.details()}") from None
+            raise HarnessError(f"coordinator {self.address} refused Status: {exc.code().name}: "
+                               f"{exc.details()}") from None
 
     def close(self) -> None:
         self._channel.close()

@@ -25,6 +25,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics, write_run_info
@@ -39,6 +40,9 @@ from flexfl.run_folder import claim_run_folder, entries_besides_lock
 from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec, Sizes
+
+if TYPE_CHECKING:
+    from loadgen.fleet import EmulatedFleet
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +184,7 @@ class LiveRun:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.fresh = fresh
-        self.fleet = None  # loadgen.fleet.EmulatedFleet when emulating
+        self.fleet: EmulatedFleet | None = None  # when emulating
 
     def run(self) -> dict:
         """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
@@ -224,7 +228,7 @@ class LiveRun:
                 if self.fleet is not None:
                     self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
                 harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
-            unquoted = set(range(cfg.devices)) if self.fleet is not None else set()
+            unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None else set()
             printed, dead = 0, {}
             while harness.running("coordinator"):
                 rows = read_metrics(metrics) if metrics.exists() else []
@@ -268,6 +272,8 @@ class LiveRun:
         return summary
 
     def _quotas(self, harness: Harness, unquoted: set[int]) -> set[int]:
+        if self.fleet is None:  # not emulating: nothing is held back
+            return unquoted
         st = harness.status()
         joined = {d.device_id for d in st.devices if d.connected} if st is not None else set()
         for i in sorted(unquoted):
@@ -299,7 +305,8 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
     problems = []
     if cfg.arrival and arrival != cfg.arrival:
         late = f"dev-{cfg.devices - 1}"
-        problems.append(f"the late device {late} {'never arrived' if arrival is None else f'arrived in round {arrival}'}"
+        when = "never arrived" if arrival is None else f"arrived in round {arrival}"
+        problems.append(f"the late device {late} {when}"
                         f", not in round {cfg.arrival} as asked (see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'})")
     return {
         "problems": problems,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flexfl.config import flag_dest
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     from coordinator.cli import add_rules_flags
     from flexfl.live_defaults import LIVE_DEFAULTS
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("num_traces"), type=int, help="|T|: traces used (default 5)")
     p.add_argument("--update-s", dest=flag_dest("update_s"), type=float,
-                   help="emulated device speed: each local update takes at least this long (default 0.05; 0 = full speed)")
+                   help="emulated device speed: each local update takes at least this long "
+                        "(default 0.05; 0 = full speed)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int, help="model, minibatch and trace seed (default 0)")
     p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
     p.add_argument("--fresh", action="store_true",

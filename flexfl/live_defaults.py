@@ -14,4 +14,4 @@ from workloads.partition_spec import Dataset
 # because with one label per device (the paper's non-IID MNIST) 5 devices hold 4-5 labels
 # and no eta_0 trains in 30 rounds: simulated with this run's schedule, eta_0 = 0.002 / 0.03
 # / 0.1 / 0.3 end at 16 / 29 / 32 / 32 % non-IID, and 13 / 74 / 88 / 89 % IID.
-LIVE_DEFAULTS: dict[Dataset, dict] = {Dataset.MNIST: {"partition": {"iid": True}, "rules": {"eta0": 0.1}}}
+LIVE_DEFAULTS: dict[Dataset | str, dict] = {Dataset.MNIST: {"partition": {"iid": True}, "rules": {"eta0": 0.1}}}

@@ -82,7 +82,7 @@ class Plugin:
             yield
         except PluginError:
             raise
-        except Exception as exc:  # noqa: BLE001 - whatever their code raises, it is theirs: say so in one line
+        except Exception as exc:
             raise self.error(f"raised {_describe(exc)} in {doing}{_where(exc, self.folder)}") from exc
 
     @property
@@ -146,7 +146,7 @@ def _load(kind: PluginKind, name: str, module_name: str, attribute: str) -> Plug
                 f"set plugin_path in that program's config to the folder that holds {missing}")) from None
         raise PluginError(_one_line(f"{head}: importing {module_name} raised {_describe(exc)}"
                                     f"{_where(exc, _module_folder(module_name))}")) from exc
-    except Exception as exc:  # noqa: BLE001 - an error in their module's top level
+    except Exception as exc:
         raise PluginError(_one_line(f"{head}: importing {module_name} raised {_describe(exc)}"
                                     f"{_where(exc, _module_folder(module_name))}")) from exc
     obj: Any = module
@@ -240,7 +240,7 @@ def _module_folder(module_name: str) -> str | None:
     """The folder of a module that failed to import (its frames are the plug-in's), if it can be found."""
     try:
         spec = importlib.util.find_spec(module_name)
-    except Exception:  # noqa: BLE001 - a parent package that fails too: no location to give
+    except Exception:
         return None
     return str(Path(spec.origin).parent) if spec is not None and spec.origin else None
 

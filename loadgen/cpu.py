@@ -16,11 +16,11 @@ import atexit
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
-import re
 import threading
 import time
 import weakref

@@ -39,8 +39,17 @@ from loadgen.errors import DaemonError, LoadgenError, ProtocolError
 from loadgen.hostinfo import host_facts
 from loadgen.netns import is_valid_ifname
 from loadgen.protocol import (
-    PROTOCOL_VERSION, Clear, Command, Ping, SetBandwidth, SetCpu, Status, command_name,
-    error_reply, ok_reply, parse_request,
+    PROTOCOL_VERSION,
+    Clear,
+    Command,
+    Ping,
+    SetBandwidth,
+    SetCpu,
+    Status,
+    command_name,
+    error_reply,
+    ok_reply,
+    parse_request,
 )
 
 log = logging.getLogger(__name__)
@@ -101,7 +110,8 @@ class LoadgenDaemon:
         context: zmq.Context | None = None,
     ) -> None:
         self.config = config
-        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice, cpu_method=config.cpu_method)
+        self._cpu = cpu if cpu is not None else CpuLoad(cpus=config.cpus, nice=config.nice,
+                                                        cpu_method=config.cpu_method)
         self._shaper = shaper
         # A context of its own: ZeroMQ allows one ZAP handler per context.
         self._own_context = context is None

@@ -79,7 +79,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     cpus = _cycled(args.cpu, n, kind=float, flag="--cpu")
     ups = _cycled(args.up_kbit, n, kind=int, flag="--up-kbit")
     downs = _cycled(args.down_kbit, n, kind=int, flag="--down-kbit")
-    spec = FleetSpec(devices=tuple(DeviceSpec(cpu_quota=c, up_kbit=u, down_kbit=d) for c, u, d in zip(cpus, ups, downs)),
+    devices = tuple(DeviceSpec(cpu_quota=c, up_kbit=u, down_kbit=d) for c, u, d in zip(cpus, ups, downs))
+    spec = FleetSpec(devices=devices,
                      prefix=args.prefix, subnet=args.subnet, cfs_period_us=args.cfs_period_us)
     fleet = EmulatedFleet.up(spec)
     try:
@@ -138,7 +139,8 @@ def _print_table(rows: list[dict]) -> None:
     for r in rows:
         procs = " ".join(f"{p['role']}:{p['pid']}{'' if p['alive'] else '(dead)'}" for p in r["processes"]) or "-"
         quota = "-" if r["cpu_quota"] is None else f"{r['cpu_quota']:g} CPU"
-        table.append((str(r["device"]), r["netns"], r["address"], rate(r["up_kbit"]), rate(r["down_kbit"]), quota, procs))
+        table.append((str(r["device"]), r["netns"], r["address"], rate(r["up_kbit"]),
+                      rate(r["down_kbit"]), quota, procs))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

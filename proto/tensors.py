@@ -14,9 +14,9 @@ import mmap
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
+from flexfl.proto import fleet_pb2 as pb
 
 from flexfl.errors import UpdateRejected
-from flexfl.proto import fleet_pb2 as pb
 
 MAX_CHUNK_BYTES = 1 << 20  # gRPC's default message cap is 4 MiB; 1 MiB chunks stay well inside
 

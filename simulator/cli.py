@@ -52,11 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--num-traces-list", default="1-8", help="|T| values, e.g. 1-8 or 1,3,5,8 (default 1-8)")
     cmp_.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     add_sweep_flags(cmp_)
-    cmp_.add_argument("--work-dir", type=Path, default=None, help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
-    cmp_.add_argument("--out", type=Path, default=Path("results"), help="where the table, CSVs and plots go (default results)")
+    cmp_.add_argument("--work-dir", type=Path, default=None,
+                      help="per-run CSV/JSON files, reused when rerun (default <out>/runs/schemes_<dataset>)")
+    cmp_.add_argument("--out", type=Path, default=Path("results"),
+                      help="where the table, CSVs and plots go (default results)")
     cmp_.add_argument("--report-only", action="store_true",
                       help="write the table from the runs already in the work folder; compute nothing")
-    cmp_.add_argument("--note", default="", help="a paragraph for the table file (e.g. why a setting differs from the paper)")
+    cmp_.add_argument("--note", default="",
+                      help="a paragraph for the table file (e.g. why a setting differs from the paper)")
     _add_replace_page_flag(cmp_, "schemes_<dataset>_final.csv")
     cmp_.set_defaults(func=cmd_schemes)
 
@@ -82,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(t5, "table5_runs.csv")
     t5.set_defaults(func=cmd_table5)
 
-    op = sim_sub.add_parser("operating-point", help="the operating-point protocol: eta_0 for a dataset and E's unit, "
-                                                    "chosen on full-participation FedAvg (simulator/operating_point.py)")
+    op = sim_sub.add_parser("operating-point",
+                            help="the operating-point protocol: eta_0 for a dataset and E's unit, "
+                                 "chosen on full-participation FedAvg (simulator/operating_point.py)")
     op.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), required=True)
     op.add_argument("--unit", choices=enum_choices(Unit), required=True, help="what one of the E = 20 updates is")
     add_sweep_flags(op)
@@ -114,7 +118,8 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
                    help="with --timeline, instead of --update-s: one training sample at cpu_share 1, seconds "
                         "(x batch size, or x n_k with --unit epoch)")
     g.add_argument("--round-s", type=float,
-                   help="with a timeline in seconds: seconds from one round's start to the next (default: the deadline)")
+                   help="with a timeline in seconds: seconds from one round's start to the next "
+                        "(default: the deadline)")
 
 
 def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
@@ -175,13 +180,15 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int,
-                   help="seed of the model, traces and minibatches, and of the data split unless --data-seed (default 0)")
+                   help="seed of the model, traces and minibatches, and of the data split unless --data-seed "
+                        "(default 0)")
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
     p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
                    help="|T|: devices draw from the first |T| traces (default 8)")
     p.add_argument("--trainer", dest=flag_dest("trainer"), choices=enum_choices(TrainerKind),
                    help="cache (each device alone in numba kernels, the fastest), fast (all devices together in "
-                        "batched torch), plain (edge_agent.trainer per device, the reference), or auto (default: cache)")
+                        "batched torch), plain (edge_agent.trainer per device, the reference), "
+                        "or auto (default: cache)")
     p.add_argument("--arrive", action="append", default=[], metavar="K@R",
                    help="device K is absent until it arrives during round R (trains from R+1); repeatable")
     p.add_argument("--depart", action="append", default=[], metavar="K@R[:POLICY]",
@@ -206,7 +213,7 @@ def _schedule(args: argparse.Namespace) -> dict:
     """--arrive K@R and --depart K@R[:POLICY] as [schedule] tables."""
     def parse(text: str, flag: str) -> tuple[int, int, str | None]:
         where, _, policy = text.partition(":")
-        device, at, round_ = where.partition("@")
+        device, _at, round_ = where.partition("@")
         try:
             return int(device), int(round_), policy or None
         except ValueError:
@@ -229,7 +236,8 @@ def _parse_ints(text: str, what: str) -> list[int]:
             if "-" in part:
                 lo, hi = part.split("-")
                 if int(hi) < int(lo):
-                    raise ConfigError(f"{what}: the range {part.strip()!r} runs backwards (write {hi.strip()}-{lo.strip()})")
+                    raise ConfigError(f"{what}: the range {part.strip()!r} runs backwards (write "
+                                      f"{hi.strip()}-{lo.strip()})")
                 out.extend(range(int(lo), int(hi) + 1))
             elif part.strip():
                 out.append(int(part))
@@ -259,6 +267,7 @@ def _schemes(args: argparse.Namespace) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
+    import torch
 
     from coordinator.metrics import write_run_info
     from coordinator.strategies import Scheme, get_strategy
@@ -266,8 +275,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulator.engine import device_id, load_data, records_as_rows, run_simulation
     from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
     from trace_recorder.format import read_trace_set
-
-    import torch
 
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
@@ -315,7 +322,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         c = configs[scheme]
         t0 = time.perf_counter()
 
-        def progress(r, title=c.rules.aggregation.title, t0=t0):
+        def progress(r, title=c.rules.aggregation.title, t0=t0, c=c):
             if r.round % every == 0 or r.round == c.rounds or r.events:
                 print(f"  {title} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
                       f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
@@ -334,8 +341,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         updates += result.device_updates
         sim_s += result.wall_s
     write_csv_atomic(out / "rounds.csv", rows)
-    plot_accuracy_curves(out / "accuracy.png", {f"|T| = {cfg.traces.num_traces}" if timeline is None else "timeline": curves},
-                         title=f"{cfg.partition.describe()}")
+    panel = f"|T| = {cfg.traces.num_traces}" if timeline is None else "timeline"
+    plot_accuracy_curves(out / "accuracy.png", {panel: curves}, title=f"{cfg.partition.describe()}")
     summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
                "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None,
                **({"timeline": asdict(timeline)} if timeline else {})}
@@ -390,10 +397,12 @@ def cmd_schemes(args: argparse.Namespace) -> int:
 def _markdown(dataset, cfg, settings, num_traces, seeds, paths, run_s, per_s, *, note: str = "", work_dir: Path) -> str:
     plots = "\n".join(f"![{k}]({Path(v).name})" for k, v in paths.items() if k.startswith("plot_"))
     r, ds = cfg.rules, cfg.partition.dataset
+    n_devices, final_csv, work_name = cfg.partition.n_devices, Path(paths["final_csv"]).name, Path(work_dir).name
     from simulator.schemes import cell_config
 
     setting_text = ", ".join(f"{s}: {cell_config(cfg, setting=s, seed=0, num_traces=1).partition.describe()}"
                              for s in settings)
+    trace_set = Path(cfg.traces.set).name
     return f"""# Scheme comparison on {dataset.upper()} (paper Table 3)
 
 Generated by `flexfl sim schemes --dataset {dataset}` (see results/README.md for the
@@ -406,8 +415,8 @@ Rows marked (paper) are the published values. Where every trace in use is always
 (|T| = 1: trace T0), all devices finish E updates every round and A, B, C are the same
 algorithm; that run is computed once and shared by the three schemes (marked in its JSON).
 
-Setup: {cfg.partition.n_devices} devices, {cfg.rounds} rounds, E = {r.required_updates} local updates ({r.unit}) per round,
-batch size {r.batch_size_for(ds)}, eta_tau = {r.eta0_for(ds):g} / tau, traces `{Path(cfg.traces.set).name}` (|T| = {num_traces}),
+Setup: {n_devices} devices, {cfg.rounds} rounds, E = {r.required_updates} local updates ({r.unit}) per round,
+batch size {r.batch_size_for(ds)}, eta_tau = {r.eta0_for(ds):g} / tau, traces `{trace_set}` (|T| = {num_traces}),
 s drawn `{r.trace_sampling}` from the device's trace, fraction -> s rule `{r.s_rule}`,
 sample counts {cfg.partition.sizes}, settings {setting_text}.
 
@@ -416,7 +425,7 @@ Speed on this machine: one {cfg.rounds}-round run took {run_s:.1f} s on average 
 the three schemes of a cell train together; {per_s:.0f} simulated device-updates per second, SGD steps
 actually computed).
 
-Per-run final accuracies: `{Path(paths['final_csv']).name}`; per-round metrics of every run: `runs/{Path(work_dir).name}/`.
+Per-run final accuracies: `{final_csv}`; per-round metrics of every run: `runs/{work_name}/`.
 
 {plots}
 """
@@ -590,7 +599,7 @@ def cmd_operating_point(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     work_dir = args.work_dir or args.out / "runs" / f"operating_point_{args.dataset}"
-    best, cands, summaries = operating_point.run_protocol(
+    best, _cands, summaries = operating_point.run_protocol(
         args.dataset, args.unit, work_dir=work_dir, executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
     computed = sum(not s.get("cached") for s in summaries)
     # Nothing computed: the choice keeps the wall time of the command that computed its runs.

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simulator.engine import SimConfig, TraceParticipation, _Run, _RoundWork
+from simulator.engine import SimConfig, TraceParticipation, _RoundWork, _Run
 from simulator.sweep import Group
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.datasets import ArrayDataset

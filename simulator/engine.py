@@ -334,8 +334,10 @@ def run_paired(
             raise ConfigError(f"run_paired: config {i} trains with FedProx's mu = {cfg.rules.aggregation.proximal_mu}, "
                               f"config 0 with {first.rules.aggregation.proximal_mu}; one trainer call takes one mu")
         if cfg.rules.batch_size_for(cfg.partition.dataset) != first.rules.batch_size_for(first.partition.dataset):
-            raise ConfigError(f"run_paired: config {i} has batch size {cfg.rules.batch_size_for(cfg.partition.dataset)}, "
-                              f"config 0 {first.rules.batch_size_for(first.partition.dataset)}; one trainer call needs one")
+            mine = cfg.rules.batch_size_for(cfg.partition.dataset)
+            theirs = first.rules.batch_size_for(first.partition.dataset)
+            raise ConfigError(f"run_paired: config {i} has batch size {mine}, config 0 {theirs}; "
+                              "one trainer call needs one")
     data = data if data is not None else load_data(first)
     sets = dict(traces or {})
     for cfg in configs:
@@ -548,7 +550,8 @@ class _Run:
             complete=sum(v == fed.E for v in s.values()), mean_s=float(np.mean(list(s.values()))) if s else 0.0,
             coef_sum=float(weighing.coefficients.values.sum()), discarded=weighing.coefficients.discarded,
             train_loss=float(np.dot(w, losses) / w.sum()) if len(rows) and w.sum() > 0 else float("nan"),
-            test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0, members=len(fed.objective.members()),
+            test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0,
+            members=len(fed.objective.members()),
             events=" ".join([f"+{d}" for d in outcome.arrivals] + [f"-{d}({p})" for d, p in outcome.departures]),
         )
         self.result.records.append(record)
@@ -568,7 +571,8 @@ class _Trainer:
         self.data = data
         self.batch_size = cfg.rules.batch_size_for(cfg.partition.dataset)
         self.mu = cfg.rules.aggregation.proximal_mu  # FedProx's local term (0: plain SGD)
-        self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train, batch_size=self.batch_size) if cfg.batched else None
+        self.fast = ROW_TRAINERS[cfg.trainer_kind](model, data.train,
+                                                   batch_size=self.batch_size) if cfg.batched else None
         self._out: dict[str, torch.Tensor] | None = None  # delta buffers kept from round to round
 
     def train(self, params: Mapping[str, torch.Tensor], shards: list[int], steps: list[int], *, lr: float,

@@ -36,7 +36,9 @@ def available_cpus() -> int:
 
 
 class LocalExecutor:
-    """`jobs` worker processes on this machine (spawned: a fresh interpreter, nothing inherited); 1 = in this process."""
+    """`jobs` worker processes on this machine; 1 = in this process.
+
+    Spawned: a fresh interpreter each, nothing inherited."""
 
     shares_files = True  # workers see the driver's work folder: groups checkpoint there as they go
 
@@ -95,7 +97,8 @@ class RayExecutor:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise ConfigError("a Ray address was given but Ray is not installed: pip install 'flexfl[cluster]'") from None
+            raise ConfigError("a Ray address was given but Ray is not installed: pip install "
+                              "'flexfl[cluster]'") from None
         self.address = address
         self.num_cpus = num_cpus
 

@@ -244,7 +244,8 @@ class FastTrainer:
                 x = self.x.index_select(0, idx).view(b, 1, 28, 28)
                 leaves = {n: p[i].detach().requires_grad_() for n, p in w.items()}
                 with torch.enable_grad():
-                    loss = nn.functional.cross_entropy(functional_call(self.model, leaves, (x,)), self.y.index_select(0, idx))
+                    loss = nn.functional.cross_entropy(functional_call(self.model, leaves, (x,)),
+                                                       self.y.index_select(0, idx))
                     grads = torch.autograd.grad(loss, list(leaves.values()))
                 losses[t, i] = loss.detach()
                 with torch.no_grad():

@@ -75,7 +75,8 @@ def eta0_at(dataset: str, k: int) -> float:
 
 def base_config(dataset: str, unit: Unit | str):
     """Table 3's headline setup for `dataset` in `unit`, over the protocol's horizon; and its reading."""
-    from simulator.table3 import HEADLINE, READINGS, base_config as table3_base
+    from simulator.table3 import HEADLINE, READINGS
+    from simulator.table3 import base_config as table3_base
 
     reading = READINGS[HEADLINE]
     cfg = table3_base(dataset, reading)
@@ -138,7 +139,7 @@ def run_protocol(dataset: str, unit: Unit | str, *, work_dir: Path, executor: Ex
         best, edge = choose(cands)
         if edge == 0:
             break
-        ks = ks + [max(ks) + 1] if edge > 0 else [min(ks) - 1] + ks
+        ks = [*ks, max(ks) + 1] if edge > 0 else [min(ks) - 1, *ks]
         report(f"operating point: the winner eta_0 = {best.eta0:g} is at the grid's edge; adding k = "
                f"{ks[-1] if edge > 0 else ks[0]:+d}")
     # A run computed by an earlier pass of the grid counts as computed by this command.

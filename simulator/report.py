@@ -148,7 +148,8 @@ def plot_accuracy_curves(
     for ax, panel in zip(axes.flat, panels):
         for scheme, acc in sorted(curves[panel].items()):
             color, ls = styles.get(scheme, (None, "-"))
-            ax.plot(np.arange(1, len(acc) + 1), 100 * np.asarray(acc), color=color, linestyle=ls, label=title_of(scheme), lw=1.3)
+            ax.plot(np.arange(1, len(acc) + 1), 100 * np.asarray(acc), color=color, linestyle=ls,
+                    label=title_of(scheme), lw=1.3)
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)

@@ -99,9 +99,11 @@ def delta_buffers(shapes: Mapping[str, tuple[int, ...]], n_rows: int,
         return {n: torch.empty((n_rows, *shape), dtype=torch.float32) for n, shape in shapes.items()}
     for n, shape in shapes.items():
         t = out.get(n)
-        if t is None or t.dtype != torch.float32 or tuple(t.shape[1:]) != shape or len(t) < n_rows or not t.is_contiguous():
+        if (t is None or t.dtype != torch.float32 or tuple(t.shape[1:]) != shape or len(t) < n_rows
+                or not t.is_contiguous()):
             got = f"{t.dtype} {tuple(t.shape)}" if t is not None else "nothing"
-            raise ConfigError(f"out[{n!r}] must be contiguous float32 of shape (>= {n_rows}, {', '.join(map(str, shape))}), got {got}")
+            rest = ", ".join(map(str, shape))
+            raise ConfigError(f"out[{n!r}] must be contiguous float32 of shape (>= {n_rows}, {rest}), got {got}")
     return {n: out[n][:n_rows] for n in shapes}
 
 

@@ -102,9 +102,11 @@ def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_di
         curves[r["setting"]].setdefault(f"|T| = {r['num_traces']}", {}).setdefault(r["scheme"], []).append(acc)
     for setting in settings:
         if curves[setting]:
-            mean_curves = {panel: {sc: np.mean(v, axis=0) for sc, v in by.items()} for panel, by in curves[setting].items()}
+            mean_curves = {panel: {sc: np.mean(v, axis=0) for sc, v in by.items()}
+                           for panel, by in curves[setting].items()}
             p = out_dir / f"schemes_{dataset}_{setting}.png"
-            plot_accuracy_curves(p, mean_curves, title=f"{dataset.upper()} {setting.upper()}: test accuracy per round (mean over seeds)")
+            title = f"{dataset.upper()} {setting.upper()}: test accuracy per round (mean over seeds)"
+            plot_accuracy_curves(p, mean_curves, title=title)
             paths[f"plot_{setting}"] = p
     paths["table"] = table3_markdown(dataset, table3_cells(final_rows), settings=settings)
     return paths

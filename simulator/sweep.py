@@ -96,11 +96,11 @@ class Group:
             if run.same_as is not None:
                 source = seen.get(run.same_as)
                 if source is None or source.same_as is not None:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier computed run "
-                                      "of its group")
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier "
+                                      "computed run of its group")
                 if source.config.rounds != run.config.rounds:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs {source.config.rounds} rounds, "
-                                      f"it runs {run.config.rounds}")
+                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs "
+                                      f"{source.config.rounds} rounds, it runs {run.config.rounds}")
             seen[run.name] = run
 
 
@@ -169,10 +169,11 @@ def write_run(work_dir: Path, out: RunOutput) -> None:
     from simulator.report import write_csv_atomic
 
     write_csv_atomic(work_dir / f"{out.name}.csv", out.rounds_csv)
-    with atomic_file(work_dir / f"{out.name}{METRICS_SUFFIX}", "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:  # mtime 0: same bytes for the same rows
-            for row in out.metrics:
-                f.write((json.dumps(clean_json(row)) + "\n").encode())
+    # mtime 0: same bytes for the same rows
+    with (atomic_file(work_dir / f"{out.name}{METRICS_SUFFIX}", "wb") as raw,
+          gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f):
+        for row in out.metrics:
+            f.write((json.dumps(clean_json(row)) + "\n").encode())
     with atomic_file(work_dir / f"{out.name}.json") as f:
         json.dump(out.summary, f, indent=1)
 

@@ -31,10 +31,10 @@ from coordinator.aggregation import Scheme
 from coordinator.gamma import GAMMA_ROUNDS
 from coordinator.objective import AutoDeparture, DeparturePolicy, ThresholdDeparture
 from coordinator.round import AUTO_C, RulesConfig
-from simulator.curves import rounds_until_cross
-from simulator.regime import Regime
-from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from flexfl.errors import ConfigError
+from simulator.curves import rounds_until_cross
+from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
+from simulator.regime import Regime
 from simulator.sweep import Group, Run, finished, read_metrics
 from workloads.partition_spec import PartitionSpec, Sizes
 
@@ -222,7 +222,6 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
     If the committed table5_runs.csv lists departures not finished here, everything goes to
     <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
     from flexfl.files import atomic_file
-
     from simulator.report import page_dir, write_csv_atomic
 
     deps = collect(seeds=seeds, work_dir=work_dir, regime=regime)
@@ -264,7 +263,8 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
         base = {p: baseline_accuracy(held, p) for p in ("include", "exclude")}
         oracle_by_h = {h: np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS])
                        for h in HORIZONS}
-        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {list(HORIZONS)}):
+        horizons = list(HORIZONS)
+        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {horizons}):
   auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
   always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
 - Share of held-out cases where excluding was better, per remaining horizon:

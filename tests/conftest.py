@@ -39,7 +39,8 @@ def _write_idx(path: Path, array: np.ndarray, *, magic: int | None = None) -> Pa
     return path
 
 
-def _make_emnist(raw: Path, *, n_train: int = 6, n_test: int = 3, gz: bool = False, split: str = "balanced") -> np.ndarray:
+def _make_emnist(raw: Path, *, n_train: int = 6, n_test: int = 3, gz: bool = False,
+                 split: str = "balanced") -> np.ndarray:
     rng = np.random.default_rng(0)
     suffix = ".gz" if gz else ""
     upright = {}

@@ -7,16 +7,17 @@ import logging
 import shlex
 from pathlib import Path
 
+from trace_recorder import DEFAULT_PROFILE, timeline_cli
 from trace_recorder.calibrate import PAPER_TABLE2, generate_paper_traces, paper_manifest
 from trace_recorder.format import Trace, TraceSet, read_trace_set, write_trace_set
-from trace_recorder import DEFAULT_PROFILE, timeline_cli
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `traces` and its subcommands to the top-level `flexfl` parser."""
-    parser = sub.add_parser("traces", help="trace sets: calibrate, record, show, validate; device timelines: import, check",
+    parser = sub.add_parser("traces",
+                            help="trace sets: calibrate, record, show, validate; device timelines: import, check",
                             description="Trace sets (per round, the fraction of required updates submitted) and "
                                         "device timelines (per device, its conditions over time).")
     actions = parser.add_subparsers(dest="traces_command", required=True, metavar="ACTION")

@@ -58,7 +58,8 @@ def updates_before_deadline(conditions: Conditions, *, E: int, deadline_s: float
         raise ConfigError(f"need E >= 1, got {E}")
     for name, value in (("deadline_s", deadline_s), ("update_s", update_s), ("margin_s", margin_s)):
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "margin_s"):
-            raise ConfigError(f"{name} must be a finite number > 0{' (or 0)' if name == 'margin_s' else ''}, got {value}")
+            raise ConfigError(f"{name} must be a finite number > 0{' (or 0)' if name == 'margin_s' else ''}, got "
+                              f"{value}")
     if model_bytes < 0:
         raise ConfigError(f"model_bytes must be >= 0, got {model_bytes}")
     if not conditions.online:

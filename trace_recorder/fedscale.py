@@ -26,8 +26,15 @@ from typing import Any
 import numpy as np
 
 from flexfl.errors import ConfigError, TraceFormatError
-from trace_recorder.availability import (Availability, ComputeScaling, DeviceSpec, ImportResult, TraceClock, assemble,
-                                         merge_windows)
+from trace_recorder.availability import (
+    Availability,
+    ComputeScaling,
+    DeviceSpec,
+    ImportResult,
+    TraceClock,
+    assemble,
+    merge_windows,
+)
 from trace_recorder.manifest import shorten
 from trace_recorder.plain_pickle import load_plain_pickle
 
@@ -67,8 +74,9 @@ def parse_capacity(data: Any, *, path: Path) -> dict[Hashable, Capacity]:
         for key in ("computation", "communication"):
             if key not in entry:
                 raise TraceFormatError(f"{where}: field '{key}': missing (keys: {', '.join(map(repr, entry))})")
-        out[cid] = Capacity(ms_per_sample=_number(entry["computation"], where=where, field="computation", positive=True),
-                            kbit_s=_number(entry["communication"], where=where, field="communication", positive=True))
+        out[cid] = Capacity(
+            ms_per_sample=_number(entry["computation"], where=where, field="computation", positive=True),
+            kbit_s=_number(entry["communication"], where=where, field="communication", positive=True))
     return out
 
 
@@ -84,8 +92,10 @@ def parse_behave(data: Any, *, path: Path) -> dict[Hashable, Availability]:
         times = {}
         for key in ("active", "inactive"):
             if not isinstance(entry[key], list | tuple):
-                raise TraceFormatError(f"{where}: field '{key}': expected a list of times, got {type(entry[key]).__name__}")
-            times[key] = [_number(t, where=where, field=f"{key}[{i}]", positive=False) for i, t in enumerate(entry[key])]
+                raise TraceFormatError(f"{where}: field '{key}': expected a list of times, got "
+                                       f"{type(entry[key]).__name__}")
+            times[key] = [_number(t, where=where, field=f"{key}[{i}]", positive=False)
+                          for i, t in enumerate(entry[key])]
         if len(times["active"]) != len(times["inactive"]):
             raise TraceFormatError(f"{where}: field 'inactive': {len(times['inactive'])} times for "
                                    f"{len(times['active'])} active times (they pair up)")
@@ -135,7 +145,8 @@ def import_fedscale(capacity_path: Path, behave_path: Path | None, *, devices: i
 def scaled_specs(capacities: Sequence[Capacity], scaling: ComputeScaling) -> tuple[list[DeviceSpec], float, int]:
     """Each device's cpu_share (scaled to the run's model) and link rates; the reference ms/sample; how many capped."""
     shares, reference, capped = scaling.shares([c.ms_per_sample for c in capacities])
-    specs = [DeviceSpec(cpu_share=share, up_kbit_s=c.kbit_s, down_kbit_s=c.kbit_s) for c, share in zip(capacities, shares)]
+    specs = [DeviceSpec(cpu_share=share, up_kbit_s=c.kbit_s, down_kbit_s=c.kbit_s)
+             for c, share in zip(capacities, shares)]
     return specs, reference, capped
 
 

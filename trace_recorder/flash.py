@@ -27,8 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from flexfl.errors import ConfigError, TraceFormatError
-from trace_recorder.availability import (Availability, ComputeScaling, DeviceSpec, ImportResult, TraceClock, assemble,
-                                         merge_windows)
+from trace_recorder.availability import (
+    Availability,
+    ComputeScaling,
+    DeviceSpec,
+    ImportResult,
+    TraceClock,
+    assemble,
+    merge_windows,
+)
 from trace_recorder.fedscale import capacities_from, choose, scaled_specs
 from trace_recorder.manifest import shorten
 
@@ -58,7 +65,8 @@ def parse_states(messages: str) -> Availability:
         try:
             when = datetime.strptime(parts[0].strip(), TIME_FORMAT)
         except ValueError:
-            raise UnusableLog(f"message {number}: time {shorten(repr(parts[0].strip()), 40)} is not {TIME_FORMAT}") from None
+            raise UnusableLog(f"message {number}: time {shorten(repr(parts[0].strip()), 40)} is not "
+                              f"{TIME_FORMAT}") from None
         if previous is not None and when < previous:
             raise UnusableLog(f"message {number}: time {parts[0].strip()} is before the previous message's")
         first = first or when
@@ -138,7 +146,8 @@ def import_flash(states_path: Path, *, devices: int | None = None, seed: int = 0
     scaling, clock = scaling or ComputeScaling(), clock or TraceClock()
     usable, skipped = parse_state_file(states_path)
     if not usable:
-        raise TraceFormatError(f"{states_path}: no usable device log ({len(skipped)} left out; the first: {skipped[0]})")
+        raise TraceFormatError(f"{states_path}: no usable device log ({len(skipped)} left out; the first: "
+                               f"{skipped[0]})")
     n = len(usable) if devices is None else devices
     if n < 1:
         raise ConfigError(f"--devices must be >= 1, got {n}")

@@ -298,7 +298,8 @@ def read_trace_set(path: Path) -> TraceSet:
     if path.is_file():
         # Not "<file>/manifest.json: ...": a path that cannot exist sends one looking for the wrong thing.
         hint = (f"validate the folder that holds it and its manifest.json: {path.parent}"
-                if (path.parent / MANIFEST_NAME).is_file() else "a set is a folder with manifest.json and the trace CSVs")
+                if (path.parent / MANIFEST_NAME).is_file()
+                else "a set is a folder with manifest.json and the trace CSVs")
         raise format_error(path, 1, "manifest", f"a trace file, not a trace-set folder; {hint}")
     if not path.is_dir():
         raise format_error(manifest_path, 1, "manifest", f"no trace-set folder at {path}")

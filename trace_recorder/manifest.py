@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def shorten(text: str, limit: int = 60) -> str:
 
 def utc_now_iso() -> str:
     """The current time as an ISO 8601 UTC timestamp, e.g. `2024-05-01T12:00:00Z`."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class TraceManifest:
                 raise fail(key, "missing")
             value = d[key]
             # bool is an int in Python but never a valid count or version here.
-            if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
                 raise fail(key, f"expected {what}, got {_json_type(value)}")
             return value
 
@@ -107,7 +107,8 @@ class TraceManifest:
         version = take("schema_version", (int,), "an integer")
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
-            raise fail("schema_version", f"unsupported version {shorten(str(version))}; this reader supports {supported}")
+            raise fail("schema_version",
+                       f"unsupported version {shorten(str(version))}; this reader supports {supported}")
         known = [f.name for f in cls.__dataclass_fields__.values()]
         for key in d:
             if key not in known:

@@ -49,7 +49,7 @@ def load_plain_pickle(path: Path) -> Any:
         raise
     except RecursionError:
         raise TraceFormatError(f"{path}: nested too deeply to read") from None
-    except Exception as exc:  # noqa: BLE001 - a corrupt pickle raises many kinds (EOFError, UnpicklingError, ...)
+    except Exception as exc:
         raise TraceFormatError(f"{path}: not a readable pickle ({type(exc).__name__}: {_one_line(str(exc))})") from None
     _check_plain(value, path=path)
     return value

@@ -125,7 +125,8 @@ class EmulatedBackend:
         for d in self.fleet.devices:
             self.fleet.start_loadgen(d.index, nice=self.profile.emulation.competitor_nice)
         self.devices = [DeviceRun(device_id=t.name, trace=t.name, shard_index=i, loadgen=d.loadgen_endpoint,
-                                  iface=d.iface) for i, (t, d) in enumerate(zip(self.profile.traces, self.fleet.devices))]
+                                  iface=d.iface)
+                        for i, (t, d) in enumerate(zip(self.profile.traces, self.fleet.devices))]
 
     @property
     def coordinator_listen(self) -> str:
@@ -170,9 +171,10 @@ class EmulatedBackend:
                 "stress_ng_method": self.profile.emulation.stress_ng_method or "default",
                 "competitor_nice": self.profile.emulation.competitor_nice,
                 "upload_shaping": "tc tbf on each device's veth egress, set by its loadgen daemon",
-                "download_shaping": "tc tbf on the coordinator-side veth egress" if self.profile.emulation.shape_download
-                else "none", "devices": {d.device_id: {"netns": x.netns, "address": x.address, "iface": x.iface}
-                                         for d, x in zip(self.devices, f.devices)}}
+                "download_shaping": ("tc tbf on the coordinator-side veth egress"
+                                     if self.profile.emulation.shape_download else "none"),
+                "devices": {d.device_id: {"netns": x.netns, "address": x.address, "iface": x.iface}
+                            for d, x in zip(self.devices, f.devices)}}
 
     def close(self) -> None:
         if self.fleet is not None:
@@ -408,7 +410,8 @@ class Recording:
         coord = write_config(self.work / "coordinator.toml", coordinator, header="written by flexfl traces record")
         agents = []
         for d in backend.devices:
-            agent = AgentConfig(coordinator=backend.coordinator_listen, device_id=d.device_id, shard_index=d.shard_index,
+            agent = AgentConfig(coordinator=backend.coordinator_listen, device_id=d.device_id,
+                                shard_index=d.shard_index,
                                 fleet_token_file=str(token), announce_departure=False, pull_wait_s=1.0,
                                 backoff_max_s=4.0, partition=partition)
             agents.append(write_config(self.work / f"agent-{d.device_id}.toml", agent,
@@ -545,8 +548,8 @@ class Recording:
                 backend.start()
                 coord_cfg, agent_cfgs, token = self._write_configs(backend)
                 harness = Harness(self.work, fleet=getattr(backend, "fleet", None), env=dict(os.environ))
-                coordinator = CoordinatorProcess(harness, coord_cfg, address=connect_address(backend.coordinator_listen),
-                                                 token=token)
+                coordinator = CoordinatorProcess(harness, coord_cfg,
+                                                 address=connect_address(backend.coordinator_listen), token=token)
                 try:
                     fresh = True
                     if self.state["phase"] == "calibrating":

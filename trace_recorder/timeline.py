@@ -124,7 +124,8 @@ class Timeline:
                 for column, value in (("start", row.start), ("end", row.end)):
                     problem = time_problem(value, self.unit)
                     if problem:
-                        raise TraceFormatError(f"{where}: interval {i + 1}: field '{column}': value {value!r} {problem}")
+                        raise TraceFormatError(f"{where}: interval {i + 1}: field '{column}': value {value!r} "
+                                               f"{problem}")
                 problem = order_problem(row.start, row.end, previous)
                 if problem:
                     raise TraceFormatError(f"{where}: interval {i + 1}: field 'start': {problem}")
@@ -177,7 +178,8 @@ def order_problem(start: float, end: float, previous: Interval | None, previous_
         return None
     where = f" on line {previous_line}" if previous_line else ""
     if start < previous.start:
-        return f"interval [{start}, {end}) comes before [{previous.start}, {previous.end}){where} (rows of a device go in time order)"
+        return (f"interval [{start}, {end}) comes before [{previous.start}, {previous.end}){where} "
+                "(rows of a device go in time order)")
     if start < previous.end:
         return f"interval [{start}, {end}) overlaps [{previous.start}, {previous.end}){where}"
     return None
@@ -210,7 +212,8 @@ def read_timeline(path: Path) -> Timeline:
     for number, line in enumerate(lines[n + 1:], start=n + 2):
         cells = [cell.strip() for cell in line.split(",")]
         if not any(cells):
-            raise format_error(path, number, "device", "blank line inside the data (only trailing blank lines are allowed)")
+            raise format_error(path, number, "device",
+                               "blank line inside the data (only trailing blank lines are allowed)")
         if len(cells) != len(header):
             column = header[len(cells)] if len(cells) < len(header) else f"column {len(header) + 1}"
             raise format_error(path, number, column, f"line has {len(cells)} fields, the header {len(header)}")
@@ -259,7 +262,7 @@ def _read_header(text: str, *, path: Path, line: int) -> TimeUnit:
 
 
 def _shown(text: str) -> str:
-    """A value from the file as an error shows it: control characters escaped (the message stays one line), cut short."""
+    """A value from the file as an error shows it: control characters escaped (one line), cut short."""
     return shorten(text if text.isprintable() else text.encode("unicode_escape").decode("ascii"), 40)
 
 

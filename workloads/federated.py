@@ -13,19 +13,25 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from flexfl.errors import ConfigError, DataError, PluginError
-from workloads.datasets import (ArrayDataset, PluginData, RawImages, dataset_shape, default_emnist_root,
-                                load_raw)
+from workloads.datasets import ArrayDataset, PluginData, RawImages, dataset_shape, default_emnist_root, load_raw
 from workloads.defaults import DEFAULTS  # the paper's per-dataset settings, light for the parsers
-from workloads.partition import (lognormal_draws, partition_by_label, partition_by_label_shares, partition_iid,
-                                 proportional_sizes, truncated_pareto_draws)
-from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
 from workloads.models import MODEL_NAMES, ModelSpec
+from workloads.partition import (
+    lognormal_draws,
+    partition_by_label,
+    partition_by_label_shares,
+    partition_iid,
+    proportional_sizes,
+    truncated_pareto_draws,
+)
+from workloads.partition_spec import Dataset, PartitionSpec, Sizes, is_builtin_dataset
 from workloads.synthetic import make_synthetic
 
 log = logging.getLogger(__name__)
@@ -71,8 +77,11 @@ def check_plugins(spec: PartitionSpec, *, model: str | None) -> None:
 class _TestSets:
     """Weights and the objective's test set, over `sample_counts`, `test`, `device_test` and `_test_cache`."""
 
-    sample_counts: np.ndarray
-    test: ArrayDataset | None
+    if TYPE_CHECKING:  # a field of EvaluationData, a property of FederatedData
+        @property
+        def sample_counts(self) -> np.ndarray: ...
+
+    test: ArrayDataset
     device_test: tuple[ArrayDataset, ...] | None
     _test_cache: dict
 
@@ -125,7 +134,7 @@ class EvaluationData(_TestSets):
     """
 
     sample_counts: np.ndarray  # n_k per device, int64
-    test: ArrayDataset | None
+    test: ArrayDataset
     device_test: tuple[ArrayDataset, ...] | None
     _test_cache: dict = field(default_factory=dict, repr=False)
 
@@ -198,8 +207,9 @@ class _Split:
         """n_k per device (int64): the training samples, holdouts excluded."""
         if self.positions is not None:
             return np.array([len(tr) for tr, _ in self.positions], dtype=np.int64)
-        held = self.rows if self.synthetic is None else self.synthetic
-        return np.array([len(d) for d in held], dtype=np.int64)
+        if self.synthetic is not None:
+            return np.array([len(d) for d in self.synthetic], dtype=np.int64)
+        return np.array([len(d) for d in self.rows or ()], dtype=np.int64)
 
     def train(self, k: int, *, as_bytes: bool = False) -> ArrayDataset:
         """Device k's training samples (only its own images are read)."""
@@ -211,16 +221,21 @@ class _Split:
             return None
         return tuple(self._take(k, held_out, as_bytes=False) for k, (_, held_out) in enumerate(self.positions))
 
-    def test(self, holdouts: tuple[ArrayDataset, ...] | None) -> ArrayDataset | None:
-        """The global test set: all holdouts concatenated, else the image dataset's own (SYNTHETIC: none)."""
+    def test(self, holdouts: tuple[ArrayDataset, ...] | None) -> ArrayDataset:
+        """The global test set: all holdouts concatenated, else the image dataset's own."""
         if holdouts is not None:
             return _concatenate(holdouts)
-        return None if self.raw is None else self.raw.test()
+        own = None if self.raw is None else self.raw.test()
+        if own is None:  # PartitionSpec and _split refuse SYNTHETIC and plug-ins without holdouts and a test set
+            raise ConfigError("partition: no test set: neither per-device holdouts nor a test set of the dataset's own")
+        return own
 
     def _take(self, k: int, positions: np.ndarray | None, *, as_bytes: bool) -> ArrayDataset:
         if self.synthetic is not None:
             mine = self.synthetic[k]
             return mine if positions is None else mine.subset(positions)
+        if self.rows is None or self.raw is None:
+            raise TypeError("_Split holds neither SYNTHETIC devices nor image rows")  # _split builds one or the other
         rows = self.rows[k] if positions is None else self.rows[k][positions]
         return self.raw.train_subset(rows, as_bytes=as_bytes)
 

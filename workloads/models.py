@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +141,7 @@ def model_plugin(name: str) -> Plugin:
 def _build_plugin(plugin: Plugin, *, in_features: int | None, num_classes: int,
                   input_shape: tuple[int, ...] | None) -> nn.Module:
     sizes = {"in_features": in_features, "num_classes": num_classes}
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(plugin.obj).parameters
     except (TypeError, ValueError):  # a callable without a signature: give it everything

@@ -67,7 +67,8 @@ def proportional_sizes(weights: np.ndarray, *, total: int, min_size: int, max_si
         if max_size < min_size:
             raise DataError(f"max_size {max_size} is below min_size {min_size}")
         if n_devices * max_size < total:
-            raise DataError(f"{n_devices} devices x max_size {max_size} = {n_devices * max_size} is below total {total}")
+            raise DataError(f"{n_devices} devices x max_size {max_size} = {n_devices * max_size} is below total "
+                            f"{total}")
         cap = float(max_size - min_size)
     weights = np.asarray(weights, dtype=np.float64)
     rest = total - n_devices * min_size
@@ -105,7 +106,7 @@ def _round_to_sum(values: np.ndarray, *, total: int, cap: float) -> np.ndarray:
     return floors
 
 
-def partition_iid(n_samples: int, sizes: Sequence[int], *, seed: int) -> list[np.ndarray]:
+def partition_iid(n_samples: int, sizes: Sequence[int] | np.ndarray, *, seed: int) -> list[np.ndarray]:
     """Disjoint index arrays of the given sizes, cut from one random permutation of n_samples."""
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     if (sizes_arr < 0).any():
@@ -135,7 +136,7 @@ def partition_by_label_shares(labels: np.ndarray, weights: np.ndarray, *, total:
         pool = rng.permutation(np.flatnonzero(labels == label))
         if len(devices) == 0:
             continue
-        use = max(len(devices) * min_size, int(round(len(pool) * total / len(labels))))
+        use = max(len(devices) * min_size, round(len(pool) * total / len(labels)))
         if use > len(pool):
             raise DataError(f"label {label} has {len(pool)} samples for {len(devices)} devices of at least {min_size}")
         counts = proportional_sizes(weights[devices], total=use, min_size=min_size)
@@ -145,7 +146,7 @@ def partition_by_label_shares(labels: np.ndarray, weights: np.ndarray, *, total:
 
 
 def partition_by_label(
-    labels: np.ndarray, sizes: Sequence[int], *, seed: int
+    labels: np.ndarray, sizes: Sequence[int] | np.ndarray, *, seed: int
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Give each device samples of one label only: (index arrays, label of each device).
 

@@ -99,12 +99,16 @@ class PartitionSpec:
         if self.n_devices < 1:
             raise ConfigError(f"partition.n_devices must be >= 1, got {self.n_devices}")
         if self.total_samples is not None and self.total_samples < self.n_devices:
-            raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least n_devices ({self.n_devices})")
+            raise ConfigError(f"partition.total_samples ({self.total_samples}) must be at least "
+                              f"n_devices ({self.n_devices})")
         if self.holdout_fraction is not None and not 0 <= self.holdout_fraction < 1:
             raise ConfigError(f"partition.holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
         if self.sizes is Sizes.PARETO_PER_LABEL and (self.iid or self.dataset is Dataset.SYNTHETIC):
             raise ConfigError("partition.sizes = pareto-per-label shares each label among its devices: "
                               "it needs non-IID MNIST or EMNIST")
+        if self.dataset is Dataset.SYNTHETIC and self.holdout == 0:
+            raise ConfigError("partition.holdout_fraction = 0 leaves SYNTHETIC without a test set (its test set is the "
+                              "devices' holdouts): give it a fraction in (0, 1), or leave it out for 0.1")
         if self.dataset is not Dataset.SYNTHETIC:
             if self.alpha is not None or self.beta is not None:
                 raise ConfigError(f"partition.alpha/beta shape SYNTHETIC only; leave them out for {self.dataset}")
@@ -161,7 +165,8 @@ class PartitionSpec:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: partition is not valid JSON: {exc}") from None
         claimed = raw.get("dataset") if isinstance(raw, dict) else None
-        if ours is not None and isinstance(claimed, str) and claimed != ours.dataset and not is_builtin_dataset(claimed):
+        if (ours is not None and isinstance(claimed, str) and claimed != ours.dataset
+                and not is_builtin_dataset(claimed)):
             raise PartitionMismatch(f"{where}: its partition's dataset is {raw.get('dataset')!r}, the coordinator's "
                                     f"{str(ours.dataset)!r}")
         return from_dict(cls, raw, where=where, table="partition")

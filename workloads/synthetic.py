@@ -23,7 +23,7 @@ def make_synthetic(
     *,
     alpha: float,
     beta: float,
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     seed: int,
     iid: bool | None = None,
     dim: int = 60,

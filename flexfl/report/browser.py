@@ -206,7 +206,8 @@ def _collect(events: list[dict], result: PageCheck) -> None:
                 result.warnings.append(f"console.warning: {text}")
         elif method == "Runtime.exceptionThrown":
             details = p.get("exceptionDetails", {})
-            result.console_errors.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
+            what = details.get("exception", {}).get("description") or details.get("text")
+            result.console_errors.append(f"exception: {what}")
         elif method == "Log.entryAdded":
             entry = p.get("entry", {})
             line = f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip()

@@ -109,7 +109,9 @@ def strategy_description(config: dict[str, Any]) -> str | None:
     from coordinator.strategies import configured_strategy
 
     rules = config.get("rules")
-    name = (rules.get("strategy") or rules.get("scheme")) if isinstance(rules, dict) else None
+    if not isinstance(rules, dict):
+        return None
+    name = rules.get("strategy") or rules.get("scheme")
     if not isinstance(name, str):
         return None
     try:
@@ -197,7 +199,7 @@ def read_run(path: Path) -> Run:
     if (path / "coordinator.toml").is_file() or metrics is not None:
         legacy, used = _legacy_live_meta(path)
         return Run(path=path, kind="live", sources=tuple(sources + used), rounds=rounds, **legacy)
-    config = {}
+    config: dict = {}
     if (path / "summary.json").is_file():
         config = _load_json(path / "summary.json").get("config") or {}
         sources.append("summary.json")
@@ -212,9 +214,10 @@ def _scheme_runs(path: Path) -> Run | None:
     Its rounds.csv holds per-round aggregates only; each scheme's own folder (<scheme>/run.json
     and metrics.jsonl) holds s, p and coefficients per device. The schemes share devices, traces
     and E. None if a scheme of rounds.csv has no such folder (then the aggregates are read)."""
-    schemes = list(dict.fromkeys(r.scheme for r in _read_rounds_csv(path / SIM_ROUNDS_CSV)))
-    if not schemes or None in schemes or not all((path / s / RUN_JSON).is_file() and (path / s / METRICS_FILES[0])
-                                                 .is_file() for s in schemes):
+    named = list(dict.fromkeys(r.scheme for r in _read_rounds_csv(path / SIM_ROUNDS_CSV)))
+    schemes = [s for s in named if s is not None]
+    if not schemes or len(schemes) < len(named) or not all(
+            (path / s / RUN_JSON).is_file() and (path / s / METRICS_FILES[0]).is_file() for s in schemes):
         return None
     runs = {s: read_run(path / s) for s in schemes}
     first = runs[schemes[0]]
@@ -264,7 +267,8 @@ def _opt(value: Any, kind: type, where: Path | str, name: str) -> Any:
     """value converted to kind (None stays None); a ReportError naming the field otherwise."""
     if value is None:
         return None
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind in (int, float) else isinstance(value, kind)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number if kind in (int, float) else isinstance(value, kind)
     if kind is int and isinstance(value, float) and not value.is_integer():
         ok = False
     if not ok:

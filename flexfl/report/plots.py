@@ -13,6 +13,7 @@ import base64
 import io
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
@@ -22,8 +23,12 @@ from matplotlib.patches import Patch
 
 from flexfl.report.sections import Cell, Participation
 
-RC = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9, "axes.titlesize": 10,
-      "axes.grid": True, "grid.alpha": 0.3, "font.family": ["DejaVu Sans", "sans-serif"]}
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-report", "font.size": 9,
+                            "axes.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3,
+                            "font.family": ["DejaVu Sans", "sans-serif"]}
 SCHEME_STYLE = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-"), None: ("tab:green", "-")}
 ABSENT_COLOR, INACTIVE_COLOR, REJECTED_COLOR = "#f2f2f2", "#fdae61", "#d7191c"
 ARRIVAL_COLOR, DEPARTURE_COLOR = "tab:blue", "tab:red"
@@ -98,9 +103,10 @@ def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]], *,
         ax_loss.set(xlabel="round", ylabel="test loss", title="Test loss (axis from 0)")
         for ax in (ax_acc, ax_loss):
             _mark_events(ax, events, label=ax is ax_acc)
-        handles, labels = ax_acc.get_legend_handles_labels()
+        handles, _labels = ax_acc.get_legend_handles_labels()
         if any(w == "arrival" for _, _, w in events):
-            handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--", label="arrival (takes effect next round)"))
+            handles.append(mpl.lines.Line2D([], [], color=ARRIVAL_COLOR, ls="--",
+                                            label="arrival (takes effect next round)"))
         if any(w == "departure" for _, _, w in events):
             handles.append(mpl.lines.Line2D([], [], color=DEPARTURE_COLOR, ls=":", label="departure"))
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
@@ -128,7 +134,7 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
     with mpl.rc_context(RC):
         fig, axes = _figure(10, _heatmap_height(len(part.devices)))
         ax = axes[0, 0]
-        rgba = np.zeros(part.state.shape + (4,))
+        rgba = np.zeros((*part.state.shape, 4))
         rgba[part.state == Cell.ABSENT] = to_rgba(ABSENT_COLOR)
         rgba[part.state == Cell.INACTIVE] = to_rgba(INACTIVE_COLOR)
         rgba[part.state == Cell.REJECTED] = to_rgba(REJECTED_COLOR)
@@ -140,7 +146,8 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
             ax.scatter(np.array(part.rounds)[xs], ys, marker="x", s=22, color="black", lw=1.2, zorder=3)
         _device_axis(ax, part.devices, part.rounds)
         _mark_events(ax, events, label=False, offset=0.5)
-        ax.set_title(f"Participation: s / {part.scale.split(' ')[0] if 'unknown' not in part.scale else 'max s'} per device and round")
+        scale = part.scale.split(" ")[0] if "unknown" not in part.scale else "max s"
+        ax.set_title(f"Participation: s / {scale} per device and round")
         sm = mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap=S_CMAP)
         fig.colorbar(sm, ax=ax, label=f"s / {part.scale}", fraction=0.04, pad=0.01)
         legend = [Patch(color=ABSENT_COLOR, label="absent (not a participant)"),
@@ -210,7 +217,8 @@ def durations_plot(d: dict[str, list], deadline_s: float | None) -> str:
         handles = [Patch(color="tab:green", label="round closed: all answered"),
                    Patch(color="tab:orange", label="round closed: deadline"),
                    Patch(color="tab:gray", alpha=0.7, label="aggregation + evaluation"),
-                   mpl.lines.Line2D([], [], marker="o", ms=3, color="black", ls="", label="an update's arrival after delivery")]
+                   mpl.lines.Line2D([], [], marker="o", ms=3, color="black", ls="",
+                                    label="an update's arrival after delivery")]
         if deadline_s is not None:
             ax.axhline(deadline_s, color="tab:red", ls="--", lw=1.2)
             handles.append(mpl.lines.Line2D([], [], color="tab:red", ls="--", label=f"deadline {deadline_s:g} s"))
@@ -239,7 +247,8 @@ def sweep_improvements(dataset: str, table, *, title: str | None = None) -> str:
                 mean = np.array([np.mean(v) for v in vals])
                 lo = mean - np.array([np.min(v) for v in vals])
                 hi = np.array([np.max(v) for v in vals]) - mean
-                ax.errorbar(js, mean, yerr=[lo, hi], fmt="o-", color="tab:green", capsize=3, label="FlexFL (min-max over seeds)")
+                ax.errorbar(js, mean, yerr=[lo, hi], fmt="o-", color="tab:green", capsize=3,
+                            label="FlexFL (min-max over seeds)")
                 if paper:
                     ax.plot(range(1, len(paper) + 1), [p[col] for p in paper], "s--", color="tab:gray", label="paper")
                 ax.axhline(0, color="black", lw=0.6)
@@ -260,7 +269,8 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
             for scheme, runs in by_scheme.items():
                 color, ls = SCHEME_STYLE.get(scheme, (None, "-"))
                 x = np.arange(1, runs.shape[1] + 1)
-                ax.plot(x, 100 * runs.mean(axis=0), color=color, ls=ls, lw=1.2, label=f"{scheme} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+                seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+                ax.plot(x, 100 * runs.mean(axis=0), color=color, ls=ls, lw=1.2, label=f"{scheme} ({seeds})")
                 if len(runs) > 1:
                     ax.fill_between(x, 100 * runs.min(axis=0), 100 * runs.max(axis=0), color=color, alpha=0.15, lw=0)
             ax.set_ylim(0, 100)
@@ -271,7 +281,8 @@ def sweep_cells(dataset: str, setting: str, curves: dict[int, dict[str, np.ndarr
             ax.set_visible(False)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-        fig.suptitle(f"{title or dataset.upper()} {setting.upper()}: test accuracy per round (mean, band: min-max over seeds)")
+        fig.suptitle(f"{title or dataset.upper()} {setting.upper()}: "
+                     "test accuracy per round (mean, band: min-max over seeds)")
     return svg_uri(fig)
 
 
@@ -287,7 +298,8 @@ def trace_figure(trace, resolution: int | None) -> str:
         ax_t.plot(trace.round, 100 * frac, lw=0.8, color="tab:blue")
         zeros = frac == 0
         if zeros.any():
-            ax_t.scatter(trace.round[zeros], np.zeros(zeros.sum()), s=10, color=REJECTED_COLOR, zorder=3, label="inactive (0)")
+            ax_t.scatter(trace.round[zeros], np.zeros(zeros.sum()), s=10, color=REJECTED_COLOR, zorder=3,
+                         label="inactive (0)")
             ax_t.legend(fontsize=7, loc="lower left")
         ax_t.set_ylim(-3, 103)
         ax_t.set(xlabel="round", ylabel="% of E", title=f"{trace.name}: per round")

@@ -178,10 +178,12 @@ def _sweep_context(path: Path) -> dict[str, Any]:
         cells = []
         for setting in table.settings:
             curves = sections.sweep_curves(ds, setting)
-            cells.append({"setting": setting, "svg": plots.sweep_cells(ds.dataset, setting, curves, title=ds.title) if curves else None})
+            svg = plots.sweep_cells(ds.dataset, setting, curves, title=ds.title) if curves else None
+            cells.append({"setting": setting, "svg": svg})
         datasets.append({
             "ds": ds, "table": table, "cells": cells,
-            "improvements_svg": plots.sweep_improvements(ds.dataset, table, title=ds.title) if table.ours_values else None,
+            "improvements_svg": plots.sweep_improvements(ds.dataset, table,
+                                                         title=ds.title) if table.ours_values else None,
             "schemes": sorted({r["scheme"] for r in ds.final}),
             "seeds": sorted({r["seed"] for r in ds.final}),
             "runs_dir": None if ds.runs_dir is None else (

@@ -171,8 +171,10 @@ def run_summary(run: Run, rows: list[RoundRow]) -> dict[str, object]:
         "best_acc": max(acc) if acc else None,
         "inactive_device_rounds": sum(1 for r in rows for d in participants_of(r) if (r.s or {}).get(d, 0) == 0)
         if per_device else None,
-        "rejected_updates": sum(len(r.rejected or {}) for r in rows) if any(r.rejected is not None for r in rows) else None,
-        "discarded_rounds": sum(bool(r.discarded) for r in rows) if any(r.discarded is not None for r in rows) else None,
+        "rejected_updates": (sum(len(r.rejected or {}) for r in rows)
+                             if any(r.rejected is not None for r in rows) else None),
+        "discarded_rounds": (sum(bool(r.discarded) for r in rows)
+                             if any(r.discarded is not None for r in rows) else None),
         "arrivals": [(r.round, d) for r in rows for d in r.arrivals],
         "departures": [(r.round, d) for r in rows for d in r.departures],
     }
@@ -262,7 +264,8 @@ def trace_table(trace_set) -> list[TraceRow]:
         paper = PAPER_TABLE2.get(t.name)
         cond = trace_set.manifest.conditions.get(t.name, {})
         rows.append(TraceRow(
-            name=t.name, condition=", ".join(f"{k}={v}" for k, v in cond.items()) if isinstance(cond, dict) else str(cond),
+            name=t.name,
+            condition=", ".join(f"{k}={v}" for k, v in cond.items()) if isinstance(cond, dict) else str(cond),
             rounds=len(t), first_round=int(t.round[0]), last_round=int(t.round[-1]),
             mean_pct=t.mean_pct, std_pct=t.std_pct, zero_share=t.zero_share,
             paper_mean_pct=paper[0] if paper else None, paper_std_pct=paper[1] if paper else None,

@@ -56,13 +56,6 @@ TIMINGS_S: dict[str, float] = {}
 FIGURES: dict[str, str] = {}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "provision: applies the playbooks to a debootstrapped bookworm root (root, minutes)")
-    config.addinivalue_line(
-        "markers", "arm64: the provisioning target is arm64 (under qemu-user-static on other machines)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "provision" in (config.getoption("markexpr") or ""):
         return
@@ -338,7 +331,8 @@ def work_dirs() -> Callable[[Path], tuple[Path, int]]:
 def run_checked(argv: list[str], what: str, timeout_s: float = 1200, **kwargs) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, **kwargs)
     if proc.returncode != 0:
-        pytest.fail(f"{what} failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        pytest.fail(f"{what} failed ({proc.returncode}): "
+                    f"{' '.join(argv)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 

@@ -152,7 +152,7 @@ def test_agent_trains_rounds_against_a_host_coordinator(target: Target, provisio
         initial = {name: value.clone() for name, value in coordinator.engine.params.items()}
         # The rendered trace ("traces/paper:T50") is read relative to /etc/flexfl, where no role
         # puts a trace set: the agent would stop at start. The round runs without a trace.
-        command = as_the_unit(target, AGENT_UNIT) + ["--coordinator", f"127.0.0.1:{port}", "--trace", ""]
+        command = [*as_the_unit(target, AGENT_UNIT), "--coordinator", f"127.0.0.1:{port}", "--trace", ""]
         with open(log, "w") as log_file:
             agent = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         join_s = wait_until(lambda: coordinator.engine.registry.get(device) is not None, process=agent,

@@ -34,9 +34,8 @@ def undocumented_variables(role: str) -> list[str]:
             documented = False
         elif line.startswith("#"):
             documented = True
-        elif m := TOP_KEY.match(line):
-            if not documented and " # " not in line:
-                missing.append(m.group(1))
+        elif (m := TOP_KEY.match(line)) and not documented and " # " not in line:
+            missing.append(m.group(1))
     return missing
 
 
@@ -127,7 +126,8 @@ def test_real_inventory_and_credentials_stay_out_of_git() -> None:
     def ignored(rel: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ANSIBLE_DIR.parent).returncode == 0
 
-    for rel in ("hosts.ini", "config.yml", "credentials/ca.key", "fetched/pi-01/metrics.jsonl", ".build/x.whl", "fleet.toml"):
+    for rel in ("hosts.ini", "config.yml", "credentials/ca.key", "fetched/pi-01/metrics.jsonl", ".build/x.whl",
+                "fleet.toml"):
         assert ignored(f"ansible/{rel}"), rel
     for rel in ("roles/credentials/tasks/main.yml", "example.hosts.ini", "example.config.yml"):
         assert not ignored(f"ansible/{rel}"), rel

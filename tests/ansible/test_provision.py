@@ -110,8 +110,10 @@ def test_configs_hold_the_inventory_values(target: Target) -> None:
     assert server["listen"] == "0.0.0.0:50077"
     assert (server["tls_cert"], server["tls_key"], server["tls_client_ca"]) == (
         "/etc/flexfl/tls/coordinator.pem", "/etc/flexfl/tls/coordinator.key", "/etc/flexfl/tls/ca.pem")
-    assert coordinator["partition"] == {"dataset": target.config["common_dataset"], "iid": True, "n_devices": 4, "seed": 5}
-    assert (coordinator["run"]["rounds"], coordinator["run"]["deadline_s"], coordinator["rules"]["scheme"]) == (7, 12.5, "B")
+    assert coordinator["partition"] == {"dataset": target.config["common_dataset"], "iid": True,
+                                        "n_devices": 4, "seed": 5}
+    assert (coordinator["run"]["rounds"], coordinator["run"]["deadline_s"],
+            coordinator["rules"]["scheme"]) == (7, 12.5, "B")
     assert coordinator["output"]["dir"] == "/var/lib/flexfl/coordinator"
     # Every key the templates write is a field of the config dataclasses, with the right type.
     from coordinator.config import load_coordinator_config
@@ -159,7 +161,8 @@ def test_certificates_chain_to_the_fleet_ca(target: Target) -> None:
     tls = target.path("/etc/flexfl/tls")
     for cert in ("coordinator.pem", "agent.pem"):
         assert openssl("verify", "-CAfile", str(tls / "ca.pem"), str(tls / cert)).strip().endswith(": OK")
-    assert "IP Address:127.0.0.1" in openssl("x509", "-noout", "-ext", "subjectAltName", "-in", str(tls / "coordinator.pem"))
+    assert "IP Address:127.0.0.1" in openssl("x509", "-noout", "-ext", "subjectAltName", "-in",
+                                             str(tls / "coordinator.pem"))
     assert "CN = pi-test-07" in openssl("x509", "-noout", "-subject", "-in", str(tls / "agent.pem"))
     assert "TLS Web Client Authentication" in openssl("x509", "-noout", "-ext", "extendedKeyUsage",
                                                       "-in", str(tls / "agent.pem"))
@@ -212,8 +215,8 @@ def test_code_change_reaches_the_target(target: Target) -> None:
     init.write_text(init.read_text() + marker + "\n")
     run = target.run_playbook("testbed.yml", "testbed-upgrade.log")
     assert run.returncode == 0, run.output[-6000:]
-    assert re.search(r"TASK \[flexfl_install : Install the pushed FlexFL wheel in place of the installed one\].*\n(.*\n)?changed:",
-                     run.output), run.output[-6000:]
+    assert re.search(r"TASK \[flexfl_install : Install the pushed FlexFL wheel in place of the installed one\]"
+                     r".*\n(.*\n)?changed:", run.output), run.output[-6000:]
     proc = target.run("/opt/flexfl/venv/bin/python", "-c",
                       "import flexfl, pathlib; print(pathlib.Path(flexfl.__file__).read_text())")
     assert proc.returncode == 0 and marker in proc.stdout, proc.stderr
@@ -227,7 +230,8 @@ def test_device_identity_and_loadgen_keys(target: Target) -> None:
     from loadgen.keys import client_auth, write_keypair
 
     device_id = target.inventory["edge_agent_device_id"]
-    subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in", str(target.path("/etc/flexfl/tls/agent.pem")))
+    subject = openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in",
+                      str(target.path("/etc/flexfl/tls/agent.pem")))
     assert subject.strip() == f"subject=CN={device_id}"
     assert tomllib.loads(target.path("/etc/flexfl/agent.toml").read_text())["device_id"] == device_id
 

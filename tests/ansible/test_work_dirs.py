@@ -91,7 +91,7 @@ def test_a_dead_runs_mounts_are_unmounted_before_its_folder_goes(tmp_path: Path,
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(proc_dir)], check=True)
     (proc_dir / "inside-the-mount").write_text("x")
     try:
-        work, fd = work_dirs(tmp_path)
+        _work, fd = work_dirs(tmp_path)
         os.close(fd)
         assert not (tmp_path / "run-killed").exists()
         assert str(proc_dir) not in Path("/proc/self/mountinfo").read_text()

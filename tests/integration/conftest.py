@@ -15,9 +15,9 @@ import pytest
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.round import RulesConfig
 from coordinator.runtime import Coordinator
-from flexfl.config import write_config
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.config import write_config
 from workloads.partition_spec import PartitionSpec
 
 TOKEN = "test-fleet-token"
@@ -37,7 +37,8 @@ def make_config(tmp_path, **values) -> CoordinatorConfig:
         if key == "data_seed":
             tables["partition"]["seed"] = value
             continue
-        table = "run" if key == "seed" else next(t for t, cls in _TABLES.items() if key in {f.name for f in fields(cls)})
+        table = "run" if key == "seed" else next(t for t, cls in _TABLES.items()
+                                                 if key in {f.name for f in fields(cls)})
         tables[table][key] = value
     return CoordinatorConfig(
         server=ServerConfig(listen="127.0.0.1:0", fleet_token=TOKEN, pull_wait_s=0.5),

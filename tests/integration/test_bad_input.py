@@ -6,13 +6,13 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
-from coordinator.metrics import read_metrics
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
-from edge_agent.agent import AgentError, EdgeAgent
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, error_reason
+
+from coordinator.metrics import read_metrics
+from edge_agent.agent import AgentError, EdgeAgent
 from workloads.partition_spec import PartitionSpec
 
 from .conftest import with_server
@@ -70,7 +70,7 @@ def _bad_variants(header, model):
     zero = {n: np.zeros_like(v) for n, v in model.items()}
     name = next(iter(model))
     wrong_shape = dict(zero)
-    wrong_shape[name] = np.zeros(model[name].shape[:-1] + (model[name].shape[-1] + 1,), dtype=np.float32)
+    wrong_shape[name] = np.zeros((*model[name].shape[:-1], model[name].shape[-1] + 1), dtype=np.float32)
     nan = {n: v.copy() for n, v in zero.items()}
     nan[name].flat[0] = np.nan
     h_ok, d_ok = _update("evil", header.round_id, zero)
@@ -80,7 +80,8 @@ def _bad_variants(header, model):
     return {
         "wrong shape": (_update("evil", header.round_id, wrong_shape), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
         "NaN": (_update("evil", header.round_id, nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
-        "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1), grpc.StatusCode.INVALID_ARGUMENT, "outside 0..E"),
+        "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1),
+                  grpc.StatusCode.INVALID_ARGUMENT, "outside 0..E"),
         "bad checksum": ((h_ok, bytes(corrupt)), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
         "truncated": ((h_ok, d_ok[:-4]), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
         "missing tensor": (_update("evil", header.round_id, missing), grpc.StatusCode.INVALID_ARGUMENT, "missing"),

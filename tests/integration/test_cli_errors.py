@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 def _one_line_error(proc: subprocess.Popen, *, timeout: float = 120) -> str:
     """Wait; assert exit code 2 and exactly one stderr line, an error without a traceback; return it."""
-    out, err = proc.communicate(timeout=timeout)
+    _out, err = proc.communicate(timeout=timeout)
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 2, (proc.args, proc.returncode, err[-2000:])
     assert "Traceback" not in err, err
@@ -149,7 +149,8 @@ def test_grpc_itself_refuses_a_second_server_on_a_port(tmp_path: Path, live_conf
             first, port = await start_server(cfg, engine=None, token=TOKEN, work=work)
             try:
                 same = replace(cfg, server=replace(cfg.server, listen=f"127.0.0.1:{port}"))
-                with pytest.raises(ConfigError, match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
+                with pytest.raises(ConfigError,
+                                   match=rf"cannot bind '127.0.0.1:{port}': port {port} is already in use"):
                     await start_server(same, engine=None, token=TOKEN, work=work)
             finally:
                 await first.stop(None)
@@ -181,7 +182,7 @@ def test_agent_bad_inputs_give_one_line_and_exit_2(workdir: Path) -> None:
     }
     procs = {name: _flexfl("agent", *args, cwd=w) for name, (args, _) in cases.items()}
     for name, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
         # Retries are logged before the agent gives up; the error itself is the one last line.
         lines = [line for line in err.splitlines() if line.strip()]
         assert proc.returncode == 2, (name, proc.returncode, err[-2000:])

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[dev]')")
 
-from benchmarks import fuzz  # noqa: E402
-from benchmarks.fuzz_config import fuzz_configs  # noqa: E402
+from benchmarks import fuzz
+from benchmarks.fuzz_config import fuzz_configs
 
 
 def test_config_parsers_give_a_config_or_a_config_error():

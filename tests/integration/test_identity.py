@@ -6,12 +6,12 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-
-from coordinator.metrics import read_metrics
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, error_reason
+
+from coordinator.metrics import read_metrics
 
 from .test_bad_input import TOKEN, RawDevice, _update
 from .test_session import RawSession

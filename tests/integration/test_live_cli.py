@@ -161,7 +161,8 @@ def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_p
     out = tmp_path / "fedprox"
     # Paper traces T0/T30 (the later --trace-set wins): incomplete work, where FedProx and Scheme C differ.
     live = _live(out, "--devices", "2", "--rounds", "2", "--arrive-round", "0", "--depart-round", "0", "--E", "20",
-                 "--trace-set", str(REPO / "traces" / "paper"), "--num-traces", "2", "--strategy", "fedprox", "--mu", "0.1")
+                 "--trace-set", str(REPO / "traces" / "paper"), "--num-traces", "2",
+                 "--strategy", "fedprox", "--mu", "0.1")
     printed, _ = live.communicate(timeout=180)
     assert live.returncode == 0, printed[-3000:]
     banner, *_, final, _report_line = printed.strip().splitlines()

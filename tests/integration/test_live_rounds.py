@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-from dataclasses import replace
-from pathlib import Path
 
 from coordinator import server
 from coordinator.aggregation import coefficients
@@ -18,8 +16,15 @@ from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
 from coordinator.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
-from simulator.engine import (ArrivalEvent, DepartureEvent, FixedParticipation, ScheduleConfig, SimConfig,
-                              TracesConfig, run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    FixedParticipation,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    run_simulation,
+)
 from trace_recorder.format import read_trace_set
 from trace_recorder.sampler import assign_traces
 
@@ -97,7 +102,7 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
         return push(self, *args, **kwargs)
 
     monkeypatch.setattr(server.FleetServicer, "_push", recording_push)
-    cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, scheme="C")
+    _cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, scheme="C")
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
@@ -143,11 +148,11 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
-@pytest.mark.parametrize("rules, refused", [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
+@pytest.mark.parametrize("rules, refused",
+                         [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
 def test_a_fedprox_run_refuses_agents_that_would_train_without_its_term(live_config, fleet_factory, rules, refused):
     """Protocol 1 agents do not know RoundHeader.proximal_mu: they would run plain SGD and call it FedProx."""
     import grpc
-
     from flexfl.proto import fleet_pb2 as pb
     from flexfl.proto import fleet_pb2_grpc as pb_grpc
     from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION
@@ -174,8 +179,8 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
     """Agents follow traces; dev-4 arrives (fast-reboot), dev-0 departs: the simulator ends with the same model
     and the same Gamma estimate for dev-0."""
     n, rounds = 5, 8
-    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C", departure_policy=policy,
-                      total_samples=2000, seed=3)
+    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n - 1, deadline_s=30.0, scheme="C",
+                      departure_policy=policy, total_samples=2000, seed=3)
     fleet = fleet_factory(cfg)
     traces = read_trace_set(REPO / "traces" / "paper").first(5)
     assignment = assign_traces(n, n_traces=len(traces), seed=cfg.run.seed)

@@ -53,7 +53,8 @@ def test_flexfl_and_proto_plus_import_side_by_side(wheel: Path, tmp_path: Path) 
 
 
 def test_an_installed_wheel_simulates_on_its_own_paper_traces(wheel: Path, tmp_path: Path) -> None:
-    """`pip install '.[cluster]'` (not editable) used to leave `flexfl sim run` looking for site-packages/traces/paper."""
+    """`pip install '.[cluster]'` (not editable) used to leave `flexfl sim run` looking for
+    site-packages/traces/paper."""
     site = tmp_path / "site"
     # --target: the wheel's files as a non-editable install lays them out; its dependencies
     # (torch, grpc, ...) come from this interpreter's environment.

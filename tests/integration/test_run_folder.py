@@ -7,7 +7,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
 from flexfl.harness import CoordinatorClient

@@ -10,14 +10,14 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
-from coordinator import server
-from edge_agent.agent import AgentError, EdgeAgent
-from edge_agent.config import ParticipationConfig
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, error_reason
+
+from coordinator import server
+from edge_agent.agent import AgentError, EdgeAgent
+from edge_agent.config import ParticipationConfig
 
 from .conftest import make_config
 from .test_bad_input import TOKEN, _bad_variants, _update
@@ -157,7 +157,8 @@ def test_bad_updates_end_the_session_with_pushupdates_status_and_change_nothing(
 def _train(fleet, n: int) -> tuple[list[EdgeAgent], dict[str, torch.Tensor]]:
     # Ragged s, fixed per device and round, so that both runs train the same model.
     schedules = [tuple((i + r) % 5 + 1 for r in range(3)) for i in range(n)]
-    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=s)) for i, s in enumerate(schedules)]
+    agents = [fleet.start_agent(i, participation=ParticipationConfig(forced_updates=s))
+              for i, s in enumerate(schedules)]
     assert fleet.coordinator.wait(timeout=120)
     return agents, {k: v.clone() for k, v in fleet.coordinator.engine.params.items()}
 

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 import subprocess
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
-
-from coordinator.metrics import read_metrics
-from edge_agent.agent import EdgeAgent
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION
+
+from coordinator.metrics import read_metrics
+from edge_agent.agent import EdgeAgent
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
 
@@ -58,7 +58,8 @@ def _tls_config(live_config, pki: Path, *, mutual: bool):
 def test_rounds_complete_over_tls(live_config, fleet_factory, pki, mutual):
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=mutual))
     for i in range(2):
-        client = dict(tls_client_cert=str(pki / f"dev-{i}.pem"), tls_client_key=str(pki / f"dev-{i}.key")) if mutual else {}
+        client = dict(tls_client_cert=str(pki / f"dev-{i}.pem"),
+                      tls_client_key=str(pki / f"dev-{i}.key")) if mutual else {}
         fleet.start_agent(i, tls_ca=str(pki / "ca.pem"), **client)
     assert fleet.coordinator.wait(timeout=60)
     rows = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")
@@ -71,7 +72,7 @@ def test_plaintext_agent_and_agent_without_client_cert_are_refused(live_config, 
         cfg = replace(fleet.agent_config(0, **kwargs), backoff_max_s=0.2, rpc_timeout_s=2.0)
         agent = EdgeAgent(cfg)
         outcome: list = []
-        t = threading.Thread(target=lambda: outcome.append(agent.run()), daemon=True)
+        t = threading.Thread(target=lambda agent=agent, outcome=outcome: outcome.append(agent.run()), daemon=True)
         t.start()
         t.join(timeout=3)
         assert t.is_alive(), "the agent should still be retrying a handshake that cannot succeed"
@@ -108,9 +109,8 @@ def test_certificate_of_one_device_cannot_claim_another(live_config, fleet_facto
 
 def test_certificate_without_common_name_is_refused(live_config, fleet_factory, pki):
     fleet = fleet_factory(_tls_config(live_config, pki, mutual=True))
-    with _mutual_channel(fleet.port, pki, "no-cn") as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            _join(channel, "dev-0", token=fleet.cfg.server.fleet_token)
+    with _mutual_channel(fleet.port, pki, "no-cn") as channel, pytest.raises(grpc.RpcError) as refused:
+        _join(channel, "dev-0", token=fleet.cfg.server.fleet_token)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "without a common name" in refused.value.details() and "CN=dev-0" in refused.value.details()
     assert len(fleet.coordinator.engine.registry.devices) == 0
@@ -138,5 +138,6 @@ def test_agent_with_another_devices_certificate_stops_with_the_reason(live_confi
     # PERMISSION_DENIED is not retried: the agent gives up at once and says why.
     assert len(outcome) == 1 and isinstance(outcome[0], Exception), outcome
     # Its first call (Status, to learn the partition) is already refused.
-    assert re.search(r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'", str(outcome[0])), outcome
+    refused = r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'"
+    assert re.search(refused, str(outcome[0])), outcome
     assert len(fleet.coordinator.engine.registry.devices) == 0

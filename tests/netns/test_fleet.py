@@ -154,7 +154,7 @@ time.sleep(600)
 
 def test_without_root_the_error_says_so(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(fl.FleetError, match="needs root.*sudo"):
+    with pytest.raises(fl.FleetError, match=r"needs root.*sudo"):
         fl.EmulatedFleet.up(fl.FleetSpec(devices=(fl.DeviceSpec(),), prefix="fznoroot"))
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flexfl.live import EmulationConfig, LiveConfig, LiveRun
 from coordinator.metrics import read_metrics
+from flexfl.live import EmulationConfig, LiveConfig, LiveRun
 from loadgen import fleet as fl
 from workloads.partition_spec import PartitionSpec
 

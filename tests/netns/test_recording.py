@@ -15,9 +15,9 @@ import pytest
 
 from loadgen import fleet as fl
 from simulator.engine import SimConfig, TracesConfig, run_simulation
-from workloads.partition_spec import PartitionSpec
 from trace_recorder.format import read_trace_set
 from trace_recorder.recorder import RecordOptions, record
+from workloads.partition_spec import PartitionSpec
 
 PROFILE = """
 name = "netns-test"

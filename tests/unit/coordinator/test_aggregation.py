@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregation import (RunningAggregate, Scheme, apply_update, coefficients, scheme_a, scheme_b,
-                                      scheme_c)
+from coordinator.aggregation import RunningAggregate, Scheme, apply_update, coefficients, scheme_a, scheme_b, scheme_c
 from coordinator.strategies import STRATEGIES, strategy_names
 from flexfl.errors import AggregationError, ConfigError
 

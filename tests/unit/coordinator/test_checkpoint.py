@@ -28,5 +28,5 @@ def test_an_unreadable_checkpoint_is_a_flexfl_error_naming_the_file(tmp_path, co
     path = tmp_path / "checkpoint.pt"
     if content is not None:
         path.write_bytes(content)
-    with pytest.raises(FlexFLError, match="checkpoint .*checkpoint.pt"):
+    with pytest.raises(FlexFLError, match=r"checkpoint .*checkpoint.pt"):
         read_registry(path)

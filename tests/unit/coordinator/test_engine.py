@@ -106,7 +106,7 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     start = {n: p.clone() for n, p in eng.params.items()}
     thread.start()
     for tau in (1, 2):
-        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _wait_for(lambda tau=tau: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
         _answer(eng, "a", 1.0)
         _answer(eng, "b", 3.0)
     thread.join(timeout=60)
@@ -156,7 +156,8 @@ def _mifa_config(tmp_path, strategy: str = "mifa") -> CoordinatorConfig:
     return CoordinatorConfig(
         server=ServerConfig(fleet_token="t", pull_wait_s=60.0),
         partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
-        rules=RulesConfig(required_updates=E, strategy=strategy), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=2),
+        rules=RulesConfig(required_updates=E, strategy=strategy), run=RunConfig(rounds=1,
+                                                                                deadline_s=60.0, min_devices=2),
         output=OutputConfig(dir=str(tmp_path / "out")))
 
 
@@ -203,7 +204,8 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
 def test_one_round_through_domain_records_alone(tmp_path):
     """A join, a round with an upload and the close, with the engine's own records: no gRPC, no protobuf."""
     cfg = CoordinatorConfig(
-        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=800),
+        server=ServerConfig(fleet_token="t"), partition=PartitionSpec(dataset="synthetic", n_devices=4,
+                                                                      total_samples=800),
         rules=RulesConfig(required_updates=E), run=RunConfig(rounds=1, deadline_s=60.0, min_devices=1),
         output=OutputConfig(dir=str(tmp_path / "out")))
     eng = RoundEngine(cfg, data=build_federated(cfg.partition))
@@ -231,7 +233,8 @@ def test_one_round_through_domain_records_alone(tmp_path):
         torch.testing.assert_close(p, start[n] + 0.25)
     state = eng.status()
     assert (state.completed_round, state.open_round, state.finished) == (1, 0, True)
-    assert [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices] == [("solo", 2, True, True)]
+    devices = [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices]
+    assert devices == [("solo", 2, True, True)]
     row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
     assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"]) == \
         ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered")
@@ -249,7 +252,8 @@ def test_the_wire_format_stops_at_the_servicer():
 
     root = str(Path(coordinator.__file__).parent.parent)  # this checkout's, not an installed copy's
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; print(sorted(m for m in sys.modules "
+    loaded = subprocess.run([sys.executable, "-c", "import sys, coordinator.engine; "
+                             "print(sorted(m for m in sys.modules "
                              "if m.split('.')[0] in ('grpc', 'google') or m.startswith('flexfl.proto')))"],
                             capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert loaded == "[]"
@@ -300,7 +304,7 @@ def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_che
     def run() -> None:
         try:
             eng.run()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             failures.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -308,7 +312,11 @@ def test_a_plug_in_model_that_fails_mid_run_stops_the_engine_in_one_line_and_che
     _join(eng, "b")
     thread.start()
     for tau in (1, 2):
-        _wait_for(lambda: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        _wait_for(lambda tau=tau: eng.current is not None and eng.current.round_id == tau, f"round {tau} to open")
+        if tau == 2:
+            # Round 1 is tested once round 2 is open; round 2 closes only after that test has failed, else
+            # round 3 would open first and wait out its 60 s deadline (the race made this test flaky).
+            _wait_for(lambda: eng.finisher.failed is not None, "round 1's evaluation to fail")
         _answer(eng, "a", 1.0)
         _answer(eng, "b", 3.0)
     thread.join(timeout=60)

@@ -1,5 +1,7 @@
 """Learning-rate schedule, fast-reboot decay, and the include/exclude departure policies."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ def test_fast_reboot_starts_at_boost_and_decays_quadratically():
     fr = FastReboot(boost=3.0, decay_power=2.0)
     assert fr.multiplier(rounds_since_arrival=0) == 3.0
     extra = [fr.multiplier(rounds_since_arrival=r) - 1 for r in range(0, 40)]
-    assert all(a > b for a, b in zip(extra, extra[1:]))
+    assert all(a > b for a, b in itertools.pairwise(extra))
     # O(r^-2): doubling r+1 quarters the extra weight.
     assert extra[19] / extra[39] == pytest.approx(4.0)
     assert FastReboot(boost=1.0).multiplier(rounds_since_arrival=0) == 1.0
@@ -82,7 +84,8 @@ def test_auto_departure_rule_follows_corollary_4_3():
     assert rule.decide(tau0=30, horizon=70, gamma=0.25) == "exclude"
     assert rule.decide(tau0=30, horizon=70, gamma=200.0) == "include"
     # Later departures need more remaining time; an IID device (Gamma ~ 0) is excluded even at the end.
-    assert rule.decide(tau0=60, horizon=70, gamma=2.0) == "include" and rule.decide(tau0=20, horizon=70, gamma=2.0) == "exclude"
+    assert rule.decide(tau0=60, horizon=70, gamma=2.0) == "include"
+    assert rule.decide(tau0=20, horizon=70, gamma=2.0) == "exclude"
     assert rule.decide(tau0=69, horizon=70, gamma=0.0) == "exclude"
     assert rule.decide(tau0=10, horizon=70, gamma=None) == "include"  # never trained: nothing known
     with pytest.raises(ConfigError, match="c must be > 0"):

@@ -130,7 +130,7 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy):
         w_live, w_batch = live.weigh(tau, summed.s), batch.weigh(tau, s)
         np.testing.assert_array_equal(w_live.coefficients.values, w_batch.coefficients.values)
         rows = list(s)
-        fed_incomplete += sum(0 < s[d] and d not in w_batch.contributors for d in rows)
+        fed_incomplete += sum(s[d] > 0 and d not in w_batch.contributors for d in rows)
         out_live = live.close(w_live, summed=summed, **events.get(tau, {}))
         out_batch = batch.close(w_batch, deltas={"w": torch.stack([deltas[d] for d in rows])}, rows=rows,
                                 **events.get(tau, {}))
@@ -177,11 +177,12 @@ def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
     assert "strategy" not in to_dict(RulesConfig(scheme="B"))  # files of scheme runs read as before
     assert RulesConfig(scheme="B").with_strategy("fednova") == RulesConfig(strategy="fednova")
     assert RulesConfig(strategy="fednova").with_strategy("A") == RulesConfig(scheme="A")
-    with pytest.raises(ConfigError, match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
+    with pytest.raises(ConfigError,
+                       match=r"rules.strategy: unknown strategy 'fedfoo'; choose one of scheme-a, .*fednova"):
         RulesConfig(strategy="fedfoo")
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="fednova")
-    with pytest.raises(ConfigError, match="'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
+    with pytest.raises(ConfigError, match=r"'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
         RulesConfig(strategy="fednova", unit="epoch")
     assert RulesConfig(scheme="C", unit="epoch").unit == "epoch"
     with pytest.raises(ConfigError, match="name two strategies"):
@@ -195,9 +196,10 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
     np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
                                   coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
     assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
-    with pytest.raises(ConfigError, match="'fedprox' needs rules.mu"):
+    with pytest.raises(ConfigError, match=r"'fedprox' needs rules.mu"):
         RulesConfig(strategy="fedprox")
-    with pytest.raises(ConfigError, match="rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
+    with pytest.raises(ConfigError,
+                       match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
         RulesConfig(mu=0.1)
     with pytest.raises(ConfigError, match="FedProx's mu must be a number >= 0"):
         RulesConfig(strategy="fedprox", mu=-1.0)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 import torch
+from flexfl.proto.options import ErrorReason
 
 from coordinator.round import Federation, RulesConfig
 from coordinator.status import ERRORS, status_of
-from flexfl.errors import (ConfigError, FlexFLError, PartitionMismatch, RoundStateError, UpdateRejected,
-                           WrongRoundState)
-from flexfl.proto.options import ErrorReason
+from flexfl.errors import ConfigError, FlexFLError, PartitionMismatch, RoundStateError, UpdateRejected, WrongRoundState
 
 STATE = (grpc.StatusCode.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE)
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import tensors as wire
 
 from benchmarks.agent_memory import _ROUND_LINE
 from edge_agent import memory
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
 from edge_agent.memory import ProcessMemory
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

@@ -83,12 +83,13 @@ def test_keep_going_stops_early_and_early_stop_is_a_prefix():
     res = train_local(stopped, _data(), updates=10, lr=0.1, batch_size=8, rng=np.random.default_rng(2),
                       keep_going=lambda done: done < 3)
     assert res.updates_completed == 3
-    for (n, a), (_, b) in zip(full.named_parameters(), stopped.named_parameters()):
+    for (_n, a), (_, b) in zip(full.named_parameters(), stopped.named_parameters()):
         torch.testing.assert_close(a, b)
 
 
 def test_epoch_unit_makes_full_passes():
-    res = train_local(_model(), _data(n=25), updates=2, lr=0.1, batch_size=10, rng=np.random.default_rng(0), unit="epoch")
+    res = train_local(_model(), _data(n=25), updates=2, lr=0.1, batch_size=10,
+                      rng=np.random.default_rng(0), unit="epoch")
     assert res.updates_completed == 2 and res.steps_completed == 6 and res.samples_used == 60
 
 
@@ -154,7 +155,8 @@ def test_fedprox_mu_adds_the_proximal_gradient_mu_w_minus_w_global(unit, updates
     steps = updates * (1 if unit == "step" else 4)
     assert res.steps_completed == steps
     ref = _prox_reference(_model(seed=2), data, steps=steps, lr=lr, mu=mu, rng=np.random.default_rng(1), batch_size=8)
-    plain = train_local(plain_model, data, updates=updates, lr=lr, batch_size=8, rng=np.random.default_rng(1), unit=unit)
+    plain = train_local(plain_model, data, updates=updates, lr=lr, batch_size=8,
+                        rng=np.random.default_rng(1), unit=unit)
     for name, d in ref.items():
         torch.testing.assert_close(res.delta[name], d, rtol=1e-4, atol=1e-6)
         assert not torch.allclose(plain.delta[name], d, rtol=1e-4, atol=1e-6)  # the term is really there

@@ -135,7 +135,8 @@ def test_help_names_values_not_internal_destinations() -> None:
         for action in parser._actions:
             if action.option_strings and action.nargs != 0 and not action.choices and action.metavar is None:
                 # the default metavar, from the flag itself: --deadline-s DEADLINE_S
-                assert f"{action.option_strings[-1]} {action.option_strings[-1].lstrip('-').upper().replace('-', '_')}" \
+                flag = action.option_strings[-1]
+                assert f"{flag} {flag.lstrip('-').upper().replace('-', '_')}" \
                     in text or action.help == argparse.SUPPRESS, (path, action.option_strings)
 
 

@@ -36,8 +36,9 @@ CONFIGS = {
     "sim": SimConfig(partition=PartitionSpec(dataset="mnist", n_devices=100, total_samples=6000),
                      rules=RulesConfig(scheme=Scheme.A, eta0=0.1), traces=TracesConfig(set="/traces/x", num_traces=3),
                      schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=3, round=30),),
-                                             departures=(DepartureEvent(device=0, round=50, policy=DeparturePolicy.INCLUDE),
-                                                         DepartureEvent(device=1, round=60))),
+                                             departures=(
+                                                 DepartureEvent(device=0, round=50, policy=DeparturePolicy.INCLUDE),
+                                                 DepartureEvent(device=1, round=60))),
                      rounds=80, seed=2),
     "live": LiveConfig(partition=PartitionSpec(n_devices=6), rounds=12, arrive_round=3, depart_round=0,
                        out="/tmp/live", emulate=EmulationConfig(enabled=True, up_kbit=(0, 8000))),

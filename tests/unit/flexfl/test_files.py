@@ -16,6 +16,7 @@ PACKAGES = ("coordinator", "edge_agent", "flexfl", "loadgen", "simulator", "trac
 # A write that bypasses atomic_file: a rename of our own, write_text/write_bytes, open or fdopen for writing.
 PLAIN_WRITE = re.compile(r"os\.replace\(|\.write_text\(|\.write_bytes\(|\bopen\([^#]*[\"'][wax]b?\+?[\"']|fdopen\(")
 # Each write allowed to bypass it, with the reason (file, the line's start).
+KEY_PAIR_MOVED = "ZeroMQ writes the key pair; moved in from a private folder"
 ALLOWED = {
     ("flexfl/files.py", "with os.fdopen(fd, mode"): "atomic_file itself",
     ("flexfl/files.py", "os.replace(tmp, path)"): "atomic_file itself",
@@ -32,8 +33,8 @@ ALLOWED = {
     ("loadgen/cpu.py", 'with open(f"/proc/{pid}/autogroup", "w")'): "a kernel control file",
     ("loadgen/device_exec.py", 'with open(os.path.join(args.cgroup, "cgroup.procs"), "w")'): "a kernel control file",
     ("loadgen/fleet.py", "path.write_text(str(value))"): "a kernel control file (cgroup)",
-    ("loadgen/keys.py", "os.replace(made_public, public)"): "ZeroMQ writes the key pair; moved in from a private folder",
-    ("loadgen/keys.py", "os.replace(made_secret, secret)"): "ZeroMQ writes the key pair; moved in from a private folder",
+    ("loadgen/keys.py", "os.replace(made_public, public)"): KEY_PAIR_MOVED,
+    ("loadgen/keys.py", "os.replace(made_secret, secret)"): KEY_PAIR_MOVED,
     ("flexfl/report/browser.py", "Path(screenshot).write_bytes("): "a screenshot for a person to look at",
     ("benchmarks/flower_side.py", "Path(args.out).write_text("): "a hand-over file in a temp folder",
     ("benchmarks/fuzz_config.py", "path.write_bytes(raw)"): "a fuzzed config in a temp folder",

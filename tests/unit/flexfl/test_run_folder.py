@@ -25,7 +25,8 @@ def test_a_folder_held_by_another_process_is_refused_until_that_process_ends(tmp
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(RunFolderBusy, match=rf"in use by another FlexFL process \(pid {holder.pid}: a test holder\)"):
+        with pytest.raises(RunFolderBusy,
+                           match=rf"in use by another FlexFL process \(pid {holder.pid}: a test holder\)"):
             claim_run_folder(tmp_path / "run", what="test", holds_run=lambda _: None)
     finally:
         holder.kill()  # a killed holder leaves no stale lock: the kernel drops it
@@ -40,7 +41,8 @@ def test_an_earlier_run_is_refused_resumed_or_moved_aside_never_overwritten(tmp_
     with pytest.raises(RunFolderTaken, match=r"holds an earlier run \(metrics.jsonl\); pass --resume"):
         claim_run_folder(run, what="test", holds_run=entries_besides_lock)
     # flexfl live cannot continue a run: it is told of --fresh only
-    with pytest.raises(RunFolderTaken, match=r"holds an earlier run \(metrics.jsonl\); pass --fresh to start a new one"):
+    with pytest.raises(RunFolderTaken,
+                       match=r"holds an earlier run \(metrics.jsonl\); pass --fresh to start a new one"):
         claim_run_folder(run, what="test", holds_run=entries_besides_lock, resumable=False)
     with pytest.raises(ConfigError, match="pick one"):
         claim_run_folder(run, what="test", holds_run=entries_besides_lock, resume=True, fresh=True)

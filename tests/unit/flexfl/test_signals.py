@@ -24,9 +24,8 @@ def test_sigterm_inside_the_block_raises_keyboard_interrupt_and_the_old_handler_
 
     previous = signal.signal(signal.SIGTERM, before)
     try:
-        with pytest.raises(KeyboardInterrupt, match="received SIGTERM"):
-            with sigterm_as_interrupt():
-                signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt, match="received SIGTERM"), sigterm_as_interrupt():
+            signal.raise_signal(signal.SIGTERM)
         assert signal.getsignal(signal.SIGTERM) is before
     finally:
         signal.signal(signal.SIGTERM, previous)

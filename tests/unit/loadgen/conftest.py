@@ -12,6 +12,18 @@ from loadgen.daemon import DaemonConfig, LoadgenDaemon
 from loadgen.errors import CpuLoadError, ShapingError
 
 
+@pytest.fixture
+def wait_until():
+    """wait_until(predicate, what): poll until it holds (fails after 10 s): a condition, never a duration."""
+    def wait(predicate, what: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+            time.sleep(0.02)
+    return wait
+
+
 class FakeCpu:
     cpus = 2.0
 

@@ -53,5 +53,5 @@ def test_a_broken_ancestor_is_an_error_not_an_ignored_quota(tmp_path) -> None:
     proc.mkdir()
     (proc / "cgroup").write_text("4:cpu,cpuacct:/fleet/dev1\n")
     (proc / "mountinfo").write_text(f"30 25 0:26 / {mnt} rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n")
-    with pytest.raises(CgroupError, match="fleet/cpu.cfs_period_us"):
+    with pytest.raises(CgroupError, match=r"fleet/cpu.cfs_period_us"):
         cgroup.cgroup_quota_cpus(proc=proc)

@@ -5,7 +5,6 @@ import logging
 import os
 import re
 import stat
-import time
 import threading
 
 import pytest
@@ -85,9 +84,8 @@ def test_unauthenticated_client_gets_no_answer_and_daemon_is_unaffected(curve_da
             "no keys": None,
             "wrong server key": _auth(daemon.endpoint, clients, "recorder", clients / "stranger.key")}[who]
     caplog.set_level(logging.WARNING, logger="loadgen.daemon")
-    with LoadgenClient(daemon.endpoint, timeout_s=1.0, auth=auth) as client:
-        with pytest.raises(DaemonError) as refused:
-            client.set_cpu(90)
+    with LoadgenClient(daemon.endpoint, timeout_s=1.0, auth=auth) as client, pytest.raises(DaemonError) as refused:
+        client.set_cpu(90)
     message = str(refused.value)
     # The request is either queued and never answered, or (handshake already refused) never taken.
     assert re.search(f"^(no reply from|cannot send to) loadgen daemon at {re.escape(daemon.endpoint)} within 1 s: "
@@ -102,17 +100,19 @@ def test_unauthenticated_client_gets_no_answer_and_daemon_is_unaffected(curve_da
     assert any(r.message.startswith(f"refused a client on {daemon.endpoint}: ") for r in caplog.records)
 
 
-def test_refusal_before_the_first_request_is_diagnosed(curve_daemon):
+def test_refusal_before_the_first_request_is_diagnosed(curve_daemon, wait_until):
     """The handshake is refused while the client is idle: ZeroMQ then drops the connection and
     the REQ socket takes no request at all; the error still says why (seen in CI as a bare
     'Resource temporarily unavailable')."""
     daemon, server_dir, clients, cpu = curve_daemon
     auth = _auth(daemon.endpoint, clients, "stranger", server_dir / "server.key")
     with LoadgenClient(daemon.endpoint, timeout_s=1.0, auth=auth) as client:
-        time.sleep(0.5)  # several refused handshakes (reconnects every ~100 ms)
+        # the daemon has refused the handshake before the first request is made
+        wait_until(lambda: sum(daemon.refusals.values()) >= 1, "the daemon's refusal")
         with pytest.raises(DaemonError) as refused:
             client.ping()
-        assert "authentication failed: the daemon refused this client's CURVE key" in str(refused.value), str(refused.value)
+        refusal = "authentication failed: the daemon refused this client's CURVE key"
+        assert refusal in str(refused.value), str(refused.value)
         with pytest.raises(DaemonError) as again:  # the fresh socket fails the same way
             client.ping()
         assert "authentication failed" in str(again.value), str(again.value)
@@ -159,21 +159,21 @@ def test_fleet_client_with_keys_reaches_only_the_daemons_that_know_it(curve_daem
 def test_client_needs_a_server_key_for_its_endpoint(keys):
     _, clients = keys
     auth = client_auth(clients / "recorder.key_secret", {})
-    with pytest.raises(KeyFileError, match="no CURVE server key is known for loadgen daemon tcp://127.0.0.1:9"):
+    with pytest.raises(KeyFileError, match=r"no CURVE server key is known for loadgen daemon tcp://127.0.0.1:9"):
         LoadgenClient("tcp://127.0.0.1:9", auth=auth)
 
 
 def test_missing_or_bad_key_files_are_clear_errors(keys, tmp_path, fakes):
-    server_dir, clients = keys
+    _server_dir, clients = keys
     with pytest.raises(KeyFileError, match=f"{tmp_path / 'nope.key_secret'}: no such key file"):
         load_keypair(tmp_path / "nope.key_secret")
     with pytest.raises(KeyFileError, match="holds no secret key"):
         load_keypair(clients / "recorder.key")
     (tmp_path / "garbage.key").write_bytes(os.urandom(200))
-    with pytest.raises(KeyFileError, match="garbage.key: not a ZeroMQ CURVE key file"):
+    with pytest.raises(KeyFileError, match=r"garbage.key: not a ZeroMQ CURVE key file"):
         client_auth(clients / "recorder.key_secret", {"tcp://127.0.0.1:9": tmp_path / "garbage.key"})
     (tmp_path / "short.key").write_text('curve\n    public-key = "abc"\n')
-    with pytest.raises(KeyFileError, match="short.key: public-key is not a 40-character Z85 CURVE key"):
+    with pytest.raises(KeyFileError, match=r"short.key: public-key is not a 40-character Z85 CURVE key"):
         client_auth(clients / "recorder.key_secret", {"tcp://127.0.0.1:9": tmp_path / "short.key"})
 
     empty = tmp_path / "empty"
@@ -185,7 +185,7 @@ def test_missing_or_bad_key_files_are_clear_errors(keys, tmp_path, fakes):
         load_server_keys(empty)
     (empty / "clients").mkdir()
     (empty / "clients" / "leak.key").write_bytes((clients / "recorder.key_secret").read_bytes())
-    with pytest.raises(KeyFileError, match="leak.key: holds a secret key"):
+    with pytest.raises(KeyFileError, match=r"leak.key: holds a secret key"):
         load_server_keys(empty)
     # The daemon refuses to start on a broken keys folder, naming the file.
     FakeCpu, FakeShaper = fakes
@@ -218,7 +218,7 @@ def test_local_endpoints(endpoint, local):
 
 
 def test_daemon_beyond_a_local_socket_needs_keys(tmp_path):
-    with pytest.raises(ConfigError, match="refusing to listen on tcp://0.0.0.0:5601 without authentication"):
+    with pytest.raises(ConfigError, match=r"refusing to listen on tcp://0.0.0.0:5601 without authentication"):
         DaemonConfig(bind="tcp://0.0.0.0:5601")
     assert DaemonConfig(bind="tcp://0.0.0.0:5601", keys_dir=str(tmp_path)).keys_dir == str(tmp_path)
     assert DaemonConfig(bind="ipc:///tmp/x.loadgen").keys_dir is None

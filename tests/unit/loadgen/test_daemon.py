@@ -13,15 +13,15 @@ from loadgen.daemon import DaemonConfig, LoadgenDaemon
 from loadgen.errors import DaemonError
 
 
-def test_every_command_is_answered(served):
-    daemon, client, cpu, shaper = served
+def test_every_command_is_answered(served, wait_until):
+    _daemon, client, cpu, shaper = served
     assert client.ping()["pong"] is True
     assert client.set_cpu(30)["cpu"]["target_percent"] == 30.0
     assert cpu.target_percent == 30.0
     reply = client.set_bandwidth(4000)  # the daemon's default iface
     assert reply["bandwidth"] == {"veth0": {"rate_kbit": 4000, "burst_bytes": 5000, "latency_ms": 50.0}}
     client.set_bandwidth(1000, burst_bytes=8000, latency_ms=20, iface="veth1")
-    time.sleep(0.4)  # one measurement interval
+    wait_until(lambda: client.status()["cpu"]["measured"] is not None, "a CPU measurement")
     status = client.status()
     assert status["cpu"]["target_percent"] == 30.0
     assert status["cpu"]["measured"]["achieved_percent"] == 30.0
@@ -41,7 +41,8 @@ def test_every_command_is_answered(served):
     (b'{"cmd": "set_cpu", "percent": 130}', "set_cpu: field 'percent'"),
     (b'{"cmd": "set_cpu", "percent": 66}', "set_cpu: stress-ng exited at once"),
     (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "nosuch0"}', "set_bandwidth: no such interface 'nosuch0'"),
-    (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "boom0"}', "set_bandwidth: internal error: RuntimeError: a bug"),
+    (b'{"cmd": "set_bandwidth", "rate_kbit": 10, "iface": "boom0"}',
+     "set_bandwidth: internal error: RuntimeError: a bug"),
 ])
 def test_malformed_or_failing_request_gets_error_and_daemon_keeps_serving(served, raw, expected):
     _, client, _, _ = served

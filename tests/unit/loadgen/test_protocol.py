@@ -6,8 +6,17 @@ import pytest
 
 from loadgen.errors import ProtocolError
 from loadgen.protocol import (
-    MAX_REQUEST_BYTES, Clear, Ping, SetBandwidth, SetCpu, Status,
-    command_name, decode_reply, parse_message, parse_request, to_message,
+    MAX_REQUEST_BYTES,
+    Clear,
+    Ping,
+    SetBandwidth,
+    SetCpu,
+    Status,
+    command_name,
+    decode_reply,
+    parse_message,
+    parse_request,
+    to_message,
 )
 
 
@@ -27,7 +36,8 @@ def _raw(obj) -> bytes:
     (_raw({"cmd": "reboot"}), "unknown cmd 'reboot'"),
     (_raw({"cmd": "ping", "extra": 1}), "ping: unknown field(s) 'extra'"),
     (_raw({"cmd": "set_cpu"}), "set_cpu: missing field 'percent'"),
-    (_raw({"cmd": "set_cpu", "percent": "30"}), "set_cpu: field 'percent' must be a number in [0, 100], got \"30\" (string)"),
+    (_raw({"cmd": "set_cpu", "percent": "30"}),
+     "set_cpu: field 'percent' must be a number in [0, 100], got \"30\" (string)"),
     (_raw({"cmd": "set_cpu", "percent": True}), "field 'percent' must be a number"),
     (_raw({"cmd": "set_cpu", "percent": None}), "field 'percent' must be a number"),
     (_raw({"cmd": "set_cpu", "percent": 100.5}), "field 'percent' must be a number in [0, 100], got 100.5"),
@@ -38,11 +48,14 @@ def _raw(obj) -> bytes:
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000.5}), "field 'rate_kbit' must be an integer"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 0}), "field 'rate_kbit' must be an integer in [1,"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 10**12}), "field 'rate_kbit'"),
-    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "burst_bytes": 10}), "field 'burst_bytes' must be an integer in [3028,"),
+    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "burst_bytes": 10}),
+     "field 'burst_bytes' must be an integer in [3028,"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "burst_bytes": "big"}), "field 'burst_bytes'"),
-    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "latency_ms": 0}), "field 'latency_ms' must be a number in (0, 60000]"),
+    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "latency_ms": 0}),
+     "field 'latency_ms' must be a number in (0, 60000]"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "latency_ms": "50ms"}), "field 'latency_ms'"),
-    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "iface": "eth0; rm -rf /"}), "field 'iface' must be an interface name"),
+    (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "iface": "eth0; rm -rf /"}),
+     "field 'iface' must be an interface name"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "iface": "a" * 16}), "field 'iface'"),
     (_raw({"cmd": "set_bandwidth", "rate_kbit": 4000, "iface": 7}), "field 'iface'"),
     (_raw({"cmd": "clear", "iface": "eth0"}), "clear: unknown field(s) 'iface' (allowed: none)"),

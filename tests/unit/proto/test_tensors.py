@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-
 from flexfl.proto import tensors as wire
 
 

@@ -6,20 +6,21 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
+from coordinator.metrics import MetricsWriter
 from coordinator.round import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
-
-import pytest
-
-from coordinator.metrics import MetricsWriter
 
 E = 10
 
 
 def _round(n: int, *, participants, devices, s, rejected=None, arrivals=(), departures=(), acc=0.5, loss=1.0) -> dict:
-    """One record in the coordinator's per-round schema (coordinator/metrics.py `round_row` + coordinator/finisher.py `_row`)."""
+    """One record in the coordinator's per-round schema.
+
+    As coordinator/metrics.py `round_row` and coordinator/finisher.py `_row` write it."""
     updates = [d for d in participants if d in s]
     return {
         "round": n, "time": 1.7e9 + n, "lr": 1.0 / n, "close_reason": "deadline" if 0 in s.values() else "all answered",

@@ -39,8 +39,8 @@ def _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, *
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
         ref = build_model(name, in_features=dim, num_classes=classes)
         ref.load_state_dict({n: p.clone() for n, p in starts[i].items()})
-        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch, rng=device_rng(*rng_keys[i]),
-                          mu=mu)
+        res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch,
+                          rng=device_rng(*rng_keys[i]), mu=mu)
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:
@@ -59,10 +59,12 @@ def test_ragged_steps_equal_train_local_and_the_fast_trainer(name, dim, classes)
     steps = np.array([2, 9, 5, 0, 6, 1])
     keys = [(7, 3, int(k)) for k in shard_of_row]
     args = dict(shard_of_row=shard_of_row, steps=steps, lr=0.05)
-    deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(start, **args, rngs=[device_rng(*k) for k in keys])
+    deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(start, **args,
+                                                                         rngs=[device_rng(*k) for k in keys])
     _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[start] * len(steps),
                                    shard_of_row=shard_of_row, steps=steps, lrs=[0.05] * len(steps), rng_keys=keys)
-    fast, fast_losses = FastTrainer(model, shards, batch_size=BATCH).train(start, **args, rngs=[device_rng(*k) for k in keys])
+    fast, fast_losses = FastTrainer(model, shards, batch_size=BATCH).train(start, **args,
+                                                                           rngs=[device_rng(*k) for k in keys])
     for n in start:
         torch.testing.assert_close(deltas[n], fast[n], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(losses, fast_losses, rtol=1e-5)
@@ -118,7 +120,8 @@ def test_a_global_parameter_beside_stacked_ones():
     model = build_model("logreg", in_features=60, num_classes=10)
     shards = _shards([20, 30], 60, 10)
     starts = _models("logreg", 60, 10, 2)
-    start = {"linear.weight": torch.stack([s["linear.weight"] for s in starts]), "linear.bias": starts[0]["linear.bias"]}
+    start = {"linear.weight": torch.stack([s["linear.weight"] for s in starts]),
+             "linear.bias": starts[0]["linear.bias"]}
     keys = [(3, 1, 0), (3, 1, 1)]
     deltas, losses = CacheTrainer(model, shards, batch_size=BATCH).train(
         start, shard_of_row=[0, 1], steps=[3, 4], lr=0.2, rngs=[device_rng(*k) for k in keys])
@@ -247,7 +250,7 @@ def test_bad_input_names_the_row_or_parameter():
         trainer.train(start, **ok, out={"linear.weight": torch.zeros(2, 10, 60), "linear.bias": torch.zeros(1, 10)})
     with pytest.raises(ConfigError, match="no kernel for Linear"):
         CacheTrainer(torch.nn.Linear(3, 2), _shards([5], 3, 2), batch_size=BATCH)
-    with pytest.raises(ConfigError, match="labels span 0..11 but the model has 10 classes"):
+    with pytest.raises(ConfigError, match=r"labels span 0..11 but the model has 10 classes"):
         CacheTrainer(model, [ArrayDataset(x=np.zeros((2, 60), np.float32), y=np.array([0, 11]))], batch_size=BATCH)
     with pytest.raises(ConfigError, match="batch_size must be >= 1, got 0"):
         CacheTrainer(model, _shards([5], 60, 10), batch_size=0)

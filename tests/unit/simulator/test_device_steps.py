@@ -6,8 +6,15 @@ import pytest
 
 from coordinator.round import RulesConfig
 from simulator.device_steps import count_group, count_run, round_work
-from simulator.engine import (ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig, load_data,
-                              run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    load_data,
+    run_simulation,
+)
 from simulator.schemes import comparison_groups
 from workloads.partition_spec import PartitionSpec
 

@@ -8,13 +8,21 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.round import RulesConfig
 from flexfl.cli import main
 from flexfl.errors import ConfigError, DivergenceError
-from coordinator.round import RulesConfig
-from simulator.engine import (ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig, TrainerKind,
-                              load_data, run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    TrainerKind,
+    load_data,
+    run_simulation,
+)
+from trace_recorder.format import Trace, TraceManifest, read_trace_set, utc_now_iso, write_trace_set
 from workloads.partition_spec import PartitionSpec
-from trace_recorder.format import Trace, TraceManifest, read_trace_set, write_trace_set, utc_now_iso
 
 SMALL = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
                   rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), rounds=4)
@@ -91,7 +99,8 @@ def _one_trace_set(tmp_path, fractions):
 
 def test_scheme_a_discards_rounds_without_complete_devices(tmp_path):
     traces = _one_trace_set(tmp_path, [0.5, 0.75])  # nobody ever completes E = 4
-    cfg = small(rules={"scheme": "A", "required_updates": 4}, traces=TracesConfig(set=str(tmp_path / "set"), num_traces=1))
+    cfg = small(rules={"scheme": "A", "required_updates": 4},
+                traces=TracesConfig(set=str(tmp_path / "set"), num_traces=1))
     res = run_simulation(cfg, traces=traces)
     assert all(r.discarded for r in res.records)
     assert res.device_updates == 0
@@ -112,7 +121,7 @@ def test_training_improves_accuracy_over_rounds():
 def test_config_errors_are_clear():
     with pytest.raises(ConfigError, match="dataset: expected one of mnist, emnist, synthetic, got 'cifar'"):
         small(partition={"dataset": "cifar"})
-    with pytest.raises(ConfigError, match="device 9, outside 0..7"):
+    with pytest.raises(ConfigError, match=r"device 9, outside 0..7"):
         small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=9, round=2),)))
     with pytest.raises(ConfigError, match="not after its arrival"):
         small(schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=1, round=3),),
@@ -132,7 +141,8 @@ def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["final_acc"]) == {"B", "C", "fednova", "fedprox"}
     assert "strategy = \"fednova\"" in (out / "fednova" / "sim.toml").read_text()
-    assert "mu = 0.5" in (out / "fedprox" / "sim.toml").read_text() and "mu =" not in (out / "B" / "sim.toml").read_text()
+    assert "mu = 0.5" in (out / "fedprox" / "sim.toml").read_text()
+    assert "mu =" not in (out / "B" / "sim.toml").read_text()
     assert "final test accuracy" in capsys.readouterr().out
     assert main(["sim", "run", "--schemes", "C,fedfoo", "--out", str(tmp_path / "no")]) == 2
     assert "unknown strategy 'fedfoo'" in capsys.readouterr().err and not (tmp_path / "no").exists()
@@ -171,7 +181,8 @@ def test_cli_schemes_writes_table_and_resumes(tmp_path, capsys):
     assert main(report) == 0
     out = capsys.readouterr().out
     assert "sweep:" not in out and "6 runs" in out
-    assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 | not run |" in (tmp_path / "schemes_synthetic.md").read_text()
+    page = (tmp_path / "schemes_synthetic.md").read_text()
+    assert "| SYNTHETIC NIID (FlexFL) | 0.0 ± 0.0, 0.0 ± 0.0 | not run |" in page
 
 
 def test_cli_rejects_bad_flags(tmp_path, capsys):

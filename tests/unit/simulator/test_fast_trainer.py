@@ -32,7 +32,8 @@ def _reference(name, dim, classes, start, shard, *, steps, lr, rng):
 
 def _assert_rows_equal(name, dim, classes, shards, deltas, losses, *, starts, shard_of_row, steps, lrs, rng_keys):
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
-        res = _reference(name, dim, classes, starts[i], shards[shard], steps=int(s), lr=float(lr), rng=device_rng(*rng_keys[i]))
+        res = _reference(name, dim, classes, starts[i], shards[shard], steps=int(s), lr=float(lr),
+                         rng=device_rng(*rng_keys[i]))
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:
@@ -139,14 +140,16 @@ def test_out_buffer_receives_the_deltas_and_idle_rows_are_zeroed():
     # Sized for 4 rows with stale values from a "last round"; this round trains 3.
     out = {n: torch.full((4, *p.shape), 7.0) for n, p in start.items()}
     rows = dict(shard_of_row=[0, 1, 0], steps=[2, 0, 3], lr=0.1)
-    deltas, losses = trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out=out)
+    deltas, _losses = trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out=out)
     fresh, _ = trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)])
     for n in start:
         assert deltas[n].data_ptr() == out[n].data_ptr() and deltas[n].shape[0] == 3
         torch.testing.assert_close(out[n][:3], fresh[n], rtol=0, atol=0)
         assert float(out[n][1].abs().max()) == 0.0
-    with pytest.raises(ConfigError, match=r"out\['linear.bias'\] must be contiguous float32 of shape \(>= 3, 10\), got torch.float32 \(2, 10\)"):
-        trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)], out={**out, "linear.bias": torch.zeros(2, 10)})
+    with pytest.raises(ConfigError, match=r"out\['linear.bias'\] must be contiguous float32 of shape "
+                                            r"\(>= 3, 10\), got torch.float32 \(2, 10\)"):
+        trainer.train(start, **rows, rngs=[device_rng(1, 1, k) for k in (0, 1, 0)],
+                      out={**out, "linear.bias": torch.zeros(2, 10)})
 
 
 def test_no_row_trains():

@@ -7,8 +7,17 @@ import torch
 
 from coordinator.round import RulesConfig
 from flexfl.errors import ConfigError
-from simulator.engine import (ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig, TrainerKind,
-                              load_data, run_paired, run_simulation)
+from simulator.engine import (
+    ArrivalEvent,
+    DepartureEvent,
+    ScheduleConfig,
+    SimConfig,
+    TracesConfig,
+    TrainerKind,
+    load_data,
+    run_paired,
+    run_simulation,
+)
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
@@ -27,7 +36,8 @@ def assert_same_run(paired, alone):
         torch.testing.assert_close(paired.final_params[n], alone.final_params[n], rtol=1e-5, atol=1e-6)
     assert [r["s"] for r in paired.rows] == [r["s"] for r in alone.rows]
     assert [(r["p"], r["coefficients"]) for r in paired.rows] == [(r["p"], r["coefficients"]) for r in alone.rows]
-    assert [(r["arrivals"], r["departures"]) for r in paired.rows] == [(r["arrivals"], r["departures"]) for r in alone.rows]
+    events = [(r["arrivals"], r["departures"]) for r in paired.rows]
+    assert events == [(r["arrivals"], r["departures"]) for r in alone.rows]
     for a, b in zip(paired.records, alone.records):
         assert (a.round, a.lr, a.active, a.complete, a.members, a.events) == (b.round, b.lr, b.active, b.complete,
                                                                                 b.members, b.events)
@@ -53,7 +63,7 @@ def test_strategies_trained_together_equal_each_run_alone_and_one_call_takes_one
                     [replace(BASE, rules=BASE.rules.with_strategy("fedprox", mu=1.0), seed=s) for s in (0, 2)]):
         for cfg, res in zip(configs, run_paired(configs, data=data)):
             assert_same_run(res, run_simulation(cfg, data=data))  # FedProx: the plain path runs the same mu
-    with pytest.raises(ConfigError, match="config 1 trains with FedProx's mu = 1.0, config 0 with 0.0"):
+    with pytest.raises(ConfigError, match=r"config 1 trains with FedProx's mu = 1.0, config 0 with 0.0"):
         run_paired([BASE, configs[0]], data=data)
 
 
@@ -87,7 +97,7 @@ def test_mnist_mlp_runs_trained_together_equal_each_run_alone(mnist_cache_dir):
 
 def test_configs_that_cannot_be_paired_are_refused():
     other_data = replace(BASE, partition=replace(BASE.partition, seed=1))
-    with pytest.raises(ConfigError, match="config 1 has partition .* paired runs share their data"):
+    with pytest.raises(ConfigError, match=r"config 1 has partition .* paired runs share their data"):
         run_paired([BASE, other_data])
     with pytest.raises(ConfigError, match="config 1 uses the plain trainer"):
         run_paired([BASE, replace(BASE, trainer=TrainerKind.PLAIN)])
@@ -121,7 +131,9 @@ def test_rows_sharing_a_generator_train_on_its_batches_each_for_its_own_steps():
 
 
 def test_an_interrupted_paired_group_resumes_from_its_checkpoint_to_the_same_result(tmp_path, monkeypatch):
-    """A worker killed mid-run loses at most the rounds since its last save; the resumed runs equal uninterrupted ones."""
+    """A worker killed mid-run loses at most the rounds since its last save.
+
+    The resumed runs equal uninterrupted ones."""
     from simulator import engine
 
     events = ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2),),

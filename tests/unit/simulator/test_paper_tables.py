@@ -10,8 +10,8 @@ from simulator.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy
 def test_table4_readings_of_the_baseline():
     # The newcomer arrives during round 4 and trains from round 5 (tau_0 = 5). Round 4 is
     # evaluated on the new test set (0.70) and on the old one (0.80, loss 0.5).
-    rows = [{"round": r, "test_acc": a, "test_loss": l, "extra_tests": {"start": {"acc": sa, "loss": sl}}}
-            for r, a, l, sa, sl in [(3, 0.80, 0.5, 0.80, 0.5), (4, 0.70, 0.9, 0.80, 0.5), (5, 0.60, 1.4, 0, 0),
+    rows = [{"round": r, "test_acc": a, "test_loss": loss, "extra_tests": {"start": {"acc": sa, "loss": sl}}}
+            for r, a, loss, sa, sl in [(3, 0.80, 0.5, 0.80, 0.5), (4, 0.70, 0.9, 0.80, 0.5), (5, 0.60, 1.4, 0, 0),
                                     (6, 0.72, 0.8, 0, 0), (7, 0.79, 0.55, 0, 0), (8, 0.81, 0.45, 0, 0)]]
     rec = recoveries({"tau0": 5, "seed": 0, "reboot": "fast"}, rows)
     assert rec.rounds == {"acc/old": 4, "acc/new": 2, "loss/old": 4}
@@ -43,7 +43,8 @@ def test_a_resumed_sweeps_time_is_added_to_the_earlier_parts_not_put_in_their_pl
     resumed = wall_time(first, "31 min for seeds 0-2 (48 runs computed, 96 cached)", computed=48, cached=96)
     assert resumed == f"{first}; then 31 min for seeds 0-2 (48 runs computed, 96 cached)"
     assert wall_time(resumed, "0.1 min (0 runs computed, 144 cached)", computed=0, cached=144) is None
-    assert wall_time(resumed, "2 h anew (144 runs computed, 0 cached)", computed=144, cached=0) == "2 h anew (144 runs computed, 0 cached)"
+    anew = "2 h anew (144 runs computed, 0 cached)"
+    assert wall_time(resumed, anew, computed=144, cached=0) == anew
 
 
 def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
@@ -59,7 +60,7 @@ def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
     work.mkdir()
     assert progress(tmp_path, "synthetic", work, []) is None  # nothing planned for it
     first = [r.name for r in groups[0].runs]
-    (work / f".{[r.name for r in groups[1].runs][0]}.partial.pt").write_bytes(b"x")
+    (work / f".{next(r.name for r in groups[1].runs)}.partial.pt").write_bytes(b"x")
     summaries = [{"name": n, "group_wall_s": 7200.0} for n in first]
     text = progress(tmp_path, "mnist", work, summaries)
     assert "3 of 12 planned runs finished" in text and "1 of 4 paired groups" in text and "`cmd one`" in text
@@ -124,7 +125,7 @@ def test_a_small_rerun_does_not_erase_a_committed_table4_page(tmp_path, monkeypa
         w.writerows(committed)
     path = table4.write_page(out, work_dirs={"synthetic": work}, seeds=[0], timing={})
     assert path == out / "local" / "table4.md" and (out / "local" / "table4_synthetic.png").is_file()
-    assert list(csv_module.DictReader(open(out / "table4_runs.csv")))[0]["dataset"] == "mnist"  # untouched
+    assert next(iter(csv_module.DictReader(open(out / "table4_runs.csv"))))["dataset"] == "mnist"  # untouched
     path = table4.write_page(out, work_dirs={"synthetic": work}, seeds=[0], timing={}, replace_page=True)
     assert path == out / "table4.md"
     assert {r["dataset"] for r in csv_module.DictReader(open(out / "table4_runs.csv"))} == {"synthetic"}

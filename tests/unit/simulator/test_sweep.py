@@ -53,7 +53,7 @@ def test_each_run_gets_its_files_and_equals_its_run_alone(tmp_path):
     summaries = run_sweep(groups(trainer=TrainerKind.PLAIN), work_dir=tmp_path, report=quiet(lines))
     assert [s["name"] for s in summaries] == ["s0_A", "s0_B", "s0_C", "s1_A", "s1_B", "s1_C"]
     assert not any(s["cached"] for s in summaries)
-    for s, run in zip(summaries, [r for g in groups(trainer=TrainerKind.PLAIN) for r in g.runs]):
+    for _s, run in zip(summaries, [r for g in groups(trainer=TrainerKind.PLAIN) for r in g.runs]):
         saved = json.loads((tmp_path / f"{run.name}.json").read_text())
         assert saved["config"] == json.loads(json.dumps(to_dict(run.config)))
         assert (saved["seed"], saved["scheme"]) == (run.labels["seed"], run.labels["scheme"])
@@ -126,7 +126,8 @@ def test_an_alias_is_written_from_its_source_under_its_own_config(tmp_path):
 def test_a_failed_run_is_named_and_the_others_are_saved(tmp_path):
     diverging = Group((Run("boom", replace(cfg_of(1, "C"), rules=replace(cfg_of(1, "C").rules, eta0=1e36))),))
     lines: list[str] = []
-    with pytest.raises(SweepError, match=r"1 of 4 runs failed .* boom: round 1 of the synthetic run .*: test loss became"):
+    with pytest.raises(SweepError,
+                       match=r"1 of 4 runs failed .* boom: round 1 of the synthetic run .*: test loss became"):
         run_sweep([groups()[0], diverging], work_dir=tmp_path, report=quiet(lines))
     assert any("boom: FAILED" in line for line in lines)
     assert (tmp_path / "s0_C.json").is_file() and not (tmp_path / "boom.json").exists()
@@ -142,7 +143,7 @@ def test_a_process_pool_writes_the_same_files_as_one_process(tmp_path):
 
 
 def test_groups_and_names_are_checked(tmp_path):
-    with pytest.raises(ConfigError, match="run s1_A has partition .* a group shares its data"):
+    with pytest.raises(ConfigError, match=r"run s1_A has partition .* a group shares its data"):
         Group((groups()[0].runs[0], groups()[1].runs[0]))
     with pytest.raises(ConfigError, match="name 'a/b'"):
         Run("a/b", BASE)
@@ -150,7 +151,7 @@ def test_groups_and_names_are_checked(tmp_path):
         Run("a", BASE, labels={"config": 1})
     with pytest.raises(ConfigError, match="same_as 'C' must name an earlier computed run"):
         Group((Run("A", BASE), Run("B", BASE, same_as="C")))
-    with pytest.raises(ConfigError, match="names must be unique; repeated: \\[.s0_A., .s0_B., .s0_C.\\]"):
+    with pytest.raises(ConfigError, match=r"names must be unique; repeated: \[.s0_A., .s0_B., .s0_C.\]"):
         run_sweep([groups()[0], groups()[0]], work_dir=tmp_path / "w", report=quiet([]))
     assert not (tmp_path / "w").exists()  # refused before anything is written
 

@@ -3,7 +3,7 @@
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.table5 import (ROUNDS, Departure, choose_k, leave_one_seed_out, loso_section, threshold_accuracy)
+from simulator.table5 import ROUNDS, Departure, choose_k, leave_one_seed_out, loso_section, threshold_accuracy
 
 
 def _dep(gamma, *, crossing_after, seed, tau0=20):

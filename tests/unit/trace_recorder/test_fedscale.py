@@ -63,7 +63,8 @@ def test_availability_windows_become_online_and_offline_rows(tmp_path: Path) -> 
 
 def test_time_scale_and_start_map_run_seconds_onto_trace_seconds() -> None:
     av = merge_windows([(0, 20), (50, 80)], period_s=100)
-    # A run second reads 10 trace seconds, from trace second 40: [40, 50) off, [50, 80) on, [80, 100) off, [100, 120) on.
+    # A run second reads 10 trace seconds, from trace second 40:
+    # [40, 50) off, [50, 80) on, [80, 100) off, [100, 120) on.
     segments = online_segments(av, TraceClock(horizon_s=8, time_scale=10, start_s=40))
     assert segments == [(0.0, 1.0, False), (1.0, 4.0, True), (4.0, 6.0, False), (6.0, 8.0, True)]
 
@@ -115,8 +116,10 @@ def test_the_timeline_written_reads_back(tmp_path: Path) -> None:
     ({1: {"computation": float("nan"), "communication": 1.0}}, BEHAVE, r"client 1: field 'computation': value nan"),
     ({1: {"computation": -3, "communication": 1.0}}, BEHAVE, r"client 1: field 'computation': value -3 is not a pos"),
     ({1: {"computation": "fast", "communication": 1.0}}, BEHAVE, r"field 'computation': value 'fast'"),
-    (CAPACITY, {1: {"active": [0], "inactive": [5, 9], "finish_time": 10}}, r"client 1: field 'inactive': 2 times for 1"),
-    (CAPACITY, {1: {"active": [6], "inactive": [5], "finish_time": 10}}, r"client 1: field 'inactive\[0\]': 5 is before"),
+    (CAPACITY, {1: {"active": [0], "inactive": [5, 9], "finish_time": 10}},
+     r"client 1: field 'inactive': 2 times for 1"),
+    (CAPACITY, {1: {"active": [6], "inactive": [5], "finish_time": 10}},
+     r"client 1: field 'inactive\[0\]': 5 is before"),
     (CAPACITY, {1: {"active": [0], "inactive": [5], "finish_time": 0}}, r"client 1: field 'finish_time': value 0"),
     (CAPACITY, {1: {"active": [0], "inactive": [5]}}, r"client_behave_trace: client 1: field 'finish_time': missing"),
     (CAPACITY, {1: {"active": 0, "inactive": [5], "finish_time": 9}}, r"field 'active': expected a list of times"),

@@ -68,7 +68,8 @@ def test_constant_conditions_while_online_and_the_log_repeating(tmp_path: Path) 
     assert [(r.start, r.end, r.conditions.online) for r in rows] == [
         (0.0, 30.0, False), (30.0, 60.0, True), (60.0, 90.0, False), (90.0, 120.0, True), (120.0, 230.0, False),
         (230.0, 260.0, True), (260.0, 290.0, False), (290.0, 320.0, True), (320.0, 400.0, False)]
-    assert {(r.conditions.cpu_share, r.conditions.up_kbit_s, r.conditions.down_kbit_s) for r in rows} == {(0.5, 4000, 8000)}
+    conditions = {(r.conditions.cpu_share, r.conditions.up_kbit_s, r.conditions.down_kbit_s) for r in rows}
+    assert conditions == {(0.5, 4000, 8000)}
     assert result.reference_ms_per_sample is None  # the shares are the user's, not scaled from a trace
 
 
@@ -100,7 +101,7 @@ def test_files_off_the_shape_are_format_errors(tmp_path: Path, data: object, mat
 def test_text_that_is_not_json_is_a_format_error(tmp_path: Path) -> None:
     path = tmp_path / "state_traces.json"
     path.write_text("{'1': ")
-    with pytest.raises(TraceFormatError, match="state_traces.json: not JSON"):
+    with pytest.raises(TraceFormatError, match=r"state_traces.json: not JSON"):
         import_flash(path, constant=DeviceSpec(1.0, 1.0, 1.0))
 
 

@@ -150,7 +150,7 @@ def test_trace_set_first_and_get(trace_dir: Path) -> None:
     assert [t.name for t in s.first(2)] == ["A", "B"]
     assert s.get("B").name == "B"
     for j in (0, 3, -1):
-        with pytest.raises(ConfigError, match="out of range 1..2"):
+        with pytest.raises(ConfigError, match=r"out of range 1..2"):
             s.first(j)
     with pytest.raises(ConfigError, match="no trace 'C'"):
         s.get("C")
@@ -307,7 +307,7 @@ def test_read_trace_csv_alone(tmp_path: Path) -> None:
     path.write_text("round,fraction\n0,0.25\n3,0\n")
     t = read_trace_csv(path, name="x")
     assert t.name == "x" and t.round.tolist() == [0, 3] and t.fraction.tolist() == [0.25, 0.0]
-    with pytest.raises(TraceFormatError, match="y.csv:1: field 'header': file missing"):
+    with pytest.raises(TraceFormatError, match=r"y.csv:1: field 'header': file missing"):
         read_trace_csv(tmp_path / "y.csv", name="y")
 
 
@@ -358,7 +358,7 @@ def test_write_refuses_stray_trace_files(tmp_path: Path) -> None:
     path = tmp_path / "set"
     path.mkdir()
     (path / "Z.csv").write_text("round,fraction\n0,1.0\n")
-    with pytest.raises(ConfigError, match="Z.csv"):
+    with pytest.raises(ConfigError, match=r"Z.csv"):
         write_trace_set(path, _manifest(), _traces())
 
 

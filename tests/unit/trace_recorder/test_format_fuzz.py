@@ -24,7 +24,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from flexfl.errors import TraceFormatError  # noqa: E402
 from flexfl.fuzz import (  # noqa: E402
-    corrupted, deeply_nested_json, edge_json_values, fuzz_settings, json_values, number_texts, raises_only,
+    corrupted,
+    deeply_nested_json,
+    edge_json_values,
+    fuzz_settings,
+    json_values,
+    number_texts,
+    raises_only,
 )
 from trace_recorder.format import (  # noqa: E402
     KINDS,
@@ -32,11 +38,11 @@ from trace_recorder.format import (  # noqa: E402
     SCHEMA_VERSION,
     Trace,
     TraceManifest,
+    _trace_csv_text,
     read_trace_csv,
     read_trace_set,
     write_trace_set,
 )
-from trace_recorder.format import _trace_csv_text  # noqa: E402  (the writer's own CSV text)
 
 pytestmark = pytest.mark.fuzz
 
@@ -168,7 +174,7 @@ def manifest_edits(draw: st.DrawFn, d: dict) -> str:
     elif kind == "unknown":
         d[draw(st.text(max_size=10).filter(lambda k: k not in MANIFEST_KEYS))] = draw(edge_json_values())
     elif kind == "duplicate_trace":
-        d["traces"] = list(d["traces"]) + [d["traces"][0]]
+        d["traces"] = [*list(d["traces"]), d["traces"][0]]
     elif kind == "odd_name":  # too long for a file name; a trailing newline; a path
         d["traces"] = [draw(st.sampled_from(["A" * 300, d["traces"][0] + "\n", "../" + d["traces"][0], "", "."]))]
     elif kind == "not_object":
@@ -193,7 +199,8 @@ def test_edited_manifest_is_read_or_refused_with_a_trace_format_error(data: st.D
 @given(st.data())
 def test_corrupted_files_are_read_or_refused_with_a_trace_format_error(data: st.DataObject) -> None:
     manifest, written = data.draw(trace_sets())
-    files = {MANIFEST_NAME: manifest.to_json().encode(), **{f"{t.name}.csv": _trace_csv_text(t).encode() for t in written}}
+    files = {MANIFEST_NAME: manifest.to_json().encode(),
+             **{f"{t.name}.csv": _trace_csv_text(t).encode() for t in written}}
     victim = data.draw(st.sampled_from(sorted(files)))
     files[victim] = data.draw(corrupted(files[victim]))
     with _folder() as d:

@@ -55,7 +55,8 @@ def test_inventory_resolves_the_token_next_to_it_and_rejects_shared_traces(tmp_p
     inv = tmp_path / "hosts.toml"
     inv.write_text('coordinator_listen = "0.0.0.0:50051"\nfleet_token_file = "fleet_token"\n'
                    '[[devices]]\ndevice_id = "pi-01"\ntrace = "T0"\nloadgen = "tcp://10.0.0.21:5601"\n'
-                   '[[devices]]\ndevice_id = "pi-02"\ntrace = "T90"\nloadgen = "tcp://10.0.0.22:5601"\niface = "wlan0"\n')
+                   '[[devices]]\ndevice_id = "pi-02"\ntrace = "T90"\nloadgen = "tcp://10.0.0.22:5601"\n'
+                   'iface = "wlan0"\n')
     loaded = load_inventory(inv)
     assert loaded.fleet_token_file == str(tmp_path / "fleet_token")
     assert [(d.device_id, d.trace, d.iface) for d in loaded.devices] == [("pi-01", "T0", ""), ("pi-02", "T90", "wlan0")]
@@ -79,6 +80,7 @@ def test_inventory_curve_keys_resolve_next_to_it_and_come_together(tmp_path: Pat
     inv.write_text(head + devices)
     with pytest.raises(ConfigError, match="loadgen_client_key is not set"):
         load_inventory(inv)
-    inv.write_text(head + 'loadgen_client_key = "c.key_secret"\n' + devices.replace('loadgen_server_key = "/abs/pi-02.key"\n', ""))
+    without_server_key = devices.replace('loadgen_server_key = "/abs/pi-02.key"\n', "")
+    inv.write_text(head + 'loadgen_client_key = "c.key_secret"\n' + without_server_key)
     with pytest.raises(ConfigError, match="every device needs its loadgen_server_key \\(missing for pi-02\\)"):
         load_inventory(inv)

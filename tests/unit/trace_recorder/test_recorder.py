@@ -8,7 +8,8 @@ from trace_recorder.format import read_trace_set, write_trace_set
 from trace_recorder.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
 
 IDS = ["T0", "T90"]
-DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None) for i, d in enumerate(IDS)]
+DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None)
+           for i, d in enumerate(IDS)]
 
 
 def row(k: int, *, s: dict, delivered: tuple = ("T0", "T90"), arrived: tuple = ("T0", "T90"),
@@ -98,7 +99,7 @@ def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp
     recording = Recording(opts)
     recording._load_state()
     assert recording.state["phase"] == "calibrating" and not (work / "old.log").exists()
-    with pytest.raises(ConfigError, match="--resume: .* another profile"):
+    with pytest.raises(ConfigError, match=r"--resume: .* another profile"):
         Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True, rounds=7))._load_state()
 
 

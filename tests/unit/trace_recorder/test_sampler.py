@@ -1,5 +1,7 @@
 """The trace sampler: fraction -> s, assignment to the first |T| traces, i.i.d. vs replay, pure per round."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ def test_fraction_to_updates_rules():
     np.testing.assert_array_equal(fraction_to_updates(f, E=20, rule="floor"), [0, 1, 7, 6, 10, 19, 20])
     # Exact k/E values survive float error (0.35 * 20 = 6.999999...).
     assert fraction_to_updates(np.array([7 / 20]), E=20, rule="floor")[0] == 7
-    with pytest.raises(ConfigError, match="0..1"):
+    with pytest.raises(ConfigError, match=r"0..1"):
         fraction_to_updates(np.array([1.2]), E=5)
     with pytest.raises(ConfigError, match="rule"):
         fraction_to_updates(np.array([0.2]), E=5, rule="ceil")
@@ -53,7 +55,7 @@ def test_replay_walks_the_trace_in_order_from_a_per_device_offset():
     for device in range(3):
         s = TraceSampler(trace, E=4, seed=1, device_index=device, sampling="replay")
         seq = [s.draw(t) for t in range(1, 9)]
-        assert all((b - a) % 4 == 1 for a, b in zip(seq, seq[1:]))
+        assert all((b - a) % 4 == 1 for a, b in itertools.pairwise(seq))
 
 
 def test_bad_sampler_config():

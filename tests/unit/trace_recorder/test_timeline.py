@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from flexfl.errors import TraceFormatError
-from trace_recorder.timeline import (OFFLINE, Conditions, Interval, Timeline, TimeUnit, read_timeline,
-                                     write_timeline)
+from trace_recorder.timeline import OFFLINE, Conditions, Interval, Timeline, TimeUnit, read_timeline, write_timeline
 
 HEADER = "device,start_s,end_s,cpu_share,up_kbit_s,down_kbit_s,online\n"
 GOOD = HEADER + (
@@ -151,7 +150,7 @@ def test_a_missing_file_is_a_format_error(tmp_path: Path) -> None:
 
 
 def test_constructed_timelines_are_checked_by_the_same_rules() -> None:
-    with pytest.raises(TraceFormatError, match="field 'cpu_share': value -0.1 is negative"):
+    with pytest.raises(TraceFormatError, match=r"field 'cpu_share': value -0.1 is negative"):
         Conditions(cpu_share=-0.1, up_kbit_s=1, down_kbit_s=1, online=True)
     ok = Conditions(1.0, 1.0, 1.0, True)
     with pytest.raises(TraceFormatError, match=r"device 'dev-0': interval 2: field 'start': .* overlaps"):

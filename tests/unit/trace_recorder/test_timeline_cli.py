@@ -56,7 +56,8 @@ def test_import_flash_with_constant_links(tmp_path: Path, capsys: pytest.Capture
     rows = read_timeline(out).devices["dev-0"]
     assert [(r.start, r.end, r.conditions.online) for r in rows] == [(0.0, 10.0, False), (10.0, 40.0, True),
                                                                     (40.0, 50.0, False), (50.0, 80.0, True)]
-    assert {(r.conditions.cpu_share, r.conditions.up_kbit_s, r.conditions.down_kbit_s) for r in rows} == {(0.5, 500, 500)}
+    conditions = {(r.conditions.cpu_share, r.conditions.up_kbit_s, r.conditions.down_kbit_s) for r in rows}
+    assert conditions == {(0.5, 500, 500)}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -43,5 +43,5 @@ def test_validate_reports_the_format_error(tmp_path: Path) -> None:
 
 def test_calibrate_refuses_a_folder_holding_another_set(tmp_path: Path) -> None:
     (tmp_path / "other.csv").write_text("round,fraction\n0,1.0\n")
-    with pytest.raises(ConfigError, match="other.csv"):
+    with pytest.raises(ConfigError, match=r"other.csv"):
         _run("calibrate", "--out", str(tmp_path))

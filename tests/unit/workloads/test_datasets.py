@@ -11,7 +11,6 @@ from flexfl.errors import DataError, DatasetNotFoundError
 from workloads import datasets
 from workloads.datasets import ArrayDataset, load_emnist, load_mnist, read_idx
 
-
 # ---------------------------------------------------------------- ArrayDataset
 
 
@@ -66,7 +65,7 @@ def test_read_idx_truncated_data(tmp_path: Path, write_idx) -> None:
 def test_read_idx_corrupt_gzip(tmp_path: Path) -> None:
     path = tmp_path / "img.gz"
     path.write_bytes(b"not gzip at all")
-    with pytest.raises(DataError, match="img.gz: cannot read IDX file"):
+    with pytest.raises(DataError, match=r"img.gz: cannot read IDX file"):
         read_idx(path, ndim=3)
 
 
@@ -144,7 +143,8 @@ def test_mnist_corrupt_cache_is_rebuilt(
         np.save(cache / f"{key}.npy", np.zeros(shape, np.uint8))
     if corruption == "garbage":
         (cache / "x_train.npy").write_bytes(b"\x93NUMPY truncated")
-    good_arrays = {k: np.load(mnist_cache_dir / "mnist" / f"{k}.npy") for k in ("x_train", "y_train", "x_test", "y_test")}
+    good_arrays = {k: np.load(mnist_cache_dir / "mnist" / f"{k}.npy")
+                   for k in ("x_train", "y_train", "x_test", "y_test")}
     parsed = []
     monkeypatch.setattr(datasets, "_parse_mnist_csvs", lambda folder: parsed.append(folder) or good_arrays)
     train, test = load_mnist(tmp_path)
@@ -174,11 +174,13 @@ GOOD = dict(x_train="np.zeros((10, 3), np.float32)", y_train="np.arange(10) % 2"
 
 
 @pytest.mark.parametrize(("changes", "problem"), [
-    (dict(x_train="np.zeros((10, 3))"), "gives x_train of dtype float64; expected float32 (x_train.astype(np.float32))"),
+    (dict(x_train="np.zeros((10, 3))"),
+     "gives x_train of dtype float64; expected float32 (x_train.astype(np.float32))"),
     (dict(x_train="[[0.0] * 3] * 10"), "gives x_train as a list; expected a numpy array, float32 [n, features...]"),
     (dict(x_train="np.zeros(10, np.float32)"), "gives x_train of shape (10,); expected [n, features...]"),
     (dict(x_train="np.full((10, 3), np.nan, np.float32)"), "gives x_train with 30 NaN/Inf values"),
-    (dict(y_train="np.zeros((10, 1), np.int64)"), "gives y_train of shape (10, 1); expected (10,), one label per sample"),
+    (dict(y_train="np.zeros((10, 1), np.int64)"),
+     "gives y_train of shape (10, 1); expected (10,), one label per sample"),
     (dict(y_train="np.zeros(10, np.float32)"), "gives y_train of dtype float32; expected integer labels"),
     (dict(y_train="np.arange(10)"), "gives y_train with label 9; with num_classes = 2 labels are 0..1"),
     (dict(x_test="np.zeros((4, 5), np.float32)"), "gives x_test samples of shape (5,), x_train samples of shape (3,)"),

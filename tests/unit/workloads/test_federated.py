@@ -20,8 +20,10 @@ def build(name, *, min_samples=None, cache_dir=None, **spec):
 
 def test_defaults_are_the_papers() -> None:
     assert DEFAULTS["mnist"] == WorkloadDefaults(model="mlp", eta0=2e-3, batch_size=10, num_classes=10, in_features=784)
-    assert DEFAULTS["emnist"] == WorkloadDefaults(model="cnn", eta0=5e-4, batch_size=10, num_classes=47, in_features=784)
-    assert DEFAULTS["synthetic"] == WorkloadDefaults(model="logreg", eta0=1.0, batch_size=20, num_classes=10, in_features=60)
+    assert DEFAULTS["emnist"] == WorkloadDefaults(model="cnn", eta0=5e-4, batch_size=10, num_classes=47,
+                                                  in_features=784)
+    assert DEFAULTS["synthetic"] == WorkloadDefaults(model="logreg", eta0=1.0, batch_size=20, num_classes=10,
+                                                     in_features=60)
 
 
 def test_synthetic_split_holdouts_and_weights() -> None:

@@ -44,6 +44,8 @@ def test_json_round_trip_and_differences():
     ({"n_devices": 0}, "n_devices must be >= 1"),
     ({"n_devices": 5, "total_samples": 3}, "at least n_devices"),
     ({"alpha": -1.0}, "standard deviation"),
+    # SYNTHETIC's test set is its devices' holdouts: without them a run had no test set to evaluate on
+    ({"holdout_fraction": 0.0}, "holdout_fraction = 0 leaves SYNTHETIC without a test set"),
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -61,7 +63,7 @@ def test_load_shard_equals_the_shard_of_the_whole_split(dataset, iid, sizes, hol
     for k in (0, 7, 11):
         shard = load_shard(spec, k, cache_dir=mnist_cache_dir)
         assert np.array_equal(shard.x, whole.train[k].x) and np.array_equal(shard.y, whole.train[k].y)
-    with pytest.raises(ConfigError, match="shard_index 12 is outside the partition's 0..11"):
+    with pytest.raises(ConfigError, match=r"shard_index 12 is outside the partition's 0..11"):
         load_shard(spec, 12, cache_dir=mnist_cache_dir)
 
 
@@ -86,7 +88,7 @@ def test_size_readings_on_mnist(seed, mnist_cache_dir: Path):
     # device never holds more than its label has.
     data = build_federated(PartitionSpec(iid=False, sizes="pareto-per-label", **base), cache_dir=mnist_cache_dir)
     labels = [set(np.unique(d.y).tolist()) for d in data.train]
-    assert all(len(l) == 1 for l in labels)
+    assert all(len(device_labels) == 1 for device_labels in labels)
     assert data.sample_counts.sum() >= 59_900 and data.sample_counts.max() <= 6742  # the largest label (1s)
 
 

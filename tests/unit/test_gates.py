@@ -1,0 +1,86 @@
+"""The quality gates `make test` runs: the layer contract (import-linter), ruff and mypy.
+
+Each runs its tool on the checkout with the configuration in pyproject.toml and shows the
+tool's own report when it fails. The tools come with the `dev` extra (`make setup`)."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _run_tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    # The tool beside this interpreter (the venv's), else the one on PATH.
+    beside = Path(sys.executable).with_name(name)
+    exe = str(beside) if beside.exists() else shutil.which(name)
+    if exe is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[dev]' (make setup installs it)")
+    return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _layers() -> list[str]:
+    (contract,) = (c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+    return contract["layers"]
+
+
+def _modules(package: str) -> list[str]:
+    """Every module of a root package (its own __init__ excluded; not package data such as flexfl/starter)."""
+    out = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if any(not (d / "__init__.py").exists() for d in path.parents if d.is_relative_to(ROOT / package)):
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if len(parts) > 1:
+            out.append(".".join(parts))
+    return out
+
+
+def test_layers_point_one_way() -> None:
+    result = _run_tool("lint-imports", "--no-cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_module_is_in_a_layer() -> None:
+    """A module the contract does not name is not checked: a new module must be given its layer."""
+    named = {name.strip() for layer in _layers() for name in layer.replace(":", "|").split("|")}
+    roots = PYPROJECT["tool"]["importlinter"]["root_packages"]
+    unplaced = [m for root in roots for m in _modules(root)
+                if not any(m == n or m.startswith(n + ".") for n in named)]
+    assert not unplaced, f"modules in no layer of [tool.importlinter] (pyproject.toml): {unplaced}"
+
+
+def test_proto_imports_only_the_ground_floor() -> None:
+    """proto/ is installed as flexfl.proto, which import-linter cannot see; it sits on flexfl.errors alone."""
+    allowed = ("flexfl.errors", "flexfl.proto")
+    wrong = []
+    for path in sorted((ROOT / "proto").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            roots = ("flexfl", *PYPROJECT["tool"]["importlinter"]["root_packages"])
+            wrong += [f"{path.name}: {n}" for n in names
+                      if n.split(".")[0] in roots and not n.startswith(allowed)]
+    assert not wrong, wrong
+
+
+def test_ruff_is_clean() -> None:
+    result = _run_tool("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_mypy_is_clean() -> None:
+    """mypy over [tool.mypy] files (~15 s cold); no cache is written (--cache-dir /dev/null)."""
+    result = _run_tool("mypy", "--cache-dir", "/dev/null")
+    assert result.returncode == 0, result.stdout + result.stderr
