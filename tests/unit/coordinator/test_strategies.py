@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from coordinator.aggregation import RunningAggregate, apply_update, coefficients
+from coordinator.plugin_strategy import PluginStrategy
 from coordinator.round import RulesConfig
-from coordinator.strategies import PluginStrategy, get_strategy, title_of
+from coordinator.strategies import get_strategy, title_of
 from flexfl.errors import ConfigError, PluginError
 
 SQRT = """

@@ -1,0 +1,127 @@
+"""A user's strategy behind checks that name it (coordinator.strategies.get_strategy wraps every plug-in in it).
+
+Kept apart from the built-in strategies: the checks on what a plug-in's two factors return,
+and the one-line PluginError for an exception in its code, are not part of any rule.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from coordinator.strategies import STRATEGIES, Strategy
+from flexfl.plugins import STRATEGY, Plugin, kind_of
+
+
+class PluginStrategy(Strategy):
+    """A user's strategy (a plug-in) behind checks that name it: FlexFL calls only this wrapper.
+
+    The plug-in gives arrival_weights(*, s, E, p) and round_scale(*, s, E, p) as Strategy
+    does (they get copies of the round's arrays), and may set label, title, memory,
+    needs_steps, proximal_mu and parameters (defaults: its class's name lowercased, its
+    class's name, False, False, 0, none). Its name is the one [rules] strategy gives. A
+    weight must be a finite number >= 0 per device, a scale a finite number >= 0 or None
+    (discard the round); anything else, or an exception in its code, is one PluginError line.
+    """
+
+    # The round a plug-in is first called on, before any run: devices that did nothing, part and all of E.
+    _PROBE: ClassVar[dict[str, Any]] = {"s": np.array([0, 1, 2, 4], dtype=np.int64), "E": 4,
+                                        "p": np.array([0.1, 0.2, 0.3, 0.4])}
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        impl: Any = plugin.obj
+        if inspect.isclass(impl):
+            abstract = sorted(getattr(impl, "__abstractmethods__", ()))
+            if abstract:
+                raise plugin.error(f"lacks {', '.join(abstract)} (abstract in its base class); {STRATEGY.expects}")
+            with plugin.calling(f"{impl.__name__}()"):
+                impl = impl()
+        elif inspect.isroutine(impl):
+            raise plugin.error(f"is a function; it should be {STRATEGY.expects}, or an instance of one")
+        missing = [m for m in ("arrival_weights", "round_scale") if not callable(getattr(impl, m, None))]
+        if missing:
+            raise plugin.error(f"lacks {' and '.join(m + '(*, s, E, p)' for m in missing)}; it should be "
+                               f"{STRATEGY.expects}")
+        self.impl = impl
+        label = getattr(impl, "label", None) or plugin.short_name.lower()
+        if not isinstance(label, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", label):
+            raise plugin.error(f"has label {label!r}; a label names its runs' folders and table rows: letters, digits, "
+                               "'.', '_' and '-'")
+        if label in {s.label for s in STRATEGIES.values()}:
+            raise plugin.error(f"has label {label!r}, a built-in strategy's; give it a label of its own")
+        self._label = label
+        self._title = str(getattr(impl, "title", None) or plugin.short_name)
+        with plugin.calling("its attributes (memory, needs_steps, proximal_mu, parameters: {name: number})"):
+            self._memory = bool(getattr(impl, "memory", False))
+            self._needs_steps = bool(getattr(impl, "needs_steps", False))
+            mu = getattr(impl, "proximal_mu", 0.0)
+            self._parameters = {str(k): float(v) for k, v in dict(getattr(impl, "parameters", {}) or {}).items()}
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not (np.isfinite(mu) and mu >= 0):
+            raise plugin.error(f"has proximal_mu = {mu!r}; it should be a number >= 0")
+        self._mu = float(mu)
+        self.arrival_weights(**self._PROBE)  # a wrong signature or result fails now, not in a run's round
+        self.round_scale(**self._PROBE)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.plugin.name
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return self._label
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return self._title
+
+    @property
+    def memory(self) -> bool:  # type: ignore[override]
+        return self._memory
+
+    @property
+    def needs_steps(self) -> bool:  # type: ignore[override]
+        return self._needs_steps
+
+    @property
+    def proximal_mu(self) -> float:
+        return self._mu
+
+    @property
+    def parameters(self) -> dict[str, float]:
+        return dict(self._parameters)
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        with self.plugin.calling("arrival_weights"):
+            got = self.impl.arrival_weights(s=s.copy(), E=E, p=p.copy())
+        try:
+            weights = np.asarray(got, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise self.plugin.error(f"returned {kind_of(got)} from arrival_weights; expected one number per "
+                                    f"device, float64 [{len(s)}]") from None
+        if weights.shape != s.shape:
+            raise self.plugin.error(f"returned arrival weights of shape {list(weights.shape)} for {len(s)} devices; "
+                                    f"expected [{len(s)}]")
+        bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+        if bad.size:
+            k = int(bad[0])
+            raise self.plugin.error(f"returned arrival weight {weights[k]:g} for device {k} (s = {int(s[k])}, "
+                                    f"p = {float(p[k]):g}); a weight must be a finite number >= 0")
+        return weights
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        with self.plugin.calling("round_scale"):
+            got = self.impl.round_scale(s=s.copy(), E=E, p=p.copy())
+        if got is None:
+            return None
+        try:
+            scale = float(got)
+        except (TypeError, ValueError):
+            raise self.plugin.error(f"returned {kind_of(got)} from round_scale; expected a number, or None to "
+                                    "discard the round") from None
+        if not (np.isfinite(scale) and scale >= 0):
+            raise self.plugin.error(f"returned round scale {scale:g}; it must be a finite number >= 0 (or None)")
+        return scale
