@@ -33,7 +33,6 @@ from coordinator.checkpoint import Checkpoint
 from coordinator.config import CoordinatorConfig
 from coordinator.finisher import ClosedRound, Finisher
 from coordinator.membership import Membership
-from coordinator.metrics import MetricsWriter
 from coordinator.objective import Objective
 from coordinator.open_round import OpenRound, check_open, check_report
 from coordinator.parking import ParkedPulls
@@ -50,18 +49,9 @@ from coordinator.records import (
     UpdateReport,
 )
 from coordinator.registry import Registry
-from coordinator.resume import (
-    CHECKPOINT_NAME,
-    EVENTS_NAME,
-    METRICS_NAME,
-    earlier_run,
-    journaled_events,
-    repair_metrics,
-    restore,
-)
+from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
 from coordinator.round import Federation
 from flexfl.errors import UpdateRejected
-from flexfl.run_folder import claim_run_folder
 from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 
 log = logging.getLogger(__name__)
@@ -93,27 +83,15 @@ class RoundEngine:
         self._closed: list[ClosedRound] = []  # closed, not yet handed to the finisher (engine thread only)
         self._last_close: float | None = None
         self.out_dir = out = Path(cfg.output.dir)
-        # Held until run() ends: a second coordinator on this folder is refused, and an earlier
-        # run in it is continued (resume), moved aside (fresh) or refused, never overwritten.
-        self.folder = claim_run_folder(out, what="flexfl coordinator", holds_run=earlier_run, resume=resume,
-                                       fresh=fresh)
-        if self.folder.moved_aside is not None:
-            log.info("--fresh: moved the earlier run in %s to %s", out, self.folder.moved_aside)
         self.checkpoint_path = out / CHECKPOINT_NAME
         self.membership = Membership(cfg, federation=self.federation, shard_samples=data.sample_counts,
                                      events_path=out / EVENTS_NAME)
-        try:
-            if resume:
-                ckpt = restore(self.federation, self.checkpoint_path, expected=self.expected,
-                               strategy=cfg.rules.aggregation.name)
-                self.run_id = ckpt.run_id
-                self.membership.restore(Registry.from_dict(ckpt.registry), journaled_events(out / EVENTS_NAME))
-                log.info("resumed from %s after round %d", self.checkpoint_path, self.completed_round)
-                repair_metrics(out / METRICS_NAME, completed_round=self.completed_round)
-            self.metrics = MetricsWriter(out / METRICS_NAME, append=resume)
-        except BaseException:
-            self.folder.release()
-            raise
+        # Held until run() ends: a second coordinator on this folder is refused, and an earlier
+        # run in it is continued (resume), moved aside (fresh) or refused, never overwritten.
+        self.folder, self.metrics, resumed_id = open_run(
+            out, federation=self.federation, membership=self.membership, expected=self.expected,
+            strategy=cfg.rules.aggregation.name, resume=resume, fresh=fresh)
+        self.run_id = resumed_id or self.run_id
         self.finisher = Finisher(model=model, data=data, evaluate=cfg.run.evaluate, metrics=self.metrics,
                                  checkpoint_path=self.checkpoint_path)
 

@@ -14,14 +14,20 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from coordinator.checkpoint import Checkpoint, checkpointed_round, load_checkpoint
 from coordinator.metrics import MetricsWriter, read_metrics_and_torn
 from coordinator.objective import Objective
+from coordinator.registry import Registry
 from coordinator.round import Federation
 from flexfl.errors import AggregationError, ConfigError
+from flexfl.run_folder import RunFolder, claim_run_folder
+
+if TYPE_CHECKING:
+    from coordinator.membership import Membership  # which appends to the journal through this module
 
 log = logging.getLogger(__name__)
 
@@ -114,3 +120,28 @@ def journaled_events(path: Path) -> dict[str, str]:
         except (ValueError, KeyError, TypeError):
             log.warning("%s line %d is unreadable (a crash mid-write?): skipped", path, n)
     return last
+
+
+def open_run(out: Path, *, federation: Federation, membership: Membership, expected: dict, strategy: str,
+             resume: bool, fresh: bool) -> tuple[RunFolder, MetricsWriter, str | None]:
+    """Claim the output folder `out` for a coordinator; with `resume`, take up the run it holds.
+
+    Returns the claimed folder (held until the run ends), the metrics writer and the resumed
+    run's id (None for a new run). Resuming restores the federation and the membership from
+    the checkpoint and the journal, then repairs metrics.jsonl to the checkpoint's round.
+    """
+    folder = claim_run_folder(out, what="flexfl coordinator", holds_run=earlier_run, resume=resume, fresh=fresh)
+    if folder.moved_aside is not None:
+        log.info("--fresh: moved the earlier run in %s to %s", out, folder.moved_aside)
+    try:
+        run_id = None
+        if resume:
+            ckpt = restore(federation, out / CHECKPOINT_NAME, expected=expected, strategy=strategy)
+            run_id = ckpt.run_id
+            membership.restore(Registry.from_dict(ckpt.registry), journaled_events(out / EVENTS_NAME))
+            log.info("resumed from %s after round %d", out / CHECKPOINT_NAME, federation.completed_round)
+            repair_metrics(out / METRICS_NAME, completed_round=federation.completed_round)
+        return folder, MetricsWriter(out / METRICS_NAME, append=resume), run_id
+    except BaseException:
+        folder.release()
+        raise
