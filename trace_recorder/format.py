@@ -244,7 +244,9 @@ def _check_header(header: list[str], *, path: Path) -> None:
         raise format_error(path, 1, "header", "empty first line (expected a header with 'round' and 'fraction')")
     for key in REQUIRED_COLUMNS:
         if key not in header:
-            raise format_error(path, 1, key, f"header has no '{key}' column (columns: {', '.join(header)})")
+            # repr: a quoted column name may hold a newline or a NUL, and the message stays one line
+            raise format_error(path, 1, key, f"header has no '{key}' column (columns: "
+                                             f"{shorten(', '.join(map(repr, header)), 80)})")
     seen: set[str] = set()
     for i, key in enumerate(header):
         if not key:
@@ -257,7 +259,7 @@ def _check_header(header: list[str], *, path: Path) -> None:
 
 
 def _parse_value(text: str, *, key: str, path: Path, line: int, prev: Any) -> int | float:
-    shown = shorten(text, 40)
+    shown = shorten(text.encode("unicode_escape").decode("ascii").replace("'", "\\'"), 40)  # one line
     if key == "round":
         try:
             value: int | float = int(text)

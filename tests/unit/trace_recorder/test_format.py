@@ -302,6 +302,20 @@ def test_malformed_csv_names_file_line_and_field(
     _expect(trace_dir, f"A.csv{where}", f"field '{field}'", problem)
 
 
+@pytest.mark.parametrize(("text", "field", "shown"), [
+    ('"\x00\n\x00"\n0\n', "round", "columns: '\\x00\\n\\x00'"),  # the fuzzer's find: a quoted newline
+    ('round,fraction\n"1\n2",0.5\n', "round", "value '1\\n2' is not an integer"),
+])
+def test_a_quoted_newline_in_a_field_stays_escaped_on_the_errors_one_line(trace_dir: Path, text: str, field: str,
+                                                                          shown: str) -> None:
+    _csv(trace_dir, text)
+    with pytest.raises(TraceFormatError) as info:
+        read_trace_set(trace_dir)
+    message = str(info.value)
+    assert "\n" not in message and "\x00" not in message
+    assert f"field '{field}'" in message and shown in message
+
+
 def test_read_trace_csv_alone(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
     path.write_text("round,fraction\n0,0.25\n3,0\n")
