@@ -38,6 +38,8 @@ from coordinator.objective import AutoDeparture, DeparturePolicy, LearningRate, 
 
 # The rules a Federation runs under; importers of RulesConfig and AUTO_C from here predate coordinator/rules.py.
 from coordinator.rules import AUTO_C, THRESHOLD_K, RulesConfig  # noqa: F401
+from edge_agent.trainer import steps_per_update
+from edge_agent.units import Unit
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
 from workloads.partition_spec import Dataset
 
@@ -117,12 +119,15 @@ class RoundSum:
     sketches: dict[str, np.ndarray] = field(default_factory=dict)  # contributor -> C delta, float64 [m]
     # A strategy with a memory (MIFA): each contributor's update, copied (float32), for the close to remember
     kept: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # SGD steps per local update of each device, for a strategy that counts steps (Federation.counted)
+    steps_per_update: Mapping[str, int] | None = None
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
         if device not in self.running.p:
             raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
-        if self.running.add(device, s=s, delta=delta) > 0:
+        counted = s if self.steps_per_update is None else s * self.steps_per_update[device]
+        if self.running.add(device, s=counted, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
             if self.running.strategy.memory:  # the caller may reuse its buffers: a copy
                 self.kept[device] = {name: np.array(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d,
@@ -166,14 +171,30 @@ class Federation:
         return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
                             lr=self.learning_rate(round_index))
 
+    def steps_per_update(self, devices: Sequence[str]) -> dict[str, int] | None:
+        """SGD steps in one local update of each device, when the strategy counts steps (FedNova) and an
+        update is an epoch (ceil(n_k / B) steps); None when the strategy reads s as the rules count it.
+
+        Such a strategy gets s_k x ceil(n_k / B) for s_k and E x the largest ceil(n_k / B) for E
+        (the bound every s_k stays within: FedNova's formula does not read E)."""
+        if not self.rules.aggregation.needs_steps or self.rules.unit is Unit.STEP:
+            return None
+        batch = self.rules.batch_size_for(self.dataset)
+        return {d: steps_per_update(self.objective.sample_counts[d], batch_size=batch, unit=self.rules.unit)
+                for d in devices}
+
+    def _counted_E(self, steps: Mapping[str, int] | None) -> int:
+        return self.E if steps is None else self.E * max(steps.values(), default=1)
+
     def start_sum(self, opening: RoundOpening) -> RoundSum:
         """An empty RoundSum for the round `opening` opened; pass it to close() as `summed`."""
         devices = self.objective.members()
         p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
+        steps = self.steps_per_update(devices)
         return RoundSum(round_index=opening.round_index,
-                        running=RunningAggregate(strategy=self.rules.aggregation, E=self.E,
+                        running=RunningAggregate(strategy=self.rules.aggregation, E=self._counted_E(steps),
                                                  p=dict(zip(devices, p.tolist())), like=self.params),
-                        sketch=self.sketch)
+                        sketch=self.sketch, steps_per_update=steps)
 
     def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
         """p and the strategy's coefficients for the updates counts `s` (a member not in `s`: 0)."""
@@ -183,7 +204,9 @@ class Federation:
         devices = tuple(self.objective.members())
         s_arr = np.array([int(s.get(d, 0)) for d in devices], dtype=np.int64)
         p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
-        coef = coefficients(self.rules.aggregation, s=s_arr, E=self.E, p=p)
+        steps = self.steps_per_update(devices)
+        counted = s_arr if steps is None else s_arr * np.array([steps[d] for d in devices], dtype=np.int64)
+        coef = coefficients(self.rules.aggregation, s=counted, E=self._counted_E(steps), p=p)
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
     def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor] | None = None,

@@ -80,8 +80,8 @@ class Strategy(ABC):
     # A per-device memory: the round keeps each device's latest update between rounds and
     # applies them all every round (MIFA; coordinator.round.Federation runs it).
     memory: ClassVar[bool] = False
-    # Its formula reads s_k as SGD steps, so [rules].unit must be "step" (an epoch is ceil(n_k / B)
-    # steps, a count the round does not have).
+    # Its formula reads s_k as SGD steps: under unit = "epoch" the round gives it s_k ceil(n_k / B)
+    # for s_k and E times the largest ceil(n_k / B) for E (coordinator.round.Federation.steps_per_update).
     needs_steps: ClassVar[bool] = False
 
     @property
@@ -168,9 +168,10 @@ class FedNova(Strategy):
     from then on) changes nothing here; include and exclude differ only in the rate restart.
     A round where nobody did work leaves the model as it is (not discarded: nothing arrived).
 
-    tau_i counts local SGD steps, so s must too: FedNova needs [rules].unit = "step" (with
-    unit = "epoch" a device's s epochs are s ceil(n_k / B) steps, and the normalisation would
-    use the wrong count; the round refuses it, see RulesConfig).
+    tau_i counts local SGD steps, so s does too: under [rules].unit = "epoch" the round gives
+    FedNova s_k ceil(n_k / B), device k's steps (its s_k epochs of ceil(n_k / B) batches), which
+    is the heterogeneity FedNova was made for: devices of different sizes take different numbers
+    of steps in E epochs (coordinator.round.Federation.steps_per_update).
 
     When every device completes E steps, tau_eff = E and c_k = q_k: FedAvg, as Schemes A, B
     and C give when p sums to 1. It factors as arrival weight p_k / s_k and round scale

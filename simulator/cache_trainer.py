@@ -95,7 +95,7 @@ class CacheTrainer:
         rngs: Sequence[np.random.Generator],
         start_of_row: Sequence[int] | np.ndarray | None = None,
         out: dict[str, torch.Tensor] | None = None,
-        mu: float = 0.0,
+        mu: float | Sequence[float] | np.ndarray = 0.0,
     ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
@@ -107,10 +107,10 @@ class CacheTrainer:
         if self._cnn is not None:
             return self._cnn.train(start, shard_of_row=shard_of_row, steps=steps, lr=lr, rngs=rngs,
                                    start_of_row=start_of_row, out=out, mu=mu)
-        shard_of_row, steps, lrs, source = row_arguments(shard_of_row, steps, lr, start_of_row)
+        shard_of_row, steps, lrs, source, mus = row_arguments(shard_of_row, steps, lr, start_of_row, mu)
         n_rows = len(steps)
-        check_rows(self.shapes, len(self.sizes), start, shard_of_row, steps, lrs, rngs, source,
-                   given_sources=start_of_row is not None, mu=mu)
+        check_rows(self.shapes, len(self.sizes), start, shard_of_row, steps, lrs, rngs, source, mus,
+                   given_sources=start_of_row is not None)
         # Start models as [G, *shape] arrays: a global start is one model (G = 1) that every row
         # starts from; a global parameter beside stacked ones is repeated per row.
         stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
@@ -134,7 +134,7 @@ class CacheTrainer:
         loss_sum = np.zeros(n_rows)
         buffers = {n: d.numpy() for n, d in deltas.items()}
         row_kernels.train_rows(
-            self.x, self.y, plan, training, steps[training], lrs[training], float(mu), source[training],
+            self.x, self.y, plan, training, steps[training], lrs[training], mus[training], source[training],
             tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
             self._w_work, self._b_work,
             tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),

@@ -98,6 +98,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(op, "operating_point_runs.csv")
     op.set_defaults(func=cmd_operating_point)
 
+    strat = sim_sub.add_parser("strategies", help="Schemes A/B/C, FedNova, FedProx (mu by protocol) and MIFA on the "
+                               "paper's traces: one section of results/strategies.md (simulator/strategies_page.py)")
+    strat.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), required=True)
+    strat.add_argument("--num-traces-list", default="2,5,8", help="|T| values (default 2,5,8)")
+    strat.add_argument("--settings", default="iid,niid", help="comma-separated, in the order to run: iid, niid "
+                       "(default iid,niid)")
+    strat.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,2 (default 0-4)")
+    add_sweep_flags(strat)
+    from simulator.regime import add_regime_flags
+
+    add_regime_flags(strat, unit="epoch", eta0="protocol")
+    strat.add_argument("--out", type=Path, default=Path("results"),
+                       help="where strategies.md and its files go, every section's runs under <out>/runs/ "
+                            "(default results)")
+    strat.add_argument("--report-only", action="store_true",
+                       help="write the page from finished runs; compute nothing")
+    _add_replace_page_flag(strat, "strategies_runs.csv")
+    strat.set_defaults(func=cmd_strategies)
+
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
     fig.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="mnist",
@@ -467,6 +486,40 @@ def cmd_table3(args: argparse.Namespace) -> int:
                       replace_page=args.replace_page)
     _save_timing(page, "table3", timing)
     print(f"Table 3 page: {page}")
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from simulator.executors import executor_for
+    from simulator.regime import regime_from_args
+    from simulator.strategies_page import TIMING_FILE, run_section, section_key, write_page
+    from simulator.table3 import elapsed, wall_time
+
+    regime = regime_from_args(args)
+    seeds = _parse_ints(args.seeds, "--seeds")
+    num_traces = _parse_ints(args.num_traces_list, "--num-traces-list")
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if not settings or set(settings) - {"iid", "niid"}:
+        raise ConfigError(f"--settings: expected iid and/or niid, got {args.settings!r}")
+    timing_path = args.out / TIMING_FILE
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    if not args.report_only:
+        command = (f"flexfl sim strategies --dataset {args.dataset} --unit {regime.unit} --eta0 {regime.eta0} "
+                   f"--num-traces-list {args.num_traces_list} --settings {args.settings} --seeds {args.seeds}")
+        started = time.perf_counter()
+        summaries = run_section(args.out, args.dataset, regime, seeds=seeds, num_traces=num_traces,
+                                settings=settings, command=command,
+                                executor=executor_for(jobs=args.jobs, ray_address=args.ray_address))
+        computed = sum(not s.get("cached") for s in summaries)
+        key = section_key(args.dataset, regime)
+        statement = wall_time(timing.get(key), f"{elapsed(started)} for `{command}` ({computed} runs computed, "
+                              f"{len(summaries) - computed} cached)", computed=computed,
+                              cached=len(summaries) - computed)
+        if statement is not None:
+            timing[key] = statement
+    page = write_page(args.out, timing=timing, replace_page=args.replace_page)
+    _save_timing(page, TIMING_FILE.removesuffix("_timing.json"), timing)
+    print(f"strategies page: {page}")
     return 0
 
 

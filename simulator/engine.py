@@ -330,9 +330,6 @@ def run_paired(
             raise ConfigError(f"run_paired: config {i} uses the {cfg.trainer_kind} trainer, config 0 the "
                               f"{first.trainer_kind}; paired runs train together in one row trainer (cache or fast; "
                               "run the plain one alone with run_simulation)")
-        if cfg.rules.aggregation.proximal_mu != first.rules.aggregation.proximal_mu:
-            raise ConfigError(f"run_paired: config {i} trains with FedProx's mu = {cfg.rules.aggregation.proximal_mu}, "
-                              f"config 0 with {first.rules.aggregation.proximal_mu}; one trainer call takes one mu")
         if cfg.rules.batch_size_for(cfg.partition.dataset) != first.rules.batch_size_for(first.partition.dataset):
             mine = cfg.rules.batch_size_for(cfg.partition.dataset)
             theirs = first.rules.batch_size_for(first.partition.dataset)
@@ -376,7 +373,8 @@ def run_paired(
                 lr=np.concatenate([np.full(len(w.shards), w.opening.lr) for w in works]),
                 rngs=[generators[key] for key in keys],
                 start_of_row=np.repeat(np.arange(len(works)), np.diff(bounds)), out=out,
-                mu=first.rules.aggregation.proximal_mu)
+                mu=np.concatenate([np.full(len(w.shards), configs[i].rules.aggregation.proximal_mu)
+                                   for i, w in zip(going, works)]))
         # The shared training is split evenly; each run's close and evaluation is its own.
         share = (time.perf_counter() - t0) / len(going)
         for j, (i, w) in enumerate(zip(going, works)):

@@ -110,7 +110,7 @@ class FastTrainer:
         rngs: Sequence[np.random.Generator],
         start_of_row: Sequence[int] | np.ndarray | None = None,
         out: dict[str, torch.Tensor] | None = None,
-        mu: float = 0.0,
+        mu: float | Sequence[float] | np.ndarray = 0.0,
     ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Train each row i for steps[i] SGD steps; returns (deltas {name: [R, *shape]}, mean loss [R]).
 
@@ -121,12 +121,13 @@ class FastTrainer:
         are returned): a caller that keeps it from round to round saves the page faults of
         fresh memory (about a tenth of an MNIST round in torch.profiler).
         `mu` > 0 adds FedProx's proximal term: every step's gradient gains mu * (w - w_start),
-        w_start the row's start weights (the reported loss stays the minibatch cross-entropy).
+        w_start the row's start weights (the reported loss stays the minibatch cross-entropy);
+        one number for every row or one per row (paired runs: FedProx's rows beside others').
         """
-        shard_of_row, steps, lrs, source = row_arguments(shard_of_row, steps, lr, start_of_row)
+        shard_of_row, steps, lrs, source, mus = row_arguments(shard_of_row, steps, lr, start_of_row, mu)
         n_rows = len(steps)
-        check_rows(self.shapes, len(self.sizes), start, shard_of_row, steps, lrs, rngs, source,
-                   given_sources=start_of_row is not None, mu=mu)
+        check_rows(self.shapes, len(self.sizes), start, shard_of_row, steps, lrs, rngs, source, mus,
+                   given_sources=start_of_row is not None)
         start = {n: start[n].detach().to(torch.float32) for n in self.shapes}
         stacked = {n: start[n].dim() == len(shape) + 1 for n, shape in self.shapes.items()}
 
@@ -138,7 +139,7 @@ class FastTrainer:
                                              sizes=self.sizes, offsets=self.offsets, batch_size=self.batch_size))
         order_t = torch.from_numpy(order)
         source_t = torch.from_numpy(source[order])  # start model of each sorted row
-        lr_sorted = lrs[order]
+        lr_sorted, mu_sorted = lrs[order], mus[order]
         losses = torch.zeros((plan_t.shape[0], n_training), dtype=torch.float32)  # [t, sorted row]
 
         deltas = delta_buffers(self.shapes, n_rows, out)
@@ -160,13 +161,15 @@ class FastTrainer:
                 else:
                     wn.copy_(start[n])
             # FedProx pulls towards each row's start weights, [rows, *shape] (a global start expanded, not copied).
+            # Rows with mu = 0 beside FedProx's are pulled by lr * 0, which leaves them exact.
             w0 = ({n: start[n].index_select(0, sources) if stacked[n] else start[n].expand(hi - lo, *start[n].shape)
-                   for n in w} if mu > 0 else None)
+                   for n in w} if mu_sorted[lo:hi].any() else None)
             if self.kind == "cnn":
-                self._cnn_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], mu, w0)
+                self._cnn_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi],
+                                mu_sorted[lo:hi], w0)
             else:
                 self._dense_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], buffers,
-                                  mu, w0)
+                                  mu_sorted[lo:hi], w0)
             for n, wn in w.items():
                 wn.sub_(start[n].index_select(0, sources) if stacked[n] else start[n])
                 deltas[n].index_copy_(0, rows, wn)
@@ -187,7 +190,8 @@ class FastTrainer:
         }
 
     def _dense_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: np.ndarray, losses: torch.Tensor,
-                     buffers: dict[str, list[torch.Tensor]], mu: float, w0: dict[str, torch.Tensor] | None) -> None:
+                     buffers: dict[str, list[torch.Tensor]], mu: np.ndarray,
+                     w0: dict[str, torch.Tensor] | None) -> None:
         """All steps of one chunk of a Linear(+ReLU) chain; rows sorted by steps, descending."""
         b = self.batch_size
         last = len(self._layers) - 1
@@ -198,7 +202,7 @@ class FastTrainer:
                 layers = [(w[wn][:active], w[bn][:active].unsqueeze(1)) for wn, bn in self._layers]
                 if w0 is not None:  # start weights, biases [A, 1, out] like the layers'
                     prox = [(w0[wn][:active], w0[bn][:active].unsqueeze(1)) for wn, bn in self._layers]
-                    prox_scale = torch.from_numpy((lr[:active] * mu).astype(np.float32)).view(-1, 1, 1)
+                    prox_scale = torch.from_numpy((lr[:active] * mu[:active]).astype(np.float32)).view(-1, 1, 1)
                 x, target = buffers["x"][0][:active], buffers["target"][0][:active]
                 z = [buf[:active] for buf in buffers["z"]]
                 g_in = [buf[:active] for buf in buffers["g"]]
@@ -235,7 +239,7 @@ class FastTrainer:
                 g = grad_in if layer else g
 
     def _cnn_steps(self, w: dict, plan: torch.Tensor, steps: np.ndarray, lr: np.ndarray, losses: torch.Tensor,
-                   mu: float, w0: dict[str, torch.Tensor] | None) -> None:
+                   mu: np.ndarray, w0: dict[str, torch.Tensor] | None) -> None:
         """All steps of one chunk of CNN rows, row by row through the model's own forward and autograd."""
         b = self.batch_size
         for i in range(len(steps)):
@@ -250,6 +254,6 @@ class FastTrainer:
                 losses[t, i] = loss.detach()
                 with torch.no_grad():
                     for (n, p), grad in zip(w.items(), grads):
-                        if w0 is not None:
-                            grad = grad + mu * (p[i] - w0[n][i])
+                        if w0 is not None and mu[i] > 0:
+                            grad = grad + float(mu[i]) * (p[i] - w0[n][i])
                         p[i].sub_(grad, alpha=float(lr[i]))  # as train_local does

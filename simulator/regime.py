@@ -116,13 +116,13 @@ def protocol_eta0(dataset: Dataset | str, unit: Unit | str, *, table: Path = OPE
     return float(entry["eta0"])
 
 
-def add_regime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--unit", default="step", choices=enum_choices(Unit),
+def add_regime_flags(p: argparse.ArgumentParser, *, unit: str = "step", eta0: str = "default") -> None:
+    p.add_argument("--unit", default=unit, choices=enum_choices(Unit),
                    help="what one of the E = 20 local updates is: an SGD step or an epoch over the device's data "
-                        "(ceil(n_k / B) steps) (default step)")
-    p.add_argument("--eta0", default="default",
+                        f"(ceil(n_k / B) steps) (default {unit})")
+    p.add_argument("--eta0", default=eta0,
                    help="eta_0: paper, protocol (results/operating_point.toml, `flexfl sim operating-point`), a "
-                        "number, or default (the paper's, but 0.1 for MNIST under --unit step) (default default)")
+                        f"number, or default (the paper's, but 0.1 for MNIST under --unit step) (default {eta0})")
 
 
 def regime_from_args(args: argparse.Namespace) -> Regime:

@@ -182,7 +182,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
     """Train plan column i's row rows[i] for steps[i] steps from model source[i]; w_out/b_out[l][row] get the delta.
 
     x [N, in] float32, y [N] int64: every shard's samples; plan [T, columns, B]: global sample
-    indices; lr float64 per column; mu: FedProx's weight; w_start[l] [G, out, in],
+    indices; lr, mu float64 per column (mu: FedProx's weight); w_start[l] [G, out, in],
     b_start[l] [G, out]: start models; w_work[l] [out, in], b_work[l] [out]: the weights being
     trained, the same memory for every row so that it stays in cache; w_out[l] [R, out, in],
     b_out[l] [R, out] receive the deltas.
@@ -197,7 +197,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
             w_work[layer][:] = w_start[layer][src]
             b_work[layer][:] = b_start[layer][src]
         scale = np.float32(lr[i] / batch)  # lr folded into the output gradient, as FastTrainer does
-        prox = np.float32(lr[i] * mu)
+        prox = np.float32(lr[i] * mu[i])
         total = 0.0
         for t in range(steps[i]):
             idx = plan[t, i]
@@ -226,7 +226,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
                         for k in range(g_in.shape[1]):
                             if not h_in[b, k] > 0:
                                 g_in[b, k] = 0
-                if mu > 0:  # FedProx: lr * mu * (w - w_start), with the weights before this step's update
+                if mu[i] > 0:  # FedProx: lr * mu * (w - w_start), with the weights before this step's update
                     pull_towards(w.reshape(-1), w_start[layer][src].reshape(-1), prox)
                     pull_towards(bias, b_start[layer][src], prox)
                 sgd_update(grad, h[layer], w)

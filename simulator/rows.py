@@ -8,7 +8,6 @@ rules, not two kept equal by a comment.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -47,24 +46,28 @@ def row_arguments(
     steps: Sequence[int] | np.ndarray,
     lr: float | Sequence[float] | np.ndarray,
     start_of_row: Sequence[int] | np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(shard_of_row, steps, lr per row, start model per row) as arrays; lr and start_of_row broadcast."""
+    mu: float | Sequence[float] | np.ndarray = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(shard_of_row, steps, lr per row, start model per row, FedProx's mu per row) as arrays;
+    lr, mu and start_of_row broadcast (paired runs give each row its run's lr and mu)."""
     steps = np.asarray(steps, dtype=np.int64)
-    lrs = np.asarray(lr, dtype=np.float64)
+    lrs, mus = (np.asarray(v, dtype=np.float64) for v in (lr, mu))
     lrs = np.full(len(steps), float(lrs)) if lrs.ndim == 0 else lrs
+    mus = np.full(len(steps), float(mus)) if mus.ndim == 0 else mus
     source = np.arange(len(steps)) if start_of_row is None else np.asarray(start_of_row, dtype=np.int64)
-    return np.asarray(shard_of_row, dtype=np.int64), steps, lrs, source
+    return np.asarray(shard_of_row, dtype=np.int64), steps, lrs, source, mus
 
 
 def check_rows(shapes: Mapping[str, tuple[int, ...]], n_shards: int, start: Mapping[str, torch.Tensor],
                shard_of_row: np.ndarray, steps: np.ndarray, lrs: np.ndarray, rngs: Sequence[np.random.Generator],
-               source: np.ndarray, *, given_sources: bool, mu: float = 0.0) -> None:
+               source: np.ndarray, mus: np.ndarray, *, given_sources: bool) -> None:
     """Raise ConfigError naming the row or parameter when the arguments of a train() call do not fit."""
     n_rows = len(steps)
     if (steps.ndim != 1 or shard_of_row.shape != (n_rows,) or lrs.shape != (n_rows,) or len(rngs) != n_rows
-            or source.shape != (n_rows,)):
-        raise ConfigError(f"steps, shard_of_row, lr, rngs and start_of_row must have one entry per row; got "
-                          f"lengths {len(steps)}, {len(shard_of_row)}, {lrs.size}, {len(rngs)}, {source.size}")
+            or source.shape != (n_rows,) or mus.shape != (n_rows,)):
+        raise ConfigError(f"steps, shard_of_row, lr, rngs, start_of_row and mu must have one entry per row (lr and "
+                          f"mu may be one number); got lengths {len(steps)}, {len(shard_of_row)}, {lrs.size}, "
+                          f"{len(rngs)}, {source.size}, {mus.size}")
     if n_rows and steps.min() < 0:
         raise ConfigError(f"steps must be >= 0; row {int(steps.argmin())} has {int(steps.min())}")
     bad = np.flatnonzero((shard_of_row < 0) | (shard_of_row >= n_shards))
@@ -73,8 +76,10 @@ def check_rows(shapes: Mapping[str, tuple[int, ...]], n_shards: int, start: Mapp
     bad = np.flatnonzero(~(np.isfinite(lrs) & (lrs > 0)))
     if len(bad):
         raise ConfigError(f"row {int(bad[0])}: learning rate must be a positive number, got {lrs[bad[0]]!r}")
-    if not (math.isfinite(mu) and mu >= 0):
-        raise ConfigError(f"mu (FedProx's proximal weight) must be a number >= 0, got {mu!r}")
+    bad = np.flatnonzero(~(np.isfinite(mus) & (mus >= 0)))
+    if len(bad):
+        raise ConfigError(f"row {int(bad[0])}: mu (FedProx's proximal weight) must be a number >= 0, got "
+                          f"{float(mus[bad[0]])!r}")
     if set(start) != set(shapes):
         raise ConfigError(f"start has parameters {sorted(start)}, the model has {sorted(shapes)}")
     if n_rows and source.min() < 0:

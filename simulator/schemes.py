@@ -10,42 +10,50 @@ groups run on a local process pool or on Ray (simulator.executors).
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from coordinator.choices import Scheme
 from simulator.engine import SimConfig
 from simulator.paper import SETTINGS
 from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
 from simulator.sweep import Executor, Group, Run, finished, run_sweep
 from trace_recorder.format import read_trace_set
 
+# The paper's schemes: identical runs when every device completes E (see comparison_groups)
+PAPER_SCHEMES = frozenset(s.value for s in Scheme)
+
 
 def _run_name(setting: str, num_traces: int, seed: int, scheme: str) -> str:
     return f"{setting}_T{num_traces}_seed{seed}_{scheme}"
 
 
-def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, scheme: str | None = None) -> SimConfig:
-    """The config of one run of the grid: the setting's data, the seed (data and model), |T|, the scheme."""
+def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, scheme: str | None = None,
+                mu: float | None = None) -> SimConfig:
+    """The config of one run of the grid: the setting's data, the seed (data and model), |T|, the scheme or
+    strategy (`mu`: FedProx's)."""
     setting_fields = SETTINGS[str(base.partition.dataset)][setting]
     return replace(base, seed=seed, partition=replace(base.partition, seed=seed, **setting_fields),
                    traces=replace(base.traces, num_traces=num_traces),
-                   rules=base.rules.with_strategy(scheme) if scheme else base.rules)
+                   rules=base.rules.with_strategy(scheme, mu=mu) if scheme else base.rules)
 
 
 def comparison_groups(
     base: SimConfig, *, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequence[int],
     schemes: Sequence[str] = ("A", "B", "C"), prefix: str = "",
-    adjust: Callable[[SimConfig], SimConfig] | None = None,
+    adjust: Callable[[SimConfig], SimConfig] | None = None, mu_of: Mapping[str, float] | None = None,
 ) -> list[Group]:
     """One group per (seed, setting, |T|), seeds outermost: an interrupted comparison has every cell of the first seeds.
 
-    `prefix` goes before every run name (and, without its trailing "_", into the runs'
-    "reading" label); `adjust` changes each cell's config after the setting is applied
-    (e.g. a sample-size rule that depends on IID or not: simulator.table3).
+    `schemes` are the paper's letters or strategy names (coordinator.strategies); `mu_of` gives
+    a strategy's mu ({"fedprox": 0.01}). `prefix` goes before every run name (and, without its
+    trailing "_", into the runs' "reading" label); `adjust` changes each cell's config after
+    the setting is applied (e.g. a sample-size rule that depends on IID or not: simulator.table3).
     """
+    mu_of = mu_of or {}
     traces = read_trace_set(Path(base.traces.set))
     adjust = adjust or (lambda cfg: cfg)
     extra = {"reading": prefix.rstrip("_")} if prefix else {}
@@ -54,14 +62,16 @@ def comparison_groups(
         for setting in settings:
             for j in num_traces:
                 # With only always-complete traces (|T| = 1 is T0) every s equals E, so A, B and C
-                # give identical coefficients and identical runs: compute the first, reuse it.
+                # give identical coefficients and identical runs: compute the first, reuse it
+                # (the paper's schemes only: FedProx trains differently whatever s is).
                 all_complete = all(bool(np.all(t.fraction == 1.0)) for t in traces.first(j))
                 first = prefix + _run_name(setting, j, seed, schemes[0])
                 groups.append(Group(tuple(
                     Run(name=prefix + _run_name(setting, j, seed, scheme),
-                        config=adjust(cell_config(base, setting=setting, seed=seed, num_traces=j, scheme=scheme)),
+                        config=adjust(cell_config(base, setting=setting, seed=seed, num_traces=j, scheme=scheme,
+                                                  mu=mu_of.get(scheme))),
                         labels={"setting": setting, "num_traces": j, "seed": seed, "scheme": scheme, **extra},
-                        same_as=first if all_complete and i else None)
+                        same_as=first if all_complete and i and {schemes[0], scheme} <= PAPER_SCHEMES else None)
                     for i, scheme in enumerate(schemes))))
     return groups
 

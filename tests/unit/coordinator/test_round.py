@@ -103,15 +103,17 @@ def test_threshold_departures_follow_the_time_left():
         RulesConfig(threshold_k=-1)
 
 
+@pytest.mark.parametrize("unit", ["step", "epoch"])
 @pytest.mark.parametrize("strategy", strategy_names())
-def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy):
+def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy, unit):
     """The live coordinator sums updates as they arrive, the simulator stacks them: the same rounds.
 
     Also the same Gamma estimates: both feed the contributors' updates only, so Scheme A's
     incomplete updates, which the live coordinator receives (and which the stacked close is
     given here), count on neither side.
     """
-    rules = {"strategy": strategy, **({"mu": 0.1} if strategy == "fedprox" else {})}
+    # Under epochs the devices' steps per update differ (batch 20: a 1, b 2, c 2), which FedNova counts.
+    rules = {"strategy": strategy, "unit": unit, **({"mu": 0.1} if strategy == "fedprox" else {})}
     batch, live = _federation(**rules), _federation(**rules)
     g = torch.Generator().manual_seed(0)
     # s per round; round 2 has an arrival (c) and round 4 a departure (a); round 3 has nobody
@@ -182,11 +184,27 @@ def test_the_strategy_is_chosen_by_name_or_by_its_older_scheme_spelling():
         RulesConfig(strategy="fedfoo")
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="fednova")
-    with pytest.raises(ConfigError, match=r"'fednova' normalises by local SGD steps: it needs rules.unit = 'step'"):
-        RulesConfig(strategy="fednova", unit="epoch")
     assert RulesConfig(scheme="C", unit="epoch").unit == "epoch"
     with pytest.raises(ConfigError, match="name two strategies"):
         RulesConfig(scheme="A", strategy="scheme-b")
+
+
+def test_fednova_under_epochs_normalises_by_each_devices_sgd_steps():
+    """FedNova's tau_k are SGD steps: s_k epochs of ceil(n_k / B) batches (Wang et al.: tau_i = E n_i / B)."""
+    fed = _federation(strategy="fednova", unit="epoch", batch_size=10)  # a: 10 samples, 1 step; b: 30, 3 steps
+    w = fed.weigh(1, {"a": 2, "b": 4})
+    np.testing.assert_array_equal(w.s, [2, 4])  # recorded as the rules count them, in epochs
+    tau = {"a": 2 * 1, "b": 4 * 3}
+    tau_eff = 0.25 * tau["a"] + 0.75 * tau["b"]
+    np.testing.assert_allclose(w.coefficients.values, [0.25 * tau_eff / tau["a"], 0.75 * tau_eff / tau["b"]])
+    # Under steps the same s are steps: a different normalisation
+    steps = _federation(strategy="fednova", batch_size=10).weigh(1, {"a": 2, "b": 4})
+    np.testing.assert_allclose(steps.coefficients.values, [0.25 * 3.5 / 2, 0.75 * 3.5 / 4])
+    # Equal sizes, equal steps per epoch: the epochs' normalisation is the steps' scaled, i.e. the same c_k
+    equal = Federation(rules=RulesConfig(required_updates=4, eta0=1.0, strategy="fednova", unit="epoch",
+                                         batch_size=10), dataset="synthetic", params={"w": torch.zeros(2)})
+    equal.apply_events(arrivals=[Arrival("a", 30), Arrival("b", 30)])
+    np.testing.assert_allclose(equal.weigh(1, {"a": 2, "b": 4}).coefficients.values, [0.5 * 3 / 2, 0.5 * 3 / 4])
 
 
 def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objective():

@@ -36,11 +36,12 @@ def _models(name, dim, classes, count):
 
 def _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, *, starts, shard_of_row, steps, lrs,
                                    rng_keys, batch=BATCH, mu=0.0):
+    mus = np.broadcast_to(np.asarray(mu, dtype=float), (len(steps),))
     for i, (shard, s, lr) in enumerate(zip(shard_of_row, steps, lrs)):
         ref = build_model(name, in_features=dim, num_classes=classes)
         ref.load_state_dict({n: p.clone() for n, p in starts[i].items()})
         res = train_local(ref, shards[shard], updates=int(s), lr=float(lr), batch_size=batch,
-                          rng=device_rng(*rng_keys[i]), mu=mu)
+                          rng=device_rng(*rng_keys[i]), mu=float(mus[i]))
         for n in starts[i]:
             torch.testing.assert_close(deltas[n][i], res.delta[n], rtol=1e-4, atol=2e-6, msg=f"row {i} {n}")
         if s == 0:
@@ -173,13 +174,14 @@ def _prox_reference(name, dim, classes, start, shard, *, steps, lr, mu, rng):
 
 @pytest.mark.parametrize("name, dim, classes", DENSE)
 @pytest.mark.parametrize("trainer_class", [CacheTrainer, FastTrainer])
-def test_fedprox_mu_equals_a_float64_reference(name, dim, classes, trainer_class):
+@pytest.mark.parametrize("mu", [2.0, [2.0, 0.0, 0.5, 0.0]], ids=["one mu", "mu per row"])
+def test_fedprox_mu_equals_a_float64_reference(name, dim, classes, trainer_class, mu):
     shards = _shards([23, 35], dim, classes, seed=4)
     starts = _models(name, dim, classes, 2)
     start = {n: torch.stack([s[n] for s in starts]) for n in starts[0]}
     # Rows of two start models: the proximal term must pull each row to its own start.
     start_of_row, shard_of_row, steps, lrs = [0, 1, 1, 0], [0, 1, 0, 1], [8, 5, 0, 3], [0.3, 0.1, 0.1, 0.2]
-    mu = 2.0
+    mus = np.broadcast_to(np.asarray(mu, dtype=float), (4,))
     trainer = trainer_class(build_model(name, in_features=dim, num_classes=classes), shards, batch_size=BATCH)
     args = dict(shard_of_row=shard_of_row, steps=steps, lr=lrs, start_of_row=start_of_row)
     deltas, losses = trainer.train(start, **args, rngs=[device_rng(5, 1, k) for k in range(4)], mu=mu)
@@ -190,11 +192,13 @@ def test_fedprox_mu_equals_a_float64_reference(name, dim, classes, trainer_class
                                    rng_keys=[(5, 1, k) for k in range(4)], mu=mu)
     for i in range(4):
         ref = _prox_reference(name, dim, classes, starts[start_of_row[i]], shards[shard_of_row[i]], steps=steps[i],
-                              lr=lrs[i], mu=mu, rng=device_rng(5, 1, i))
+                              lr=lrs[i], mu=float(mus[i]), rng=device_rng(5, 1, i))
         for n in ref:
             torch.testing.assert_close(deltas[n][i], ref[n], rtol=1e-4, atol=1e-6, msg=f"row {i} {n}")
         weight = next(iter(ref))  # fc1.weight or linear.weight
-        if steps[i]:  # the term is there: without it the deltas are not the reference's
+        if steps[i] and mus[i] == 0:  # a row at mu = 0 beside FedProx's rows trains plain SGD, bit for bit
+            assert torch.equal(plain[weight][i], deltas[weight][i])
+        elif steps[i]:  # the term is there: without it the deltas are not the reference's
             assert not torch.allclose(plain[weight][i], ref[weight], rtol=1e-4, atol=1e-6)
 
 
@@ -234,8 +238,12 @@ def test_bad_input_names_the_row_or_parameter():
         trainer.train(start, **{**ok, "lr": [float("nan"), 0.1]})
     with pytest.raises(ConfigError, match="steps must be >= 0; row 1"):
         trainer.train(start, **{**ok, "steps": [1, -2]})
-    with pytest.raises(ConfigError, match=r"mu \(FedProx's proximal weight\) must be a number >= 0, got -0.5"):
+    with pytest.raises(ConfigError, match=r"row 0: mu \(FedProx's proximal weight\) must be a number >= 0, got -0.5"):
         trainer.train(start, **ok, mu=-0.5)
+    with pytest.raises(ConfigError, match=r"row 1: mu .* got nan"):
+        trainer.train(start, **ok, mu=[0.1, float("nan")])
+    with pytest.raises(ConfigError, match="one entry per row"):
+        trainer.train(start, **ok, mu=[0.1, 0.1, 0.1])
     with pytest.raises(ConfigError, match=r"start\['linear.weight'\] has shape \(3, 10, 60\)"):
         trainer.train({**start, "linear.weight": torch.zeros(3, 10, 60)}, **ok)
     with pytest.raises(ConfigError, match="one entry per row"):
