@@ -148,6 +148,24 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
+def test_fednova_under_epochs_counts_each_devices_steps_live_and_simulated(live_config, fleet_factory):
+    """s counts epochs here; FedNova's tau_k are SGD steps, s_k ceil(n_k / B), on both sides."""
+    # eta_0 = 0.05: at SYNTHETIC's paper rate of 1, up to 5 epochs of steps per round amplify
+    # float32 rounding until even the simulator's own trainers differ by 1e-2 (they agree to 1e-7 here)
+    cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, strategy="fednova", unit="epoch", eta0=0.05)
+    rows = _metrics(fleet)
+    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED  # recorded in epochs
+    for live_row, sim_row, s in zip(rows, sim.rows, FORCED, strict=True):
+        assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
+        p = [live_row["p"][f"dev-{i}"] for i in range(4)]
+        # Reading the epochs as steps would give other coefficients (the devices' sizes differ)
+        as_steps = coefficients("fednova", s=s, E=cfg.rules.required_updates, p=p).values
+        assert not np.allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], as_steps)
+    live = fleet.coordinator.engine.params
+    for name, value in sim.final_params.items():
+        torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.parametrize("rules, refused",
                          [({"strategy": "fedprox", "mu": 0.1}, True), ({"strategy": "scheme-b"}, False)])
 def test_a_fedprox_run_refuses_agents_that_would_train_without_its_term(live_config, fleet_factory, rules, refused):
