@@ -307,7 +307,8 @@ class LiveRun:
         return unquoted
 
 
-# Reasons a round line leaves out: s = E says "complete", and the banner says the agents follow traces.
+# Reasons a round line leaves out: s = E says "complete"; "trace" is every round of an agent that follows a
+# trace (loopback's default), where only a budget that cut it short is news.
 _SAID_ELSEWHERE = (StopReason.COMPLETE, StopReason.TRACE)
 
 
