@@ -63,6 +63,8 @@ class LiveRow:
     train_s: dict[str, float]  # as the device measured it
     local_loss: dict[str, float]
     previous_upload_s: dict[str, float]  # the device's measure of its previous upload
+    # why each device of `s` has the s it has (edge_agent.deadline.StopReason; rows written before it: absent)
+    stop_reason: dict[str, str]
     arrived_after_s: dict[str, float]  # model delivered -> update arrived
     delivered_after_s: dict[str, float]  # opening -> model handed over
     rejected: dict[str, list[str]]  # refused updates' reasons, in order
@@ -197,6 +199,7 @@ class Finisher:
             bytes_in={d: u.bytes_in for d, u in updates.items()}, train_s={d: u.train_s for d, u in updates.items()},
             local_loss={d: u.local_loss for d, u in updates.items()},
             previous_upload_s={d: u.previous_upload_s for d, u in updates.items()},
+            stop_reason={d: str(why) for d, why in r.stop_reasons(c.outcome.weighing.devices).items()},
             arrived_after_s={d: u.arrived_after_s for d, u in updates.items()},
             delivered_after_s={d: t - r.opened_at for d, t in r.delivered.items()},
             rejected={d: list(v) for d, v in r.rejected.items()}, round_s=c.closed_at - r.opened_at,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 
 from coordinator.records import Delta, UpdateReport
 from coordinator.round import RoundOpening, RoundSum
+from edge_agent.deadline import StopReason
 from flexfl.errors import UpdateRejected, WrongRoundState
 
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
@@ -30,10 +31,15 @@ def with_grace(deadline_s: float) -> float:
 
 
 def check_report(report: UpdateReport, *, required_updates: int) -> None:
-    """Refuse (UpdateRejected) a device's report whose numbers cannot be: s outside 0..E, a time or loss not finite."""
+    """Refuse (UpdateRejected) a device's report whose numbers cannot be: s outside 0..E, a time or loss not
+    finite, a stop reason that contradicts s (complete is s = E, and s = E is complete)."""
     E = required_updates
     if not 0 <= report.updates_completed <= E:
         raise UpdateRejected(f"updates_completed = {report.updates_completed} is outside 0..E (E = {E})")
+    why = report.stop_reason
+    if why is not StopReason.UNKNOWN and (why is StopReason.COMPLETE) != (report.updates_completed == E):
+        raise UpdateRejected(f"stop_reason = {why} contradicts updates_completed = {report.updates_completed} "
+                             f"(E = {E}): complete means s = E")
     for name in ("train_s", "previous_upload_s", "local_loss"):
         value = getattr(report, name)
         if not np.isfinite(value):
@@ -51,6 +57,7 @@ class Update:
     bytes_in: int
     previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
     arrived_after_s: float = 0.0  # from the model's delivery to this update's arrival
+    stop_reason: StopReason = StopReason.UNKNOWN  # the agent's (edge_agent.deadline.why_stopped)
 
 
 @dataclass
@@ -137,7 +144,18 @@ class OpenRound:
         self.updates[device_id] = Update(s=s, samples_used=int(report.samples_used), train_s=float(report.train_s),
                                          local_loss=float(report.local_loss), bytes_in=bytes_in,
                                          previous_upload_s=float(report.previous_upload_s),
-                                         arrived_after_s=now - self.delivered[device_id])
+                                         arrived_after_s=now - self.delivered[device_id],
+                                         stop_reason=report.stop_reason)
+
+    def stop_reasons(self, devices: Iterable[str]) -> dict[str, StopReason]:
+        """Why each device's s is what it is, once the round has closed (edge_agent.deadline.StopReason).
+
+        A taken update: the reason its agent gave. No update taken: MISSED when the device's
+        model was delivered (its update came late, was refused or never came), else OFFLINE
+        (it never took the model: not connected, departed, or not in the round).
+        """
+        return {d: self.updates[d].stop_reason if d in self.updates
+                else StopReason.MISSED if d in self.delivered else StopReason.OFFLINE for d in devices}
 
     def mark_delivered(self, device_id: str, nbytes: int, *, now: float) -> None:
         """The model is fully handed to `device_id`: its deadline starts now."""

@@ -15,6 +15,8 @@ from enum import StrEnum
 import numpy as np
 import torch
 
+from edge_agent.deadline import StopReason
+
 
 @dataclass(frozen=True)
 class Join:
@@ -89,6 +91,7 @@ class UpdateReport:
     train_s: float = 0.0
     local_loss: float = 0.0
     previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
+    stop_reason: StopReason = StopReason.UNKNOWN  # why s is what it is (edge_agent.deadline.why_stopped)
 
 
 Delta = Mapping[str, np.ndarray]  # name -> w_k - w, checked against the model's shapes; {} for s = 0

@@ -39,6 +39,7 @@ from coordinator.engine import RoundEngine
 from coordinator.listen import bind
 from coordinator.records import Join, OfferStatus, RoundOffer, RoundTerms, UpdateReport
 from coordinator.status import mapped
+from edge_agent.deadline import AGENT_REASONS, StopReason
 from edge_agent.memory import release_freed
 from flexfl.errors import IdentityMismatch, ProtocolMismatch, UpdateRejected, WrongRoundState
 
@@ -247,7 +248,8 @@ class FleetServicer(pb_grpc.FleetServicer):
             same_device(caller, header.device_id, "update header")
             report = UpdateReport(round_id=header.round_id, updates_completed=header.updates_completed,
                                   samples_used=header.samples_used, train_s=header.train_s,
-                                  local_loss=header.local_loss, previous_upload_s=header.previous_upload_s)
+                                  local_loss=header.local_loss, previous_upload_s=header.previous_upload_s,
+                                  stop_reason=stop_reason(header.stop_reason))
             self.engine.check_update(caller, report)
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:
@@ -303,6 +305,17 @@ class FleetServicer(pb_grpc.FleetServicer):
 
 _STATUS = {OfferStatus.ROUND: pb.RoundHeader.ROUND, OfferStatus.WAIT: pb.RoundHeader.WAIT,
            OfferStatus.FINISHED: pb.RoundHeader.FINISHED}
+
+
+def stop_reason(value: int) -> StopReason:
+    """An update header's stop_reason as the agent's StopReason (fleet.proto names each value after its member).
+
+    Unset (an older agent), a coordinator-side reason or a number this coordinator does not
+    know (a newer agent) is UNKNOWN: the update is taken, its reason is not claimed.
+    """
+    name = pb.StopReason.Name(value).removeprefix("STOP_REASON_") if value in pb.StopReason.values() else ""
+    reason = StopReason.__members__.get(name)
+    return reason if reason in AGENT_REASONS else StopReason.UNKNOWN
 
 
 def _encode_model(params) -> tuple[pb.Payload, tuple[pb.RoundChunk, ...]]:

@@ -32,7 +32,7 @@ from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION, ErrorReason, error_reason
 
 from edge_agent.config import AgentConfig
-from edge_agent.deadline import Estimates, RoundBudget
+from edge_agent.deadline import Estimates, Refusal, RoundBudget, StopReason, why_stopped
 from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.trainer import device_rng, train_local
 from flexfl import __version__
@@ -422,16 +422,21 @@ class EdgeAgent:
         part = self.cfg.participation
         budget = RoundBudget(deadline_at=deadline, estimates=self.estimates, margin_s=self.cfg.safety_margin_s)
         padding = _SlowDevicePadding(part.min_update_s)
+        refusal: Refusal | None = None  # the budget's no to the next update, if it said one
+        stopping = False  # the agent stopped training to shut down
 
         def keep_going(done: int) -> bool:
+            nonlocal refusal, stopping
             if done:
                 padding.finish_update()  # before the rule looks at the clock: the padding is part of the update
             padding.start_update()
             if self._stop.is_set():
+                stopping = True
                 return False
             if part.forced_updates:  # forced participation ignores time (tests, no deadline pressure)
                 return True
-            return budget.allows_another_update()
+            refusal = budget.refusal()
+            return refusal is None
 
         started = time.monotonic()
         if part.no_train:
@@ -447,10 +452,12 @@ class EdgeAgent:
                 padding.finish_update()
                 self.estimates.measured_updates(updates=s, seconds=time.monotonic() - started)
         train_s = time.monotonic() - started
+        why = why_stopped(s=s, E=E, refusal=refusal, agent_stopping=stopping)
         payload, body = wire.encode(delta) if s else (pb.Payload(), b"")
         up = pb.UpdateHeader(device_id=self.cfg.device_id, round_id=header.round_id, updates_completed=s,
                              samples_used=samples, train_s=train_s, previous_upload_s=self.estimates.upload_s or 0.0,
-                             local_loss=loss if np.isfinite(loss) else 0.0, payload=payload)
+                             local_loss=loss if np.isfinite(loss) else 0.0, payload=payload,
+                             stop_reason=wire_stop_reason(why))
         t0 = time.monotonic()
         outcome = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
         if body:
@@ -460,7 +467,7 @@ class EdgeAgent:
             # would never be measured again and one slow stretch of link would idle the device
             # for good (seen in the soak). Each unmeasured round shrinks it until it tries again.
             self.estimates.sent_no_update()
-        return {"round": header.round_id, "s": s, "E": E, "cap": cap, "train_s": train_s,
+        return {"round": header.round_id, "s": s, "E": E, "cap": cap, "why": str(why), "train_s": train_s,
                 "upload_s": self.estimates.upload_s, "outcome": outcome, "lr": header.learning_rate}
 
     def _round_done(self, record: dict) -> None:
@@ -469,8 +476,9 @@ class EdgeAgent:
         memory = ProcessMemory.now()
         record.update(resident_mib=memory.resident_mib, anonymous_mib=memory.anonymous_mib, peak_mib=memory.peak_mib)
         self.rounds_done.append(record)
-        log.info("%s round %d: s = %d/%d in %.2f s, upload %.2f s: %s; resident %.1f MiB (%.1f anonymous), "
-                 "peak %.1f MiB", self.cfg.device_id, record["round"], record["s"], record["E"], record["train_s"],
+        log.info("%s round %d: s = %d/%d (%s) in %.2f s, upload %.2f s: %s; resident %.1f MiB (%.1f anonymous), "
+                 "peak %.1f MiB", self.cfg.device_id, record["round"], record["s"], record["E"], record["why"],
+                 record["train_s"],
                  record["upload_s"] or 0.0, record["outcome"], memory.resident_mib, memory.anonymous_mib,
                  memory.peak_mib)
 
@@ -520,6 +528,11 @@ class EdgeAgent:
 
         folder, _, name = spec.rpartition(":")
         return read_trace_set(Path(folder)).get(name)
+
+
+def wire_stop_reason(why: StopReason) -> int:
+    """The update header's stop_reason for `why` (fleet.proto names each value after its member)."""
+    return pb.StopReason.Value(f"STOP_REASON_{why.name}")
 
 
 def _read(path: str, *, what: str) -> bytes:

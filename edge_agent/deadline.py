@@ -15,6 +15,17 @@ Before its first measurement each counts as 0 s.
 The emulated slow device (participation.min_update_s, edge_agent.agent) is not part of the
 rule: it only makes updates last longer, which the rule sees through the clock and the
 update estimate like any slow update.
+
+Why the round ended where it did (`why_stopped`, sent with the update and kept in the
+coordinator's metrics row per device): s = E is "complete"; when the budget said no, the
+reason is "upload" if the E - s updates still to do would have fitted in the time left had
+the upload cost nothing (time left >= (E - s) * update estimate + margin), else "compute"
+(even a free upload would not have let it finish). It answers "what kept this device from
+E?" with the one thing that, removed, would have let it finish. The simpler "upload if the
+upload estimate exceeds the time spent training" blamed the CPU of a device with the same
+CPU as a complete one and a slower link: with E = 1000 on the emulated fleet, the 0.25-CPU
+device at 8 Mbit/s trained 1.1 s and expected a 0.83 s upload, and the same CPU unshaped
+completed E in 1.4 s.
 """
 
 from __future__ import annotations
@@ -22,10 +33,59 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 # Factor applied to the upload estimate in each round that sends no update (nothing to
 # measure): a device kept idle by a slow stretch of link tries again within a few rounds.
 UNMEASURED_UPLOAD_DECAY = 0.5
+
+
+class StopReason(StrEnum):
+    """Why a device's s in a round is what it is (the metrics row's `stop_reason`, per device).
+
+    The agent decides the first five when its round ends (`why_stopped`); the coordinator the
+    last three, for a device whose update it did not take or whose agent did not say
+    (coordinator.open_round.OpenRound.stop_reasons).
+    """
+
+    COMPLETE = "complete"  # s = E
+    COMPUTE = "compute"  # the budget stopped it: training took the room
+    UPLOAD = "upload"  # the budget stopped it: the upload estimate took the room
+    TRACE = "trace"  # its participation trace (or forced schedule, participation.forced_updates) capped s below E
+    STOPPED = "stopped"  # the agent was shutting down during the round
+    MISSED = "missed"  # its model was delivered, but no update was taken by its deadline (late, refused, lost)
+    OFFLINE = "offline"  # its model was never delivered (not connected, departed)
+    UNKNOWN = "unknown"  # an update from an agent that does not send the reason (older than the field)
+
+
+# The reasons an agent sends; the others are the coordinator's.
+AGENT_REASONS = (StopReason.COMPLETE, StopReason.COMPUTE, StopReason.UPLOAD, StopReason.TRACE, StopReason.STOPPED)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The budget's no to one more update: the time left then, and the update estimate and margin it weighed."""
+
+    time_left_s: float
+    update_s: float | None
+    margin_s: float
+
+
+def why_stopped(*, s: int, E: int, refusal: Refusal | None, agent_stopping: bool = False) -> StopReason:
+    """Why a round that completed `s` of `E` updates ended there (the rule: the module docstring).
+
+    `refusal`: the budget said no to the next update (None: it never did); `agent_stopping`: the
+    agent stopped training to shut down. Short of E with neither, the round's cap (its
+    participation trace or forced schedule) was reached.
+    """
+    if s >= E:
+        return StopReason.COMPLETE
+    if agent_stopping:
+        return StopReason.STOPPED
+    if refusal is None:
+        return StopReason.TRACE
+    rest_s = (E - s) * (refusal.update_s or 0.0) + refusal.margin_s  # the remaining updates, without the upload
+    return StopReason.UPLOAD if refusal.time_left_s >= rest_s else StopReason.COMPUTE
 
 
 def may_start_update(*, time_left_s: float, update_s: float | None, upload_s: float | None,
@@ -72,5 +132,13 @@ class RoundBudget:
 
     def allows_another_update(self) -> bool:
         """Whether the next local update may start now."""
-        return may_start_update(time_left_s=self.deadline_at - self.clock(), update_s=self.estimates.update_s,
-                                upload_s=self.estimates.upload_s, margin_s=self.margin_s)
+        return self.refusal() is None
+
+    def refusal(self) -> Refusal | None:
+        """None when the next local update may start now; else what the rule weighed in saying no."""
+        left = self.deadline_at - self.clock()
+        update_s = self.estimates.update_s
+        if may_start_update(time_left_s=left, update_s=update_s, upload_s=self.estimates.upload_s,
+                            margin_s=self.margin_s):
+            return None
+        return Refusal(time_left_s=left, update_s=update_s, margin_s=self.margin_s)

@@ -6,15 +6,18 @@ its departure, so a run shows both policies at work. Both events are scripted by
 run.expected_arrivals / expected_departures, which hold that round open until the event
 happened), so they happen in the rounds asked for, however fast the rounds run, and a
 simulation with the same schedule is comparable. An event that does not happen within
-run.expected_wait_s fails the run. Each agent follows a
+run.expected_wait_s fails the run. On loopback each agent follows a
 participation trace (the simulator's assignment and sampler, trace_recorder.sampler) that
 caps its s per round, so Scheme C has incomplete work to rescale even on a fast machine.
 
 With `emulate` (root) every agent runs inside an emulated device of loadgen.fleet: its own
 network namespace reaching the coordinator over a veth link, a tbf limit on its upload and
-a cgroup CPU quota. Agents start at full speed and get their quota once they have joined
-(start-up is not what the run is about). The fleet is removed on exit, Ctrl-C, SIGTERM and
-errors. Processes are run by flexfl.harness.
+a cgroup CPU quota (per device: EmulationConfig). Agents start at full speed and get their
+quota once they have joined (start-up is not what the run is about). By default they follow
+no trace there (deadline mode, flexfl.live_defaults.EMULATED_DEFAULTS): each trains until its
+own deadline budget runs out, so the quota and the upload rate decide s, and each device's
+row says why it stopped (edge_agent.deadline.StopReason). The fleet is removed on exit,
+Ctrl-C, SIGTERM and errors. Processes are run by flexfl.harness.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,11 +35,12 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.metrics import read_metrics, write_run_info
 from coordinator.round import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
+from edge_agent.deadline import StopReason
 from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
-from flexfl.live_defaults import LIVE_DEFAULTS
+from flexfl.live_defaults import live_defaults
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
 from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
@@ -57,13 +62,28 @@ class LiveRunError(FlexFLError):
 
 @dataclass(frozen=True)
 class EmulationConfig:
-    """[emulate]: agents in an emulated fleet (root): a netns, tbf upload limit and cgroup quota each."""
+    """[emulate]: agents in an emulated fleet (root): a netns, tbf upload limit and cgroup quota each.
+
+    cpu and up_kbit are per device, cycled over the devices (one value: every device's).
+    """
 
     enabled: bool = False
-    cpu: float = 0.25  # CPUs per device; 0 = no quota
-    up_kbit: tuple[int, ...] = ()  # upload limit per device, cycled; 0 = unshaped
+    cpu: float | tuple[float, ...] = 0.25  # CPUs per device; 0 = no quota
+    up_kbit: tuple[int, ...] = ()  # upload limit per device in kbit/s; 0 = unshaped
     prefix: str = "fflive"
     subnet: str = "10.77.1"
+
+    @property
+    def cpus(self) -> tuple[float, ...]:
+        return self.cpu if isinstance(self.cpu, tuple) else (self.cpu,)
+
+    def device_cpu(self, i: int) -> float:
+        """Device i's CPUs (0: no quota)."""
+        return self.cpus[i % len(self.cpus)] if self.cpus else 0.0
+
+    def device_up_kbit(self, i: int) -> int:
+        """Device i's upload limit in kbit/s (0: unshaped)."""
+        return self.up_kbit[i % len(self.up_kbit)] if self.up_kbit else 0
 
 
 @dataclass(frozen=True)
@@ -111,23 +131,23 @@ class LiveConfig:
         for name, value in (("--arrive-round", self.arrival), ("--depart-round", self.departure)):
             if not 0 <= value < self.rounds:
                 raise ConfigError(f"{name} must be in 1..rounds-1 = 1..{self.rounds - 1} (0: none), got {value}")
-        if self.emulate.cpu < 0 or any(k < 0 for k in self.emulate.up_kbit):
-            raise ConfigError("--emulate-cpu and --emulate-up-kbit must be >= 0")
+        if any(c < 0 for c in self.emulate.cpus) or any(k < 0 for k in self.emulate.up_kbit):
+            raise ConfigError(f"--emulate-cpu and --emulate-up-kbit must be >= 0, got {self.emulate.cpu} and "
+                              f"{self.emulate.up_kbit}")
         self.rules.check_for(self.partition.dataset)
 
     def device_spec(self, i: int):
         """Device i's emulated budget."""
         from loadgen.fleet import DeviceSpec
 
-        e = self.emulate
-        up = e.up_kbit[i % len(e.up_kbit)] if e.up_kbit else 0
-        return DeviceSpec(cpu_quota=e.cpu or None, up_kbit=up or None)
+        return DeviceSpec(cpu_quota=self.emulate.device_cpu(i) or None, up_kbit=self.emulate.device_up_kbit(i) or None)
 
 
 def load_live_config(path: Path | None, *, overrides: dict | None = None) -> LiveConfig:
-    """LiveConfig from defaults < LIVE_DEFAULTS of its dataset < the TOML file < `overrides` (flags)."""
+    """LiveConfig from defaults < `flexfl live`'s own (flexfl.live_defaults: per dataset, and with
+    emulate) < the TOML file < `overrides` (flags)."""
     cfg = load_config(LiveConfig, path, overrides=overrides)
-    own = LIVE_DEFAULTS.get(cfg.partition.dataset)
+    own = live_defaults(cfg.partition.dataset, emulated=cfg.emulate.enabled)
     return load_config(LiveConfig, path, overrides=overrides, defaults=own) if own else cfg
 
 
@@ -204,6 +224,10 @@ class LiveRun:
             print(f"  device {d.index}: netns {d.netns}, {d.address}, upload "
                   f"{f'{d.spec.up_kbit} kbit/s' if d.spec.up_kbit else 'unshaped'}, "
                   f"{f'{d.spec.cpu_quota:g} CPU' if d.spec.cpu_quota else 'no CPU quota'}", flush=True)
+        print(f"  agents follow {f'the traces of {cfg.trace_set}' if cfg.trace_set else 'no trace'}: "
+              + ("each caps its s per round" if cfg.trace_set else
+                 "each trains until its deadline budget runs out (deadline mode; --trace-set to follow traces)"),
+              flush=True)
         return self.fleet.coordinator_host
 
     def _run(self) -> dict:
@@ -283,8 +307,16 @@ class LiveRun:
         return unquoted
 
 
+# Reasons a round line leaves out: s = E says "complete"; "trace" is every round of an agent that follows a
+# trace (loopback's default), where only a budget that cut it short is news.
+_SAID_ELSEWHERE = (StopReason.COMPLETE, StopReason.TRACE)
+
+
 def round_line(row: dict, cfg: LiveConfig) -> str:
-    s = " ".join(f"{d}:{v}" for d, v in sorted(row["s"].items()))
+    """The round's printed line: accuracy, loss, lr, each device's s with why it stopped short, events."""
+    why = row.get("stop_reason", {})  # rows written before the field have none
+    s = " ".join(f"{d}:{v}" + (f" ({why[d]})" if why.get(d, StopReason.COMPLETE) not in _SAID_ELSEWHERE else "")
+                 for d, v in sorted(row["s"].items()))
     extra = []
     if row["arrivals"]:
         extra.append("arrival: " + ",".join(row["arrivals"]) + " (fast-reboot from next round)")
@@ -315,10 +347,20 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
         "arrival_asked": cfg.arrival or None, "arrival_round": arrival,
         "departure_asked": cfg.departure or None, "departure_round": departure,
         "inactive_device_rounds": sum(v == 0 for r in rows for d, v in r["s"].items() if d in r["participants"]),
+        "stop_reasons": stop_reason_counts(rows),
         "dead_agents": dead_agents, "wall_s": wall_s, "scheme": cfg.rules.aggregation.label,
         "strategy": cfg.rules.aggregation.name, "strategy_parameters": cfg.rules.aggregation.parameters,
         "departure_policy": str(cfg.rules.departure_policy), "fast_reboot": cfg.rules.fast_reboot,
     }
+
+
+def stop_reason_counts(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Per device, how many rounds ended for each reason (edge_agent.deadline.StopReason); rows without one: none."""
+    counts: dict[str, Counter[str]] = {}
+    for row in rows:
+        for d, why in row.get("stop_reason", {}).items():
+            counts.setdefault(d, Counter())[why] += 1
+    return {d: dict(c.most_common()) for d, c in counts.items()}
 
 
 def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:

@@ -10,7 +10,7 @@ from flexfl.config import flag_dest
 
 def register(sub: argparse._SubParsersAction) -> None:
     from coordinator.cli import add_rules_flags
-    from flexfl.live_defaults import LIVE_DEFAULTS
+    from flexfl.live_defaults import EMULATED_DEFAULTS, LIVE_DEFAULTS
     from workloads.cli import add_partition_flags
 
     def toml(value: object) -> str:
@@ -19,11 +19,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     own = "; ".join(f"{dataset}: " + ", ".join(f"{table}.{key} = {toml(value)}" for table, values in tables.items()
                                                for key, value in values.items())
                     for dataset, tables in LIVE_DEFAULTS.items())
+    emulated = ", ".join(f"{key} = {toml(value) or repr(value)}" for key, value in EMULATED_DEFAULTS.items())
     p = sub.add_parser("live", help="a live run on this machine: coordinator + N agent processes, "
                                     "one late arrival and one departure",
                        description=f"A live run on this machine. Its own defaults, below --config and the flags: "
                                    f"{own} (the paper's MNIST settings do not train in a live run's rounds; the "
-                                   "reason is at LIVE_DEFAULTS in flexfl/live_defaults.py).")
+                                   "reason is at LIVE_DEFAULTS in flexfl/live_defaults.py); with --emulate: "
+                                   f"{emulated} (deadline mode: each agent trains until its own deadline budget "
+                                   "runs out, so its CPU quota and upload rate decide s; --trace-set traces/paper "
+                                   "makes the emulated agents follow traces again).")
     p.add_argument("--config", type=Path, help="TOML file with LiveConfig fields (flags override it)")
     add_partition_flags(p)
     live_eta0 = {str(ds): t["rules"]["eta0"] for ds, t in LIVE_DEFAULTS.items() if "eta0" in t.get("rules", {})}
@@ -35,11 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--depart-round", dest=flag_dest("depart_round"), type=int, metavar="R",
                    help="dev-0 trains in round R and leaves at its close (default 2*rounds/3; 0: none)")
     p.add_argument("--trace-set", dest=flag_dest("trace_set"), help="agents follow its traces ('' = none; "
-                   "default traces/paper)")
+                   "default traces/paper on loopback, none with --emulate)")
     p.add_argument("--num-traces", dest=flag_dest("num_traces"), type=int, help="|T|: traces used (default 5)")
     p.add_argument("--update-s", dest=flag_dest("update_s"), type=float,
                    help="emulated device speed: each local update takes at least this long "
-                        "(default 0.05; 0 = full speed)")
+                        "(default 0.05 on loopback, 0 = full speed with --emulate)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int, help="model, minibatch and trace seed (default 0)")
     p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
     p.add_argument("--fresh", action="store_true",
@@ -48,13 +52,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulate", dest=flag_dest("emulate", "enabled"), action="store_true", default=None,
                    help="run each agent in an emulated device (needs root): its own network namespace and veth "
                         "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
-                        "pair with --update-s 0 to let the quota alone set the device speed")
-    p.add_argument("--emulate-cpu", dest=flag_dest("emulate", "cpu"), type=float,
-                   help="--emulate: CPUs per device (default 0.25; 0 = no quota)")
+                        "agents follow no trace and pad no update unless asked (--trace-set, --update-s), so the "
+                        "quota and the upload rate decide s, and each round line says why a device stopped short "
+                        "of E: compute, upload, missed (nothing arrived in time), offline, ...")
+    p.add_argument("--emulate-cpu", dest=flag_dest("emulate", "cpu"), type=_float_list,
+                   help="--emulate: CPUs per device, a comma list cycled over devices (default 0.25; 0 = no quota)")
     p.add_argument("--emulate-up-kbit", dest=flag_dest("emulate", "up_kbit"), type=_int_list,
                    help="--emulate: upload limit per device in kbit/s, a comma list cycled over devices "
                         "(default 0 = unshaped), e.g. 0,0,20000,5000")
     p.set_defaults(func=cmd_live)
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
 def _int_list(text: str) -> list[int]:

@@ -15,3 +15,16 @@ from workloads.partition_spec import Dataset
 # and no eta_0 trains in 30 rounds: simulated with this run's schedule, eta_0 = 0.002 / 0.03
 # / 0.1 / 0.3 end at 16 / 29 / 32 / 32 % non-IID, and 13 / 74 / 88 / 89 % IID.
 LIVE_DEFAULTS: dict[Dataset | str, dict] = {Dataset.MNIST: {"partition": {"iid": True}, "rules": {"eta0": 0.1}}}
+
+# `flexfl live --emulate`'s own defaults, below the config file and the flags (like
+# LIVE_DEFAULTS, which they join). Deadline mode: agents follow no participation trace and
+# do not pad their updates (update_s = 0), so each one trains until its own deadline budget
+# runs out (edge_agent.deadline) and the emulated CPU quota and upload rate decide s. On
+# loopback the traces (and the padding) stay: there every agent shares the host, and nothing
+# else would make s differ. Traces on the emulated fleet: --trace-set traces/paper.
+EMULATED_DEFAULTS: dict[str, object] = {"trace_set": "", "update_s": 0.0}
+
+
+def live_defaults(dataset: Dataset | str, *, emulated: bool) -> dict:
+    """`flexfl live`'s own defaults for a run on `dataset`, emulated or on loopback."""
+    return {**LIVE_DEFAULTS.get(dataset, {}), **(EMULATED_DEFAULTS if emulated else {})}

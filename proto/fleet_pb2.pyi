@@ -13,10 +13,25 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLOAT32: _ClassVar[DType]
     FLOAT64: _ClassVar[DType]
     INT64: _ClassVar[DType]
+
+class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
+    STOP_REASON_COMPLETE: _ClassVar[StopReason]
+    STOP_REASON_COMPUTE: _ClassVar[StopReason]
+    STOP_REASON_UPLOAD: _ClassVar[StopReason]
+    STOP_REASON_TRACE: _ClassVar[StopReason]
+    STOP_REASON_STOPPED: _ClassVar[StopReason]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
 INT64: DType
+STOP_REASON_UNSPECIFIED: StopReason
+STOP_REASON_COMPLETE: StopReason
+STOP_REASON_COMPUTE: StopReason
+STOP_REASON_UPLOAD: StopReason
+STOP_REASON_TRACE: StopReason
+STOP_REASON_STOPPED: StopReason
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "shape", "dtype", "nbytes")
@@ -181,7 +196,7 @@ class RoundChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., reply: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload")
+    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload", "stop_reason")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +205,7 @@ class UpdateHeader(_message.Message):
     PREVIOUS_UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     round_id: int
     updates_completed: int
@@ -198,7 +214,8 @@ class UpdateHeader(_message.Message):
     previous_upload_s: float
     local_loss: float
     payload: Payload
-    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+    stop_reason: StopReason
+    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data", "pull")

@@ -59,6 +59,7 @@ class RoundRow:
     train_s: dict[str, float] | None = None
     arrived_after_s: dict[str, float] | None = None
     rejected: dict[str, str] | None = None
+    stop_reason: dict[str, str] | None = None  # why each device's s is what it is (edge_agent.deadline.StopReason)
     arrivals: tuple[str, ...] = ()
     departures: tuple[str, ...] = ()
     round_s: float | None = None
@@ -361,7 +362,8 @@ def _round_row(record: Any, *, where: str) -> RoundRow:
         discarded=discarded, test_acc=scalar("test_acc", float), test_loss=scalar("test_loss", float),
         bytes_out=per_device("bytes_out", int), bytes_in=per_device("bytes_in", int),
         train_s=per_device("train_s", float), arrived_after_s=per_device("arrived_after_s", float),
-        rejected=per_device("rejected", str), arrivals=ids("arrivals") or (), departures=ids("departures") or (),
+        rejected=per_device("rejected", str), stop_reason=per_device("stop_reason", str),
+        arrivals=ids("arrivals") or (), departures=ids("departures") or (),
         round_s=scalar("round_s", float), aggregate_eval_s=scalar("aggregate_eval_s", float),
         overhead_s=scalar("overhead_s", float),
     )

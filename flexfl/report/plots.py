@@ -21,7 +21,8 @@ from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from flexfl.report.sections import Cell, Participation
+from edge_agent.deadline import StopReason
+from flexfl.report.sections import Cell, Participation, StopReasons
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -32,6 +33,11 @@ RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "flexfl-repo
 SCHEME_STYLE = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-"), None: ("tab:green", "-")}
 ABSENT_COLOR, INACTIVE_COLOR, REJECTED_COLOR = "#f2f2f2", "#fdae61", "#d7191c"
 ARRIVAL_COLOR, DEPARTURE_COLOR = "tab:blue", "tab:red"
+# Why a device's s stopped where it did (edge_agent.deadline.StopReason); a reason this report does not know: grey.
+REASON_COLORS = {StopReason.COMPLETE: "#2c7bb6", StopReason.COMPUTE: "#fdae61", StopReason.UPLOAD: "#a6611a",
+                 StopReason.TRACE: "#abd9e9", StopReason.STOPPED: "#984ea3", StopReason.MISSED: "#d7191c",
+                 StopReason.OFFLINE: ABSENT_COLOR, StopReason.UNKNOWN: "#bababa"}
+OTHER_REASON_COLOR = "#808080"
 # s/E from light to dark blue; the lightest active shade stays well clear of "absent" grey.
 S_CMAP = ListedColormap(mpl.colormaps["Blues"](np.linspace(0.3, 1.0, 256)), name="s_over_E")
 
@@ -155,6 +161,35 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
                   Patch(color=REJECTED_COLOR, label="rejected, s = 0"),
                   mpl.lines.Line2D([], [], marker="x", color="black", ls="", label="a rejected update")]
         fig.legend(handles=legend, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
+    return svg_uri(fig)
+
+
+def stop_reason_map(sr: StopReasons, events: list[tuple[int, str, str]]) -> str:
+    """Device x round coloured by why s stopped there; s written in each cell while the grid is small enough to read."""
+    with mpl.rc_context(RC):
+        fig, axes = _figure(10, _heatmap_height(len(sr.devices)))
+        ax = axes[0, 0]
+        rgba = np.zeros((*sr.reason.shape, 4))
+        rgba[:] = to_rgba("white")
+        seen = []
+        for why in dict.fromkeys(v for v in sr.reason.flat if v):
+            rgba[sr.reason == why] = to_rgba(REASON_COLORS.get(why, OTHER_REASON_COLOR))
+            seen.append(why)
+        ax.imshow(rgba, aspect="auto", interpolation="none", extent=_extent(sr.rounds, len(sr.devices)))
+        if len(sr.devices) <= 12 and len(sr.rounds) <= 40:
+            for i, j in zip(*np.nonzero(sr.s >= 0)):
+                dark = sr.reason[i, j] in (StopReason.COMPLETE, StopReason.UPLOAD, StopReason.MISSED,
+                                           StopReason.STOPPED)
+                ax.text(sr.rounds[j], i, str(sr.s[i, j]), ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
+        _device_axis(ax, sr.devices, sr.rounds)
+        _mark_events(ax, events, label=False, offset=0.5)
+        ax.set_title("Why each device's s stopped where it did" + (" (the number: s)" if len(sr.devices) <= 12
+                                                                  and len(sr.rounds) <= 40 else ""))
+        order = [m.value for m in StopReason] + sorted(set(seen) - {m.value for m in StopReason})
+        legend = [Patch(facecolor=REASON_COLORS.get(why, OTHER_REASON_COLOR), edgecolor="#999999", label=why)
+                  for why in order if why in seen]
+        fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=8, frameon=False)
     return svg_uri(fig)
 
 

@@ -101,7 +101,8 @@ def _run_context(path: Path) -> dict[str, Any]:
     for scheme, rows in variants.items():
         block: dict[str, Any] = {"scheme": scheme, "strategy": run.strategy_of(scheme),
                                  "summary": sections.run_summary(run, rows),
-                                 "participation_svg": None, "coefficients_svg": None, "devices": None}
+                                 "participation_svg": None, "coefficients_svg": None, "devices": None,
+                                 "stop_reasons_svg": None}
         if sections.has_per_device(rows):
             part = sections.participation(run, rows)
             block["participation_svg"] = plots.participation_heatmap(part, _events(rows))
@@ -110,6 +111,8 @@ def _run_context(path: Path) -> dict[str, Any]:
                                                                    [r.round for r in rows if r.discarded])
                                          if any(r.coefficients is not None for r in rows) else None)
             block["devices"] = sections.device_table(run, rows)
+            stopped = sections.stop_reasons(run, rows)
+            block["stop_reasons_svg"] = plots.stop_reason_map(stopped, _events(rows)) if stopped else None
         traffic = sections.traffic(rows)
         block["traffic_svg"] = plots.traffic_plot(traffic) if traffic else None
         durations = sections.durations(rows)
@@ -133,6 +136,7 @@ def _run_context(path: Path) -> dict[str, Any]:
 
 # Optional sections of a run's page: (id, title, what a block holds for it).
 SECTIONS = (("participation", "Participation", "participation_svg"),
+            ("stop_reasons", "Why s stopped", "stop_reasons_svg"),
             ("coefficients", "Aggregation coefficients", "coefficients_svg"),
             ("traffic", "Traffic", "traffic_svg"), ("durations", "Round durations", "durations_svg"),
             ("devices", "Devices", "devices"))
@@ -149,6 +153,9 @@ def _what_to_show(run: data.Run, blocks: list[dict[str, Any]]) -> tuple[set[str]
     sim = run.kind == "sim"
     why = {
         "participation": f"this run's output holds no per-device s ({', '.join(run.sources)})",
+        "stop_reasons": ("a simulation draws each device's s; no device stops for a reason of its own" if sim
+                         else "this run's metrics do not record why each device stopped (written before FlexFL "
+                              "recorded it)"),
         "coefficients": "this run's output holds no per-device coefficients",
         "traffic": ("a simulation sends nothing over a network" if sim
                     else "bytes sent and received were not recorded for this run"),

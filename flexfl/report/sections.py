@@ -40,7 +40,7 @@ def device_order(run: Run, rows: list[RoundRow]) -> list[str]:
     """Every device the run mentions, in natural order (dev-2 before dev-10)."""
     seen: set[str] = set(run.devices)
     for r in rows:
-        for group in (r.participants, r.devices, r.s, r.coefficients, r.rejected):
+        for group in (r.participants, r.devices, r.s, r.coefficients, r.rejected, r.stop_reason):
             seen.update(group or ())
         seen.update(r.arrivals)
         seen.update(r.departures)
@@ -110,6 +110,7 @@ class DeviceRow:
     rounds_inactive: int  # participant rounds with s = 0 (rejected ones included)
     rejected: int  # rejected updates
     reasons: list[tuple[str, int]]  # (reason, how often), most frequent first
+    stopped: list[tuple[str, int]]  # (why s stopped where it did, rounds), most frequent first; [] when not recorded
     first_round: int | None
     last_round: int | None
     arrived_after: int | None  # round during which its arrival was noted
@@ -125,16 +126,44 @@ def device_table(run: Run, rows: list[RoundRow]) -> list[DeviceRow]:
         rounds = [r for r in rows if d in participants_of(r)]
         s_values = [(r.s or {}).get(d, 0) for r in rounds]
         reasons = Counter((r.rejected or {})[d] for r in rows if d in (r.rejected or {}))
+        stopped = Counter((r.stop_reason or {})[d] for r in rows if d in (r.stop_reason or {}))
         out.append(DeviceRow(
             device=d, trace=info.trace, shard=info.shard, rounds_participant=len(rounds),
             mean_s_over_E=float(np.mean(s_values)) / E if E and s_values else None,
             rounds_inactive=sum(v == 0 for v in s_values), rejected=sum(reasons.values()),
-            reasons=reasons.most_common(), first_round=rounds[0].round if rounds else None,
+            reasons=reasons.most_common(), stopped=stopped.most_common(),
+            first_round=rounds[0].round if rounds else None,
             last_round=rounds[-1].round if rounds else None,
             arrived_after=next((r.round for r in rows if d in r.arrivals), None),
             departed_after=next((r.round for r in rows if d in r.departures), None),
         ))
     return out
+
+
+@dataclass(frozen=True)
+class StopReasons:
+    """Device x round: the s each device got and why it stopped there (live runs that record it)."""
+
+    devices: list[str]
+    rounds: list[int]
+    reason: np.ndarray  # (devices, rounds) str: edge_agent.deadline.StopReason's value; "" where not recorded
+    s: np.ndarray  # (devices, rounds) s; -1 where the row has none for the device
+
+
+def stop_reasons(run: Run, rows: list[RoundRow]) -> StopReasons | None:
+    """Each device's s and stop reason per round; None if no row records a reason (a simulation, an older run)."""
+    if not any(r.stop_reason for r in rows):
+        return None
+    devices = device_order(run, rows)
+    index = {d: i for i, d in enumerate(devices)}
+    reason = np.full((len(devices), len(rows)), "", dtype=object)
+    s = np.full((len(devices), len(rows)), -1, dtype=np.int64)
+    for j, r in enumerate(rows):
+        for d, why in (r.stop_reason or {}).items():
+            reason[index[d], j] = why
+        for d, v in (r.s or {}).items():
+            s[index[d], j] = v
+    return StopReasons(devices=devices, rounds=[r.round for r in rows], reason=reason, s=s)
 
 
 def traffic(rows: list[RoundRow]) -> dict[str, list[float]] | None:

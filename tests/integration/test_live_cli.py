@@ -16,7 +16,8 @@ import pytest
 from coordinator.metrics import read_metrics
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
-from flexfl.live import LiveConfig, load_live_config, summarize
+from flexfl.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
+from trace_recorder import PAPER_TRACE_SET
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,6 +122,61 @@ def test_mnist_live_defaults_to_a_rate_and_split_that_train_and_flags_win(tmp_pa
     (tmp_path / "live.toml").write_text('[partition]\ndataset = "mnist"\niid = false\n')
     assert not load_live_config(tmp_path / "live.toml").partition.iid
     assert load_config(LiveConfig, None, overrides={"partition": {"dataset": "mnist"}}).rules.eta0 is None
+
+
+def test_emulated_agents_follow_no_trace_and_pad_no_update_unless_asked(tmp_path):
+    loopback = load_live_config(None)
+    assert (loopback.trace_set, loopback.update_s) == (str(PAPER_TRACE_SET), 0.05) and device_traces(loopback)
+    emulated = load_live_config(None, overrides={"emulate": {"enabled": True}})
+    assert (emulated.trace_set, emulated.update_s, device_traces(emulated)) == ("", 0.0, [])
+    mnist = load_live_config(None, overrides={"emulate": {"enabled": True}, "partition": {"dataset": "mnist"}})
+    assert (mnist.trace_set, mnist.rules.eta0) == ("", 0.1)  # the dataset's own defaults still apply
+    asked = load_live_config(None, overrides={"emulate": {"enabled": True}, "trace_set": str(PAPER_TRACE_SET),
+                                              "update_s": 0.02})
+    assert (asked.trace_set, asked.update_s, len(device_traces(asked))) == (str(PAPER_TRACE_SET), 0.02, 5)
+    (tmp_path / "live.toml").write_text(f'trace_set = "{PAPER_TRACE_SET}"\n[emulate]\nenabled = true\n')
+    assert load_live_config(tmp_path / "live.toml").trace_set == str(PAPER_TRACE_SET)  # a file asks as a flag does
+    (tmp_path / "plain.toml").write_text("[emulate]\nenabled = true\n")
+    assert load_live_config(tmp_path / "plain.toml").trace_set == ""
+
+
+def test_emulated_cpu_and_upload_are_per_device_and_cycled_and_one_cpu_value_still_reads(tmp_path):
+    cfg = LiveConfig(emulate=EmulationConfig(cpu=(0.5, 0.1), up_kbit=(0, 8000, 4000)))
+    specs = [cfg.device_spec(i) for i in range(5)]
+    assert [s.cpu_quota for s in specs] == [0.5, 0.1, 0.5, 0.1, 0.5]
+    assert [s.up_kbit for s in specs] == [None, 8000, 4000, None, 8000]
+    assert [s.cpu_quota for s in (LiveConfig(emulate=EmulationConfig(cpu=0.0)).device_spec(i) for i in (0, 1))] == \
+        [None, None]  # 0: no quota
+    (tmp_path / "one.toml").write_text("[emulate]\ncpu = 0.25\n")  # files from before the list
+    assert load_live_config(tmp_path / "one.toml").device_spec(3).cpu_quota == 0.25
+    (tmp_path / "list.toml").write_text("[emulate]\ncpu = [0.25, 0.1]\n")
+    assert load_live_config(tmp_path / "list.toml").emulate.cpus == (0.25, 0.1)
+    with pytest.raises(ConfigError, match=r"--emulate-cpu and --emulate-up-kbit must be >= 0, got \(0.25, -0.1\)"):
+        LiveConfig(emulate=EmulationConfig(cpu=(0.25, -0.1)))
+
+
+def test_a_round_line_says_why_a_device_stopped_short_and_rows_from_before_the_reason_print_as_before():
+    cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
+    row = {"round": 2, "test_acc": 0.5, "test_loss": 1.0, "lr": 0.5, "arrivals": [], "departures": [],
+           "s": {"dev-0": 20, "dev-1": 7, "dev-2": 0, "dev-3": 0, "dev-4": 12}, "p": {}}
+    old = round_line(row, cfg)
+    assert "s (E=20) dev-0:20 dev-1:7 dev-2:0 dev-3:0 dev-4:12" in old
+    why = {"dev-0": "complete", "dev-1": "upload", "dev-2": "missed", "dev-3": "compute", "dev-4": "trace"}
+    line = round_line({**row, "stop_reason": why}, cfg)
+    # complete is what s = E says, trace what the agents' traces do: only the other reasons are printed
+    assert "s (E=20) dev-0:20 dev-1:7 (upload) dev-2:0 (missed) dev-3:0 (compute) dev-4:12" in line, line
+
+
+def test_the_summary_counts_each_devices_stop_reasons_and_rows_without_them_count_nothing():
+    cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
+    base = {"arrivals": [], "departures": [], "test_acc": 0.5, "test_loss": 1.0, "participants": ["a", "b"],
+            "s": {"a": 20, "b": 3}}
+    rows = [{**base, "round": 1},  # written before the field
+            {**base, "round": 2, "stop_reason": {"a": "complete", "b": "upload"}},
+            {**base, "round": 3, "stop_reason": {"a": "complete", "b": "compute"}},
+            {**base, "round": 4, "stop_reason": {"a": "complete", "b": "upload"}}]
+    assert summarize(rows, cfg, wall_s=1.0, dead_agents={})["stop_reasons"] == \
+        {"a": {"complete": 3}, "b": {"upload": 2, "compute": 1}}
 
 
 def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():

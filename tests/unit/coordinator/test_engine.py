@@ -15,6 +15,7 @@ from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
 from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
 from coordinator.round import RulesConfig
+from edge_agent.deadline import StopReason
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
@@ -223,7 +224,7 @@ def test_one_round_through_domain_records_alone(tmp_path):
         eng.delivered("solo", 1, nbytes=1234)
         delta = {n: np.full(p.shape, 0.25, dtype=np.float32) for n, p in start.items()}
         accepted = eng.push("solo", UpdateReport(round_id=1, updates_completed=E, samples_used=30, train_s=0.5,
-                                                 local_loss=1.5), delta, bytes_in=999)
+                                                 local_loss=1.5, stop_reason=StopReason.COMPLETE), delta, bytes_in=999)
         assert (accepted.round_id, accepted.message) == (1, f"s = {E} accepted")
         thread.join(timeout=60)
         assert eng.finished and _pull(eng, "solo", wait_s=0).status is OfferStatus.FINISHED
@@ -236,8 +237,8 @@ def test_one_round_through_domain_records_alone(tmp_path):
     devices = [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices]
     assert devices == [("solo", 2, True, True)]
     row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
-    assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"]) == \
-        ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered")
+    assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"], row["stop_reason"]) == \
+        ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered", {"solo": "complete"})
 
 
 def test_the_wire_format_stops_at_the_servicer():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.open_round import OpenRound, check_open, with_grace
+from coordinator.open_round import OpenRound, check_open, check_report, with_grace
+from coordinator.records import UpdateReport
 from coordinator.round import Arrival, Federation, RulesConfig
-from flexfl.errors import WrongRoundState
+from edge_agent.deadline import StopReason
+from flexfl.errors import UpdateRejected, WrongRoundState
 
 OPENED, DEADLINE = 100.0, 10.0
 
@@ -55,3 +57,26 @@ def test_an_update_after_its_devices_deadline_or_for_a_round_not_open_is_a_state
         r.check_update("a", 2, now=OPENED)
     with pytest.raises(WrongRoundState, match=r"round 1 is not open \(open round: None\)"):
         check_open(None, 1)
+
+
+def test_each_device_of_a_closed_round_has_a_stop_reason_the_agents_or_the_coordinators() -> None:
+    r = _round(participants=("a", "b", "c"))
+    for d in ("a", "b"):
+        r.mark_delivered(d, 100, now=OPENED)
+    r.take("a", UpdateReport(round_id=1, updates_completed=7, stop_reason=StopReason.UPLOAD),
+           {"w": torch.ones(2).numpy()}, bytes_in=10, now=OPENED + 1.0)
+    # a: its agent's reason; b took the model and sent nothing in time; c never took it; z is not in the round
+    assert r.stop_reasons(["a", "b", "c", "z"]) == {"a": StopReason.UPLOAD, "b": StopReason.MISSED,
+                                                    "c": StopReason.OFFLINE, "z": StopReason.OFFLINE}
+
+
+def test_a_stop_reason_that_contradicts_s_is_refused_and_an_older_agents_unknown_is_not() -> None:
+    E = 20
+    check_report(UpdateReport(round_id=1, updates_completed=E, stop_reason=StopReason.COMPLETE), required_updates=E)
+    check_report(UpdateReport(round_id=1, updates_completed=7, stop_reason=StopReason.UNKNOWN), required_updates=E)
+    with pytest.raises(UpdateRejected, match="stop_reason = complete contradicts updates_completed = 7"):
+        check_report(UpdateReport(round_id=1, updates_completed=7, stop_reason=StopReason.COMPLETE),
+                     required_updates=E)
+    with pytest.raises(UpdateRejected, match="stop_reason = compute contradicts updates_completed = 20"):
+        check_report(UpdateReport(round_id=1, updates_completed=E, stop_reason=StopReason.COMPUTE),
+                     required_updates=E)

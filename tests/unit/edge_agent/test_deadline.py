@@ -1,4 +1,5 @@
-"""The agent's deadline rule under a fake clock: s = 0, 0 < s < E and s = E, and the estimates it uses."""
+"""The agent's deadline rule under a fake clock: s = 0, 0 < s < E and s = E, the estimates it uses, and why
+a round stopped where it did."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.deadline import UNMEASURED_UPLOAD_DECAY, Estimates, RoundBudget, may_start_update
+from edge_agent.deadline import (
+    UNMEASURED_UPLOAD_DECAY,
+    Estimates,
+    Refusal,
+    RoundBudget,
+    StopReason,
+    may_start_update,
+    why_stopped,
+)
 from edge_agent.trainer import train_local
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
@@ -25,10 +34,12 @@ class FakeClock:
         return self.now
 
 
-def train_under_deadline(deadline_s: float, estimates: Estimates) -> tuple[int, list[float]]:
-    """Run train_local for up to E updates, each taking UPDATE_S of fake time, stopped by the round's budget.
+def train_under_deadline(deadline_s: float, estimates: Estimates, *, update_s: float = UPDATE_S,
+                         refusals: list[Refusal] | None = None) -> tuple[int, list[float]]:
+    """Run train_local for up to E updates, each taking `update_s` of fake time, stopped by the round's budget.
 
-    Returns s and the time left at each check (so a test can see which checks ran).
+    Returns s and the time left at each check (so a test can see which checks ran); the
+    budget's refusal, if it said no, is appended to `refusals`.
     """
     clock = FakeClock()
     received = clock.now
@@ -36,9 +47,13 @@ def train_under_deadline(deadline_s: float, estimates: Estimates) -> tuple[int, 
     asked: list[float] = []
 
     def keep_going(done: int) -> bool:
-        clock.now = received + done * UPDATE_S  # the `done` updates so far took their time
+        clock.now = received + done * update_s  # the `done` updates so far took their time
         asked.append(budget.deadline_at - clock.now)
-        return budget.allows_another_update()
+        refusal = budget.refusal()
+        if refusal is not None and refusals is not None:
+            refusals.append(refusal)
+        assert budget.allows_another_update() == (refusal is None)
+        return refusal is None
 
     rng = np.random.default_rng(0)
     data = ArrayDataset(x=rng.normal(size=(32, 8)).astype(np.float32), y=rng.integers(0, 2, size=32))
@@ -100,3 +115,39 @@ def test_a_round_without_an_update_shrinks_the_upload_estimate_until_the_device_
         rounds_idle += 1
     assert est.upload_s == 16.0 * UNMEASURED_UPLOAD_DECAY ** rounds_idle
     assert rounds_idle == 4  # 16 -> 8 -> 4 -> 2 -> 1 s: 1 + 1 + 0.25 fits in 3 s
+
+
+@pytest.mark.parametrize("deadline_s, update_s, upload_s, expected", [
+    (1.5, 1.0, 0.5, (0, StopReason.COMPUTE)),  # 5 updates of 1 s could not fit in 1.5 s even with a free upload
+    (3.6, 1.0, 0.5, (2, StopReason.COMPUTE)),  # 1.6 s left, the 3 updates still to do need 3 s + margin
+    (6.0, 1.0, 0.5, (E, StopReason.COMPLETE)),
+    (3.0, 0.25, 4.0, (0, StopReason.UPLOAD)),  # the upload alone overruns; 5 x 0.25 s + margin would fit
+    (4.0, 0.5, 2.0, (3, StopReason.UPLOAD)),  # 2.5 s left after 3 updates: the other 2 fit, not with the upload
+], ids=["s=0 compute", "0<s<E compute", "s=E complete", "s=0 upload", "0<s<E upload"])
+def test_a_round_stopped_by_the_budget_says_whether_its_cpu_or_its_upload_kept_it_from_E(
+        deadline_s: float, update_s: float, upload_s: float, expected: tuple[int, StopReason]) -> None:
+    refusals: list[Refusal] = []
+    s, asked = train_under_deadline(deadline_s, Estimates(update_s=update_s, upload_s=upload_s), update_s=update_s,
+                                    refusals=refusals)
+    assert (s, why_stopped(s=s, E=E, refusal=refusals[-1] if refusals else None)) == expected
+    assert len(refusals) == (s < E)  # the budget said no once, and only short of E
+    if refusals:
+        assert refusals[0] == Refusal(time_left_s=asked[-1], update_s=update_s, margin_s=MARGIN_S)
+
+
+def test_upload_is_the_reason_exactly_when_the_remaining_updates_would_have_fitted_without_it() -> None:
+    fits = Refusal(time_left_s=2 * UPDATE_S + MARGIN_S, update_s=UPDATE_S, margin_s=MARGIN_S)
+    assert why_stopped(s=E - 2, E=E, refusal=fits) is StopReason.UPLOAD  # exactly fits: the upload took the room
+    short = Refusal(time_left_s=2 * UPDATE_S + MARGIN_S - 0.125, update_s=UPDATE_S, margin_s=MARGIN_S)
+    assert why_stopped(s=E - 2, E=E, refusal=short) is StopReason.COMPUTE
+    # Nothing measured yet (a first round): the budget stops only inside the margin, which is compute.
+    first = Refusal(time_left_s=MARGIN_S / 2, update_s=None, margin_s=MARGIN_S)
+    assert why_stopped(s=3, E=E, refusal=first) is StopReason.COMPUTE
+
+
+def test_a_round_the_budget_did_not_stop_was_capped_by_its_trace_or_stopped_by_the_agent() -> None:
+    assert why_stopped(s=3, E=E, refusal=None) is StopReason.TRACE  # the trace's draw (or forced schedule) was 3
+    assert why_stopped(s=0, E=E, refusal=None) is StopReason.TRACE  # a draw of 0: the budget was never asked
+    some = Refusal(time_left_s=0.0, update_s=UPDATE_S, margin_s=MARGIN_S)
+    assert why_stopped(s=3, E=E, refusal=None, agent_stopping=True) is StopReason.STOPPED
+    assert why_stopped(s=E, E=E, refusal=some, agent_stopping=True) is StopReason.COMPLETE  # s = E says it all

@@ -41,7 +41,8 @@ def test_without_proc_only_the_resident_size_is_known(monkeypatch, tmp_path):
 @linux_only
 def test_each_round_is_kept_and_logged_with_the_memory_the_benchmark_reads(caplog):
     agent = EdgeAgent(AgentConfig(device_id="pi-7", fleet_token="t"))  # no call is made
-    record = {"round": 3, "s": 4, "E": 5, "cap": 5, "train_s": 0.25, "upload_s": 0.5, "outcome": "accepted", "lr": 0.1}
+    record = {"round": 3, "s": 4, "E": 5, "cap": 5, "why": "compute", "train_s": 0.25, "upload_s": 0.5,
+              "outcome": "accepted", "lr": 0.1}
     try:
         with caplog.at_level(logging.INFO, logger="edge_agent.agent"):
             agent._round_done(dict(record))
@@ -53,6 +54,7 @@ def test_each_round_is_kept_and_logged_with_the_memory_the_benchmark_reads(caplo
     m = _ROUND_LINE.search(caplog.messages[-1])  # benchmarks/agent_memory.py parses the agent's log with it
     assert m is not None, caplog.messages[-1]
     assert (m["device"], m["round"], m["s"]) == ("pi-7", "3", "4")
+    assert "s = 4/5 (compute)" in caplog.messages[-1]
     assert float(m["resident"]) == pytest.approx(kept["resident_mib"], abs=0.05)
     assert float(m["anonymous"]) == pytest.approx(kept["anonymous_mib"], abs=0.05)
     assert float(m["peak"]) == pytest.approx(kept["peak_mib"], abs=0.05)

@@ -22,6 +22,9 @@ def _round(n: int, *, participants, devices, s, rejected=None, arrivals=(), depa
 
     As coordinator/metrics.py `round_row` and coordinator/finisher.py `_row` write it."""
     updates = [d for d in participants if d in s]
+    # As the coordinator decides it for devices it took nothing from, and agents that stopped short of E on time.
+    why = {d: "offline" if d not in participants else "missed" if not s.get(d)
+           else "complete" if s[d] == E else "compute" for d in devices}
     return {
         "round": n, "time": 1.7e9 + n, "lr": 1.0 / n, "close_reason": "deadline" if 0 in s.values() else "all answered",
         "participants": list(participants), "devices": list(devices),
@@ -30,7 +33,8 @@ def _round(n: int, *, participants, devices, s, rejected=None, arrivals=(), depa
         "test_acc": acc, "test_loss": loss,
         "bytes_out": {d: 1000 for d in participants}, "bytes_in": {d: 400 for d in updates if s[d] > 0},
         "train_s": {d: 0.1 * s[d] for d in updates}, "local_loss": {d: 0.5 for d in updates},
-        "previous_upload_s": {d: 0.01 for d in updates}, "arrived_after_s": {d: 0.1 * s[d] + 0.05 for d in updates},
+        "previous_upload_s": {d: 0.01 for d in updates}, "stop_reason": why,
+        "arrived_after_s": {d: 0.1 * s[d] + 0.05 for d in updates},
         "rejected": dict(rejected or {}), "arrivals": list(arrivals), "departures": list(departures),
         "round_s": 1.5, "aggregate_eval_s": 0.02, "overhead_s": None if n == 1 else 0.01,
     }

@@ -62,13 +62,27 @@ def test_live_run_report_has_every_section(live_dir, tmp_path, monkeypatch):
     assert out == Path("out/report/live.html")  # its own folder, never the one it reads
     html, page = _page(out)
     _assert_self_contained(page)
-    assert {"overview", "accuracy", "participation", "coefficients", "traffic", "durations", "devices",
-            "config", "files"} <= page.ids
-    assert len(page.images) == 5  # accuracy+loss, participation, coefficients, traffic, durations
+    assert {"overview", "accuracy", "participation", "stop-reasons", "coefficients", "traffic", "durations",
+            "devices", "config", "files"} <= page.ids
+    assert len(page.images) == 6  # accuracy+loss, participation, stop reasons, coefficients, traffic, durations
     assert "n/a:" not in html
     assert "tensor &#39;fc.weight&#39; has shape (3,) not (10, 5)" in html  # the reason, escaped
     assert "update contains NaN" in html and "arrived in round 2" in html and "departed in round 3" in html
     assert "deadline = 2 s" in html
+    assert "<td>complete 2, compute 1</td>" in html  # dev-0's rounds: why s stopped, counted in the device table
+    assert "<td>compute 2, missed 1, complete 1</td>" in html  # dev-2's: its update after a rejection counts
+
+
+def test_a_live_run_from_before_stop_reasons_loads_and_says_why_it_has_none(live_dir, tmp_path):
+    import json
+
+    metrics = live_dir / "coordinator" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "stop_reason"}) + "\n" for r in rows))
+    html, page = _page(write_report(live_dir, tmp_path / "old.html"))
+    assert "stop-reasons" not in page.ids and len(page.images) == 5
+    assert "<b>Why s stopped</b>: this run&#39;s metrics do not record why each device stopped" in html
+    assert "participation" in page.ids and "devices" in page.ids  # the rest of the page as before
 
 
 SIM_LEAVES_OUT = ("<b>Traffic</b>: a simulation sends nothing over a network",

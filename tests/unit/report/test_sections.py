@@ -16,6 +16,7 @@ from flexfl.report.sections import (
     durations,
     participation,
     run_summary,
+    stop_reasons,
     sweep_table,
     trace_table,
     traffic,
@@ -61,6 +62,20 @@ def test_device_table_counts_over_the_rounds_a_device_took_part_in(live_dir):
     assert d2.rounds_inactive == 1 and d2.rejected == 1 and d2.reasons == [("update contains NaN", 1)]
     assert d2.mean_s_over_E == pytest.approx((0 + 6 + 5 + 10) / 4 / 10)
     assert (d3.trace, d3.arrived_after, d3.rounds_participant, d3.first_round) == (None, 2, 2, 3)
+    assert d1.stopped == [("complete", 2), ("compute", 1), ("missed", 1)]
+    assert d3.stopped == [("compute", 1), ("complete", 1)]  # absent before its arrival: no rows, no reasons
+
+
+def test_stop_reasons_give_each_device_its_s_and_reason_per_round_or_nothing_without_them(live_dir, sim_dir):
+    run = read_run(live_dir)
+    sr = stop_reasons(run, list(run.rounds))
+    assert sr is not None and sr.devices == ["dev-0", "dev-1", "dev-2", "dev-3"] and sr.rounds == [1, 2, 3, 4]
+    assert list(sr.reason[1]) == ["compute", "missed", "complete", "complete"]  # dev-1: s = 4, rejected, 10, 10
+    assert list(sr.s[1]) == [4, 0, 10, 10]
+    assert sr.reason[3, 0] == "" and sr.s[3, 0] == -1  # dev-3 before it arrived: in no row
+    assert sr.reason[0, 3] == "" and sr.s[0, 3] == -1  # dev-0 after its departure (excluded)
+    sim = read_run(sim_dir)
+    assert stop_reasons(sim, list(sim.rounds)) is None  # a simulation records no stop reason
 
 
 def test_coefficients_are_nan_outside_the_objective(live_dir):
