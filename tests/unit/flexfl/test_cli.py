@@ -44,6 +44,8 @@ OWNERS = {
     (("sim", "arrivals-figure"), "--unit"): list(Unit),
     (("sim", "arrivals-figure"), "--dataset"): SWEEP_DATASETS,
     (("sim", "operating-point"), "--dataset"): SWEEP_DATASETS,
+    (("sim", "strategies"), "--dataset"): SWEEP_DATASETS,
+    (("sim", "strategies"), "--unit"): list(Unit),
     (("sim", "operating-point"), "--unit"): list(Unit),
     (("loadgen", "send"), "--cmd"): list(COMMANDS),
 }
