@@ -28,6 +28,7 @@ from coordinator.config import CoordinatorConfig
 from edge_agent.config import AgentConfig
 from flexfl.config import load_config, to_dict
 from flexfl.errors import ConfigError
+from flexfl.fuzz import draws_from_seed_alone
 from flexfl.live import LiveConfig
 from simulator.engine import SimConfig
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile
@@ -175,7 +176,8 @@ def fuzz_configs(examples: int, *, random_seed: int = 0) -> Counter:
     tally: Counter = Counter()
     cfg = settings(max_examples=examples, deadline=None, database=None, derandomize=False,
                    suppress_health_check=list(HealthCheck))
-    with tempfile.TemporaryDirectory(prefix="flexfl-fuzz-") as d:
+    # The documents of a seed, not of what the process imported before.
+    with tempfile.TemporaryDirectory(prefix="flexfl-fuzz-") as d, draws_from_seed_alone():
         folder = Path(d)
         for name, cls in CLASSES.items():
             @seed(random_seed)

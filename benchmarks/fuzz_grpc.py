@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from coordinator.status import ERRORS  # the server's one exception -> status table
+from flexfl.fuzz import draws_from_seed_alone
 
 HONEST = ("honest-a", "honest-b")
 EVIL = "evil"
@@ -447,5 +448,6 @@ def fuzz_grpc(target: Target, examples: int, *, random_seed: int = 0, check_ever
         if done[0] % check_every == 0 and on_check is not None:
             on_check(done[0])
 
-    one()
+    with draws_from_seed_alone():  # the calls of a seed, not of what the process imported before
+        one()
     return target.tally

@@ -1,13 +1,15 @@
-"""Shared fixtures: one MNIST cache per session, writers for small IDX / EMNIST files, and plug-in modules."""
+"""Shared fixtures: one MNIST cache per session, writers for small IDX / EMNIST files, plug-in modules, and
+fuzz tests whose examples do not depend on the tests before them."""
 
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 import sys
 import textwrap
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +100,21 @@ def forget_myfl():
     for name in [n for n in strategies._PLUGINS if n.startswith("myfl.")]:
         del strategies._PLUGINS[name]
     load_plugin_data.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fuzz_examples_of_the_seed_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A derandomized `fuzz` test draws the same examples whichever tests ran before it in the process.
+
+    Hypothesis also draws constants from every imported local module (flexfl.fuzz.draws_from_seed_alone);
+    a long run (FLEXFL_FUZZ_EXAMPLES) keeps them: it explores, and reports its failures' inputs."""
+    if request.node.get_closest_marker("fuzz") is None:
+        yield
+        return
+    from flexfl.fuzz import EXAMPLES_ENV, draws_from_seed_alone
+
+    if os.environ.get(EXAMPLES_ENV, "").strip():
+        yield
+        return
+    with draws_from_seed_alone():
+        yield
