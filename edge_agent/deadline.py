@@ -33,33 +33,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from trace_recorder.deadline import AGENT_REASONS, StopReason, budget_reason
 
 # Factor applied to the upload estimate in each round that sends no update (nothing to
 # measure): a device kept idle by a slow stretch of link tries again within a few rounds.
 UNMEASURED_UPLOAD_DECAY = 0.5
 
 
-class StopReason(StrEnum):
-    """Why a device's s in a round is what it is (the metrics row's `stop_reason`, per device).
-
-    The agent decides the first five when its round ends (`why_stopped`); the coordinator the
-    last three, for a device whose update it did not take or whose agent did not say
-    (coordinator.open_round.OpenRound.stop_reasons).
-    """
-
-    COMPLETE = "complete"  # s = E
-    COMPUTE = "compute"  # the budget stopped it: training took the room
-    UPLOAD = "upload"  # the budget stopped it: the upload estimate took the room
-    TRACE = "trace"  # its participation trace (or forced schedule, participation.forced_updates) capped s below E
-    STOPPED = "stopped"  # the agent was shutting down during the round
-    MISSED = "missed"  # its model was delivered, but no update was taken by its deadline (late, refused, lost)
-    OFFLINE = "offline"  # its model was never delivered (not connected, departed)
-    UNKNOWN = "unknown"  # an update from an agent that does not send the reason (older than the field)
-
-
-# The reasons an agent sends; the others are the coordinator's.
-AGENT_REASONS = (StopReason.COMPLETE, StopReason.COMPUTE, StopReason.UPLOAD, StopReason.TRACE, StopReason.STOPPED)
+# The vocabulary is the closed form's (trace_recorder.deadline), so that a timeline's simulated
+# reasons and a live run's compare one to one; importers of the agent's rule find it here too.
+__all__ = ["AGENT_REASONS", "UNMEASURED_UPLOAD_DECAY", "Estimates", "Refusal", "RoundBudget", "StopReason",
+           "may_start_update", "why_stopped"]
 
 
 @dataclass(frozen=True)
@@ -84,8 +69,8 @@ def why_stopped(*, s: int, E: int, refusal: Refusal | None, agent_stopping: bool
         return StopReason.STOPPED
     if refusal is None:
         return StopReason.TRACE
-    rest_s = (E - s) * (refusal.update_s or 0.0) + refusal.margin_s  # the remaining updates, without the upload
-    return StopReason.UPLOAD if refusal.time_left_s >= rest_s else StopReason.COMPUTE
+    return budget_reason(time_left_s=refusal.time_left_s, remaining_s=(E - s) * (refusal.update_s or 0.0),
+                         margin_s=refusal.margin_s)
 
 
 def may_start_update(*, time_left_s: float, update_s: float | None, upload_s: float | None,

@@ -32,18 +32,41 @@ from trace_recorder.timeline import Conditions
 _EXACT_FIT = 1e-9
 
 
-class Why(StrEnum):
-    """Why a device's s is what it is."""
+class StopReason(StrEnum):
+    """Why a device's s in a round is what it is: one vocabulary for the live agent
+    (edge_agent.deadline.why_stopped), the coordinator's metrics rows (`stop_reason`, per device)
+    and this closed form, so that live and simulated rounds can be compared reason by reason.
+
+    The agent decides the first five when its round ends; the coordinator the last three, for
+    a device whose update it did not take or whose agent did not say
+    (coordinator.open_round.OpenRound.stop_reasons); the closed form gives complete, compute,
+    upload and offline.
+    """
 
     COMPLETE = "complete"  # s = E
-    OUT_OF_TIME = "out of time"  # s < E: one more update would leave no time for the upload
-    LINK_TOO_SLOW = "link too slow"  # download plus upload alone overrun the deadline: s = 0
-    OFFLINE = "offline"  # s = 0
+    COMPUTE = "compute"  # the budget stopped it: training took the room
+    UPLOAD = "upload"  # the budget stopped it: the upload (and download) took the room
+    TRACE = "trace"  # its participation trace (or forced schedule, participation.forced_updates) capped s below E
+    STOPPED = "stopped"  # the agent was shutting down during the round
+    MISSED = "missed"  # its model was delivered, but no update was taken by its deadline (late, refused, lost)
+    OFFLINE = "offline"  # its model was never delivered (not connected, departed, offline in its timeline)
+    UNKNOWN = "unknown"  # an update from an agent that does not send the reason (older than the field)
+
+
+# The reasons an agent sends; the others are the coordinator's.
+AGENT_REASONS = (StopReason.COMPLETE, StopReason.COMPUTE, StopReason.UPLOAD, StopReason.TRACE, StopReason.STOPPED)
+
+
+def budget_reason(*, time_left_s: float, remaining_s: float, margin_s: float) -> StopReason:
+    """Why the budget said no to an update (s < E): "upload" if the updates still to do (`remaining_s`
+    of compute) would have fitted in the time left had the upload cost nothing, else "compute"
+    (edge_agent.deadline's docstring gives the reasoning and the measurement behind it)."""
+    return StopReason.UPLOAD if time_left_s >= remaining_s + margin_s - _EXACT_FIT else StopReason.COMPUTE
 
 
 class DeadlineOutcome(NamedTuple):
     s: int
-    why: Why
+    why: StopReason
 
 
 def updates_before_deadline(conditions: Conditions, *, E: int, deadline_s: float, update_s: float,
@@ -63,14 +86,19 @@ def updates_before_deadline(conditions: Conditions, *, E: int, deadline_s: float
     if model_bytes < 0:
         raise ConfigError(f"model_bytes must be >= 0, got {model_bytes}")
     if not conditions.online:
-        return DeadlineOutcome(0, Why.OFFLINE)
+        return DeadlineOutcome(0, StopReason.OFFLINE)
     kbit = 8 * model_bytes / 1000
-    transfer_s = sum(kbit / rate if rate > 0 else (math.inf if kbit else 0.0)
-                     for rate in (conditions.down_kbit_s, conditions.up_kbit_s))
-    room_s = deadline_s - margin_s - transfer_s
-    if room_s < 0:
-        return DeadlineOutcome(0, Why.LINK_TOO_SLOW)
+    down_s, up_s = (kbit / rate if rate > 0 else (math.inf if kbit else 0.0)
+                    for rate in (conditions.down_kbit_s, conditions.up_kbit_s))
+    room_s = deadline_s - margin_s - down_s - up_s
+    if room_s < 0:  # the link alone overruns the deadline
+        return DeadlineOutcome(0, StopReason.UPLOAD)
     if conditions.cpu_share == 0:
-        return DeadlineOutcome(0, Why.OUT_OF_TIME)
-    s = min(E, math.floor(room_s * conditions.cpu_share / update_s + _EXACT_FIT))
-    return DeadlineOutcome(s, Why.COMPLETE if s == E else Why.OUT_OF_TIME)
+        return DeadlineOutcome(0, StopReason.COMPUTE)
+    per_update_s = update_s / conditions.cpu_share
+    s = min(E, math.floor(room_s / per_update_s + _EXACT_FIT))
+    if s == E:
+        return DeadlineOutcome(s, StopReason.COMPLETE)
+    # The agent's reason at its refusal: the time left after s updates against the E - s still to do
+    return DeadlineOutcome(s, budget_reason(time_left_s=deadline_s - down_s - s * per_update_s,
+                                            remaining_s=(E - s) * per_update_s, margin_s=margin_s))
