@@ -480,6 +480,7 @@ class _RoundWork:
     rows: list[str]  # contributors, in the order of shards/steps
     shards: list[int]
     steps: list[int]  # SGD steps: s x steps_per_update of the device
+    reasons: dict[str, str] | None = None  # why each s is what it is, where the participation knows (a timeline)
 
 
 class _Run:
@@ -504,12 +505,17 @@ class _Run:
 
     def begin(self, tau: int) -> _RoundWork:
         opening = self.fed.open(tau)
-        s = {d: self.participation.draw(self.shard[d], tau) for d in opening.participants}
+        outcome = getattr(self.participation, "outcome", None)  # a timeline's: s and why (trace_recorder.deadline)
+        if outcome is not None:
+            outcomes = {d: outcome(self.shard[d], tau) for d in opening.participants}
+            s, reasons = {d: o.s for d, o in outcomes.items()}, {d: str(o.why) for d, o in outcomes.items()}
+        else:
+            s, reasons = {d: self.participation.draw(self.shard[d], tau) for d in opening.participants}, None
         weighing = self.fed.weigh(tau, s)
         rows = weighing.contributors  # only these change the model: train just them
         shards = [self.shard[d] for d in rows]
         return _RoundWork(opening=opening, s=s, weighing=weighing, rows=rows, shards=shards,
-                          steps=[s[d] * self.steps_per_update[k] for d, k in zip(rows, shards)])
+                          steps=[s[d] * self.steps_per_update[k] for d, k in zip(rows, shards)], reasons=reasons)
 
     def end(self, work: _RoundWork, deltas: Mapping[str, torch.Tensor], losses: np.ndarray, *,
             train_s: float) -> RoundRecord:
@@ -556,6 +562,8 @@ class _Run:
         row = round_row(work.opening, outcome, test_acc=acc, test_loss=loss)
         if extra:
             row["extra_tests"] = extra
+        if work.reasons is not None:  # as a live run's rows record it (coordinator.finisher)
+            row["stop_reason"] = work.reasons
         self.result.rows.append(row)
         return record
 

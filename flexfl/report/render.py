@@ -153,7 +153,8 @@ def _what_to_show(run: data.Run, blocks: list[dict[str, Any]]) -> tuple[set[str]
     sim = run.kind == "sim"
     why = {
         "participation": f"this run's output holds no per-device s ({', '.join(run.sources)})",
-        "stop_reasons": ("a simulation draws each device's s; no device stops for a reason of its own" if sim
+        "stop_reasons": ("a simulation that draws s from traces has no device stopping for a reason of its own "
+                         "(one run from a device timeline, `sim run --timeline`, records why)" if sim
                          else "this run's metrics do not record why each device stopped (written before FlexFL "
                               "recorded it)"),
         "coefficients": "this run's output holds no per-device coefficients",

@@ -70,6 +70,11 @@ def test_a_simulation_sees_exactly_the_s_the_deadline_rule_computes(tmp_path: Pa
                                         margin_s=AgentConfig.safety_margin_s).s for c in conditions]
             for d, conditions in EXPECTED_CONDITIONS.items()}
     assert seen == rule == EXPECTED_S
+    # Why, in the live rows' words: a quarter or half share cannot fit E = 5 even with a free upload
+    # (2.0 s and 1.0 s of the 0.93 s without it); at 10 kbit/s the upload alone overruns the deadline.
+    assert {d: [row["stop_reason"][d] for row in result.rows] for d in EXPECTED_S} == {
+        "dev-0": ["complete", "complete", "compute", "compute"], "dev-1": ["compute", "offline", "offline", "upload"],
+        "dev-2": ["offline", "complete", "complete", "complete"]}
     assert result.trace_assignment == ["timeline dev-0", "timeline dev-1", "timeline dev-2"]
     assert [r.active for r in result.records] == [2, 2, 2, 2]  # devices with s > 0 trained
 
