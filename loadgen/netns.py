@@ -133,6 +133,15 @@ def set_link(name: str, *, up: bool, netns: str | None = None) -> None:
     run([*_ip(netns), "link", "set", name, "up" if up else "down"], error=NetnsError)
 
 
+def set_default_route(via: str, *, netns: str | None = None) -> None:
+    """Route everything not on a local link via `via` (replacing any default route).
+
+    A link taken down loses the routes through it, and bringing it up again restores only its
+    own subnet's: a caller that brings a link back restores the default route with this.
+    """
+    run([*_ip(netns), "route", "replace", "default", "via", via], error=NetnsError)
+
+
 def delete_link(name: str, *, netns: str | None = None) -> None:
     """Delete a link (for veth: both ends); fine if it does not exist."""
     _check_ifname(name)
