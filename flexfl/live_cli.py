@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulate-up-kbit", dest=flag_dest("emulate", "up_kbit"), type=_int_list,
                    help="--emulate: upload limit per device in kbit/s, a comma list cycled over devices "
                         "(default 0 = unshaped), e.g. 0,0,20000,5000")
+    p.add_argument("--timeline", dest=flag_dest("emulate", "timeline"), metavar="FILE",
+                   help="--emulate: devices dev-0..dev-N-1 follow this device timeline (traces/README.md, "
+                        "\"Device timelines\"; the file `flexfl sim run --timeline` reads): each one's CPU quota "
+                        "(cpu_share x its --emulate-cpu), upload and download rate (tc tbf) and link (down when "
+                        "offline), round by round from round 1's opening, or by seconds from it; the applied "
+                        "conditions go to <out>/conditions.jsonl and the report")
     p.set_defaults(func=cmd_live)
 
 
@@ -82,6 +88,8 @@ def banner(cfg) -> str:
     from flexfl.text import count
 
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
+    if cfg.emulate.timeline:
+        where += f" following the timeline {cfg.emulate.timeline}"
     r = cfg.rules
     events = []
     if cfg.arrival:
