@@ -336,6 +336,12 @@ class LiveRun:
                        devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
+        if cfg.emulate.timeline:
+            from flexfl.live_conditions import CONDITIONS_FILE, read_conditions, update_s_at_full_share
+
+            applied = read_conditions(self.out / CONDITIONS_FILE)
+            summary["timeline"] = {"file": cfg.emulate.timeline, "conditions": CONDITIONS_FILE,
+                                   "at_share_1": update_s_at_full_share(rows, applied)}
         with atomic_file(self.out / "summary.json") as f:
             json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)

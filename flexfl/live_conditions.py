@@ -103,6 +103,27 @@ class LiveTimeline:
         self.writer.close()
 
 
+def update_s_at_full_share(rows: list[dict[str, Any]], applied: dict[int, dict[str, dict[str, Any]]]) -> dict | None:
+    """What one local update cost at cpu_share 1 in a timeline run: `flexfl sim run --timeline`'s --update-s.
+
+    Per device and round with s > 0: train_s / s (the agent's own timing) x the cpu_share in force,
+    which is the cost at share 1 where the quota throttles in proportion; the median over those
+    device-rounds, and how many there were. None without any. Unthrottled devices (share 1 and no
+    quota) run at whatever the host gives them beside the others: the figure then includes that
+    contention."""
+    costs = []
+    for row in rows:
+        in_force = applied.get(int(row["round"]), {})
+        for d, s in row.get("s", {}).items():
+            train_s, settings = row.get("train_s", {}).get(d), in_force.get(d)
+            if s > 0 and train_s and settings and settings["online"] and settings["cpu_share"] > 0:
+                costs.append(train_s / s * settings["cpu_share"])
+    if not costs:
+        return None
+    costs.sort()
+    return {"update_s": costs[len(costs) // 2], "device_rounds": len(costs)}
+
+
 def read_conditions(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
     """conditions.jsonl as {round: {device: settings}}: those in force at each round's opening (its first line).
 

@@ -120,11 +120,12 @@ def test_a_live_run_follows_a_round_timeline_and_records_it(fleet_host, tmp_path
         "rules": {"required_updates": 2000, "eta0": 0.01},
         "emulate": {"enabled": True, "cpu": 0.0, "timeline": str(path), "prefix": prefix, "subnet": _subnet(2)}})
     try:
-        LiveRun(cfg).run()
+        summary = LiveRun(cfg).run()
     finally:
         assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
     rows = read_metrics(out / "coordinator" / "metrics.jsonl")
     assert [r["round"] for r in rows] == list(range(1, 10))
+    assert summary["timeline"]["at_share_1"]["device_rounds"] >= 20  # sim run's --update-s, measured
     # (a) the conditions in force at every round's opening are recorded
     applied = read_conditions(out / CONDITIONS_FILE)
     assert sorted(applied) == list(range(1, 10))
