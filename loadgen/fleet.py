@@ -308,12 +308,18 @@ class EmulatedFleet:
 
         Down, the device reaches nothing: its connections stall and new ones fail at once
         ("network unreachable"); the kernel drops the routes through the link, so bringing it
-        up restores the default route too. Its processes, quota and qdiscs stay as they are.
+        up restores the default route too. Back, it finds its old connections gone, on its side
+        and on the coordinator's, as a device back on a network does: a stalled connection would
+        otherwise come back only on TCP's retransmission timer, which backs off while the link is
+        down (an agent offline for 5 s was still silent 5 s after its link was back). Its
+        processes, quota and qdiscs stay as they are.
         """
         d = self.devices[index]
         netns.set_link(d.iface, up=online, netns=d.netns)
         if online:
             netns.set_default_route(self.coordinator_host, netns=d.netns)
+            netns.abort_tcp(dst=self.coordinator_host, netns=d.netns)
+            netns.abort_tcp(dst=d.address)
 
     # ---- processes --------------------------------------------------------------------
 

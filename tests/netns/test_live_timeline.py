@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,18 @@ def _link(device: fl.Device) -> tuple[str, bool]:
     return shown[0]["operstate"], "default via" in routes
 
 
+# Inside a device: connect, say so, and say how the connection ended (it never gets data).
+_HOLD_A_CONNECTION = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+print("connected", flush=True)
+try:
+    print("closed" if s.recv(1) == b"" else "data", flush=True)
+except OSError as exc:
+    print(type(exc).__name__, flush=True)
+"""
+
+
 def test_the_fleet_sets_what_a_timeline_row_says_and_a_device_comes_back_online(fleet_host) -> None:
     prefix = f"ft{os.getpid():06x}"
     c = Conditions
@@ -74,10 +87,27 @@ def test_the_fleet_sets_what_a_timeline_row_says_and_a_device_comes_back_online(
         assert state() == [(0.5, 8000, 16000), (0.2, 8000, 8000)]  # dev-0: share 1 of 0.5 CPU; dev-1: of one core
         ft.apply(fleet, 2)
         assert state()[0] == (0.25, 800, 16000)
-        ft.apply(fleet, 3)
-        assert _link(d0) == ("DOWN", False) and state()[0] == (0.25, 800, 16000)  # offline: the rest stays
-        ft.apply(fleet, 4)
-        assert _link(d0) == ("UP", True) and state() == [(0.25, 2000, 4000), (0.2, 8000, 8000)]
+        # a connection from the device to the coordinator's side, open while it goes offline and comes back
+        listener = socket.create_server((fleet.coordinator_host, 0))
+        client = subprocess.Popen(["ip", "netns", "exec", d0.netns, "python3", "-c", _HOLD_A_CONNECTION,
+                                   fleet.coordinator_host, str(listener.getsockname()[1])],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout.readline().strip() == "connected"
+            server_side, _ = listener.accept()
+            ft.apply(fleet, 3)
+            assert _link(d0) == ("DOWN", False) and state()[0] == (0.25, 800, 16000)  # offline: the rest stays
+            ft.apply(fleet, 4)
+            assert _link(d0) == ("UP", True) and state() == [(0.25, 2000, 4000), (0.2, 8000, 8000)]
+            # back online, both ends find the old connection gone at once, not on TCP's backed-off timer
+            assert client.stdout.readline().strip() == "ConnectionAbortedError"
+            server_side.settimeout(10)  # a connection left alone would block here: fail, not hang
+            with pytest.raises((ConnectionAbortedError, ConnectionResetError)):
+                server_side.recv(1)
+        finally:
+            client.kill()
+            client.wait()
+            listener.close()
         # back online it reaches the coordinator's side: a TCP connect from inside its namespace is refused
         # (nobody listens on port 9 of the bridge), which takes a route; offline it would be unreachable
         probe = subprocess.run(["ip", "netns", "exec", d0.netns, "python3", "-c",
