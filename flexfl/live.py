@@ -337,11 +337,19 @@ class LiveRun:
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
         if cfg.emulate.timeline:
-            from flexfl.live_conditions import CONDITIONS_FILE, read_conditions, update_s_at_full_share
+            from flexfl.live_conditions import (
+                CONDITIONS_FILE,
+                read_conditions,
+                seconds_per_round,
+                update_s_at_full_share,
+            )
 
-            applied = read_conditions(self.out / CONDITIONS_FILE)
-            summary["timeline"] = {"file": cfg.emulate.timeline, "conditions": CONDITIONS_FILE,
-                                   "at_share_1": update_s_at_full_share(rows, applied)}
+            recorded = self.out / CONDITIONS_FILE
+            assert self.timeline is not None  # read before the run (fleet_timeline)
+            summary["timeline"] = {"file": cfg.emulate.timeline, "unit": self.timeline.timeline.unit.value,
+                                   "conditions": CONDITIONS_FILE,
+                                   "at_share_1": update_s_at_full_share(rows, read_conditions(recorded)),
+                                   "round_s": seconds_per_round(recorded)}
         with atomic_file(self.out / "summary.json") as f:
             json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)

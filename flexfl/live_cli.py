@@ -121,11 +121,14 @@ def cmd_live(args: argparse.Namespace) -> int:
           f"{s['rounds']} rounds ({s['wall_s']:.0f} s); "
           f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
           f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
-    cost = s.get("timeline", {}).get("at_share_1")
+    timeline = s.get("timeline") or {}
+    cost, round_s = timeline.get("at_share_1"), timeline.get("round_s")
     if cost:
+        # A timeline in seconds is read at each round's start: the simulator needs the live rounds' pace too.
+        pace = f" --round-s {round_s:.3g}" if round_s and timeline.get("unit") == "s" else ""
         print(f"timeline: one local update took {cost['update_s']:.3g} s at cpu_share 1 (median of "
               f"{cost['device_rounds']} device-rounds, train_s / s x cpu_share): `flexfl sim run --timeline "
-              f"{cfg.emulate.timeline} --deadline-s {cfg.deadline_s:g} --update-s {cost['update_s']:.3g}` "
+              f"{cfg.emulate.timeline} --deadline-s {cfg.deadline_s:g} --update-s {cost['update_s']:.3g}{pace}` "
               "derives s from the same timeline")
     from flexfl.report import report_line
 

@@ -129,12 +129,27 @@ def read_conditions(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
 
     A torn last line (a crash mid-write) is skipped; anything else off the schema is a ReportError
     naming the file, the line and the field."""
+    return {r: row["devices"] for r, row in _openings(path).items()}
+
+
+def seconds_per_round(path: Path) -> float | None:
+    """The mean time from one round's opening to the next in a recorded run (None under two rounds):
+    what `flexfl sim run --timeline` reads a timeline in seconds with (--round-s)."""
+    starts = sorted((r, row["t_s"]) for r, row in _openings(path).items())
+    if len(starts) < 2:
+        return None
+    (first, t0), (last, t1) = starts[0], starts[-1]
+    return (t1 - t0) / (last - first)
+
+
+def _openings(path: Path) -> dict[int, dict[str, Any]]:
+    """Each round's first line of conditions.jsonl, checked (read_conditions)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot read: {exc}") from None
-    out: dict[int, dict[str, dict[str, Any]]] = {}
+    out: dict[int, dict[str, Any]] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -147,12 +162,14 @@ def read_conditions(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
         where = f"{path}:{number}"
         if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
             raise ReportError(f"{where}: field 'round': expected a round id (an integer)")
+        if isinstance(row.get("t_s"), bool) or not isinstance(row.get("t_s"), int | float):
+            raise ReportError(f"{where}: field 't_s': expected seconds since round 1 opened, got {row.get('t_s')!r}")
         devices = row.get("devices")
         if not isinstance(devices, dict):
             raise ReportError(f"{where}: field 'devices': expected an object of device id -> settings")
         for device, settings in devices.items():
             _check_settings(settings, where=f"{where}: field 'devices.{device}")
-        out.setdefault(row["round"], devices)
+        out.setdefault(row["round"], row)
     return out
 
 

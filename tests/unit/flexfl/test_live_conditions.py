@@ -14,7 +14,13 @@ from flexfl.proto import fleet_pb2 as pb
 
 from flexfl.errors import ConfigError, ReportError, TraceFormatError
 from flexfl.live import load_live_config
-from flexfl.live_conditions import CONDITIONS_FILE, LiveTimeline, fleet_timeline, read_conditions
+from flexfl.live_conditions import (
+    CONDITIONS_FILE,
+    LiveTimeline,
+    fleet_timeline,
+    read_conditions,
+    seconds_per_round,
+)
 from loadgen.fleet import DEFAULT_CFS_PERIOD_US, least_quota_cpus
 
 LEAST = least_quota_cpus(DEFAULT_CFS_PERIOD_US)
@@ -108,6 +114,7 @@ def test_a_seconds_timeline_runs_on_the_clock_from_round_1s_opening(tmp_path: Pa
     assert [(r["round"], r["t_s"], r["devices"]["dev-0"]["cpu_quota"]) for r in rows] == [
         (1, 0.0, 1.0), (2, pytest.approx(4.9), 1.0), (2, 5.0, 0.5)]
     assert read_conditions(tmp_path / CONDITIONS_FILE)[2]["dev-0"]["cpu_quota"] == 1.0  # as round 2 opened
+    assert seconds_per_round(tmp_path / CONDITIONS_FILE) == pytest.approx(4.9)  # sim run's --round-s
 
 
 def test_a_bad_timeline_is_one_line_naming_the_file(tmp_path: Path) -> None:
@@ -146,9 +153,9 @@ def test_the_timeline_is_an_emulate_setting_the_flag_sets_and_the_config_checks(
 
 def test_conditions_records_off_the_schema_are_refused_naming_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / CONDITIONS_FILE
-    good = {"round": 1, "devices": {"dev-0": {"cpu_share": 1.0, "cpu_quota": None, "up_kbit_s": 8000,
+    good = {"round": 1, "t_s": 0.0, "devices": {"dev-0": {"cpu_share": 1.0, "cpu_quota": None, "up_kbit_s": 8000,
                                               "down_kbit_s": None, "online": True}}}
-    bad = {"round": 2, "devices": {"dev-0": {**good["devices"]["dev-0"], "online": "yes"}}}
+    bad = {"round": 2, "t_s": 2.0, "devices": {"dev-0": {**good["devices"]["dev-0"], "online": "yes"}}}
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(ReportError, match=r"conditions.jsonl:2: field 'devices.dev-0.online': expected true or false"):
         read_conditions(path)
