@@ -16,8 +16,10 @@ a cgroup CPU quota (per device: EmulationConfig). Agents start at full speed and
 quota once they have joined (start-up is not what the run is about). By default they follow
 no trace there (deadline mode, flexfl.live_defaults.EMULATED_DEFAULTS): each trains until its
 own deadline budget runs out, so the quota and the upload rate decide s, and each device's
-row says why it stopped (edge_agent.deadline.StopReason). The fleet is removed on exit,
-Ctrl-C, SIGTERM and errors. Processes are run by flexfl.harness.
+row says why it stopped (edge_agent.deadline.StopReason). With a device timeline
+([emulate] timeline, --timeline) the fleet's quotas, link rates and link states follow it round
+by round and RUN/conditions.jsonl records them (flexfl.live_conditions). The fleet is removed on
+exit, Ctrl-C, SIGTERM and errors. Processes are run by flexfl.harness.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from flexfl.config import load_config, path_field, plugin_path_field, to_dict, w
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
+from flexfl.live_conditions import POLL_S
 from flexfl.live_defaults import live_defaults
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
 from flexfl.signals import sigterm_as_interrupt
@@ -47,7 +50,9 @@ from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec, Sizes
 
 if TYPE_CHECKING:
-    from loadgen.fleet import EmulatedFleet
+    from flexfl.live_conditions import LiveTimeline
+    from loadgen.fleet import EmulatedFleet, FleetSpec
+    from loadgen.fleet_timeline import FleetTimeline
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,8 @@ class EmulationConfig:
     """[emulate]: agents in an emulated fleet (root): a netns, tbf upload limit and cgroup quota each.
 
     cpu and up_kbit are per device, cycled over the devices (one value: every device's).
+    A timeline (traces/README.md, "Device timelines") sets each device's quota as cpu_share of
+    its `cpu` (its full compute), and its rates and link state (loadgen.fleet_timeline).
     """
 
     enabled: bool = False
@@ -72,6 +79,7 @@ class EmulationConfig:
     up_kbit: tuple[int, ...] = ()  # upload limit per device in kbit/s; 0 = unshaped
     prefix: str = "fflive"
     subnet: str = "10.77.1"
+    timeline: str = path_field("")  # a device timeline the fleet follows ("": none)
 
     @property
     def cpus(self) -> tuple[float, ...]:
@@ -134,6 +142,12 @@ class LiveConfig:
         if any(c < 0 for c in self.emulate.cpus) or any(k < 0 for k in self.emulate.up_kbit):
             raise ConfigError(f"--emulate-cpu and --emulate-up-kbit must be >= 0, got {self.emulate.cpu} and "
                               f"{self.emulate.up_kbit}")
+        if self.emulate.timeline and not self.emulate.enabled:
+            raise ConfigError(f"--timeline {self.emulate.timeline}: a timeline is applied to an emulated fleet; "
+                              "add --emulate ([emulate] enabled = true)")
+        if self.emulate.timeline and self.emulate.up_kbit:
+            raise ConfigError(f"--timeline {self.emulate.timeline} sets every device's upload rate: drop "
+                              f"--emulate-up-kbit {','.join(map(str, self.emulate.up_kbit))} ([emulate] up_kbit)")
         self.rules.check_for(self.partition.dataset)
 
     def device_spec(self, i: int):
@@ -141,6 +155,24 @@ class LiveConfig:
         from loadgen.fleet import DeviceSpec
 
         return DeviceSpec(cpu_quota=self.emulate.device_cpu(i) or None, up_kbit=self.emulate.device_up_kbit(i) or None)
+
+    def fleet_spec(self) -> FleetSpec:
+        """The emulated fleet this run brings up."""
+        from loadgen.fleet import FleetSpec
+
+        return FleetSpec(devices=tuple(self.device_spec(i) for i in range(self.devices)), prefix=self.emulate.prefix,
+                         subnet=self.emulate.subnet)
+
+    def fleet_timeline(self) -> FleetTimeline | None:
+        """The timeline the fleet follows, read and checked against the fleet (None without one)."""
+        if not self.emulate.timeline:
+            return None
+        from flexfl.live_conditions import fleet_timeline
+        from loadgen.fleet import least_quota_cpus
+
+        return fleet_timeline(Path(self.emulate.timeline), [self.emulate.device_cpu(i) or None
+                                                            for i in range(self.devices)],
+                              least_cpus=least_quota_cpus(self.fleet_spec().cfs_period_us))
 
 
 def load_live_config(path: Path | None, *, overrides: dict | None = None) -> LiveConfig:
@@ -205,6 +237,8 @@ class LiveRun:
         self.out = Path(cfg.out)
         self.fresh = fresh
         self.fleet: EmulatedFleet | None = None  # when emulating
+        self.timeline: FleetTimeline | None = None  # when the fleet follows one
+        self.playing: LiveTimeline | None = None  # ... once the fleet is up
 
     def run(self) -> dict:
         """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
@@ -213,13 +247,11 @@ class LiveRun:
 
     def _start_fleet(self) -> str:
         """Bring up the emulated fleet; return the coordinator's address on it."""
-        from loadgen.fleet import EmulatedFleet, FleetSpec, require_root
+        from loadgen.fleet import EmulatedFleet, require_root
 
         cfg = self.cfg
         require_root("flexfl live --emulate")
-        spec = FleetSpec(devices=tuple(cfg.device_spec(i) for i in range(cfg.devices)), prefix=cfg.emulate.prefix,
-                         subnet=cfg.emulate.subnet)
-        self.fleet = EmulatedFleet.up(spec)
+        self.fleet = EmulatedFleet.up(cfg.fleet_spec())
         for d in self.fleet.devices:
             print(f"  device {d.index}: netns {d.netns}, {d.address}, upload "
                   f"{f'{d.spec.up_kbit} kbit/s' if d.spec.up_kbit else 'unshaped'}, "
@@ -228,10 +260,18 @@ class LiveRun:
               + ("each caps its s per round" if cfg.trace_set else
                  "each trains until its deadline budget runs out (deadline mode; --trace-set to follow traces)"),
               flush=True)
+        if self.timeline is not None:
+            from flexfl.live_conditions import CONDITIONS_FILE, LiveTimeline
+
+            self.playing = LiveTimeline(self.timeline, self.fleet, out=self.out)
+            print(f"  from round 1 each device follows its rows of {cfg.emulate.timeline} "
+                  f"({'round by round' if self.timeline.timeline.unit == 'round' else 'by seconds from round 1'}; "
+                  f"cpu_share 1 = the CPU above); applied conditions go to {self.out / CONDITIONS_FILE}", flush=True)
         return self.fleet.coordinator_host
 
     def _run(self) -> dict:
         cfg = self.cfg
+        self.timeline = cfg.fleet_timeline()  # a bad timeline fails here, before the folder is touched
         # The whole folder is this run's: an earlier run in it (its agents' files, its metrics)
         # is moved aside with --fresh or refused, never mixed into this one.
         folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh,
@@ -252,7 +292,8 @@ class LiveRun:
                 if self.fleet is not None:
                     self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
                 harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
-            unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None else set()
+            # Without a timeline each device gets its quota once joined; with one, LiveTimeline holds back.
+            unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None and not self.playing else set()
             printed, dead = 0, {}
             while harness.running("coordinator"):
                 rows = read_metrics(metrics) if metrics.exists() else []
@@ -272,12 +313,17 @@ class LiveRun:
                               f"as silent from now on (see {self.out / (name + '.log')})", flush=True)
                 if unquoted:
                     unquoted = self._quotas(harness, unquoted)
-                time.sleep(0.1)
+                if self.playing is not None:
+                    self.playing.follow(harness.status())
+                time.sleep(0.1 if self.playing is None else POLL_S)
             harness.check("coordinator")
             rows = read_metrics(metrics)
             for row in rows[printed:]:
                 print(round_line(row, cfg), flush=True)
         finally:
+            if self.playing is not None:
+                self.playing.close()
+                self.playing = None
             if harness is not None:
                 harness.close()
             if self.fleet is not None:
@@ -290,6 +336,20 @@ class LiveRun:
                        devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
+        if cfg.emulate.timeline:
+            from flexfl.live_conditions import (
+                CONDITIONS_FILE,
+                read_conditions,
+                seconds_per_round,
+                update_s_at_full_share,
+            )
+
+            recorded = self.out / CONDITIONS_FILE
+            assert self.timeline is not None  # read before the run (fleet_timeline)
+            summary["timeline"] = {"file": cfg.emulate.timeline, "unit": self.timeline.timeline.unit.value,
+                                   "conditions": CONDITIONS_FILE,
+                                   "at_share_1": update_s_at_full_share(rows, read_conditions(recorded)),
+                                   "round_s": seconds_per_round(recorded)}
         with atomic_file(self.out / "summary.json") as f:
             json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)

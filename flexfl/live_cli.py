@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulate-up-kbit", dest=flag_dest("emulate", "up_kbit"), type=_int_list,
                    help="--emulate: upload limit per device in kbit/s, a comma list cycled over devices "
                         "(default 0 = unshaped), e.g. 0,0,20000,5000")
+    p.add_argument("--timeline", dest=flag_dest("emulate", "timeline"), metavar="FILE",
+                   help="--emulate: devices dev-0..dev-N-1 follow this device timeline (traces/README.md, "
+                        "\"Device timelines\"; the file `flexfl sim run --timeline` reads): each one's CPU quota "
+                        "(cpu_share x its --emulate-cpu), upload and download rate (tc tbf) and link (down when "
+                        "offline), round by round from round 1's opening, or by seconds from it; the applied "
+                        "conditions go to <out>/conditions.jsonl and the report")
     p.set_defaults(func=cmd_live)
 
 
@@ -82,6 +88,8 @@ def banner(cfg) -> str:
     from flexfl.text import count
 
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
+    if cfg.emulate.timeline:
+        where += f" following the timeline {cfg.emulate.timeline}"
     r = cfg.rules
     events = []
     if cfg.arrival:
@@ -113,6 +121,15 @@ def cmd_live(args: argparse.Namespace) -> int:
           f"{s['rounds']} rounds ({s['wall_s']:.0f} s); "
           f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
           f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
+    timeline = s.get("timeline") or {}
+    cost, round_s = timeline.get("at_share_1"), timeline.get("round_s")
+    if cost:
+        # A timeline in seconds is read at each round's start: the simulator needs the live rounds' pace too.
+        pace = f" --round-s {round_s:.3g}" if round_s and timeline.get("unit") == "s" else ""
+        print(f"timeline: one local update took {cost['update_s']:.3g} s at cpu_share 1 (median of "
+              f"{cost['device_rounds']} device-rounds, train_s / s x cpu_share): `flexfl sim run --timeline "
+              f"{cfg.emulate.timeline} --deadline-s {cfg.deadline_s:g} --update-s {cost['update_s']:.3g}{pace}` "
+              "derives s from the same timeline")
     from flexfl.report import report_line
 
     print(report_line(Path(cfg.out)))

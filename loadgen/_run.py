@@ -11,7 +11,7 @@ from loadgen.errors import LoadgenError
 log = logging.getLogger(__name__)
 
 # Debian package that provides each binary we shell out to, for the "not installed" error.
-_PACKAGES = {"ip": "iproute2", "tc": "iproute2", "stress-ng": "stress-ng"}
+_PACKAGES = {"ip": "iproute2", "tc": "iproute2", "ss": "iproute2", "stress-ng": "stress-ng"}
 
 
 def in_netns(argv: list[str], netns: str | None) -> list[str]:

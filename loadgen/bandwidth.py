@@ -72,11 +72,30 @@ def set_rate(
          "rate", f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", f"{latency_ms:g}ms"],
         netns,
     )
+    if _shrinks_a_bucket(dev, netns=netns, burst_bytes=burst_bytes):
+        # tbf keeps what it queued under the old bucket, and a queued segment larger than the new one
+        # (GSO: up to 64 kB) never gathers its tokens: the link stalls for good (a TCP transfer did, going
+        # from 100 to 8 Mbit/s: tests/netns/test_bandwidth.py). Flushed first, the queue's packets are
+        # dropped (TCP sends them again) and the link is unshaped for the few ms until the replace.
+        clear(dev, netns=netns)
     _tc(argv, dev=dev, netns=netns)
     settings = TbfSettings(dev, rate_kbit, burst_bytes, float(latency_ms), netns)
     log.info("tbf on %s%s: %d kbit/s, burst %d B, latency %g ms",
              dev, f" (netns {netns})" if netns else "", rate_kbit, burst_bytes, latency_ms)
     return settings
+
+
+def _shrinks_a_bucket(dev: str, *, netns: str | None, burst_bytes: int) -> bool:
+    """Whether `dev`'s root qdisc is a tbf with a bucket larger than `burst_bytes` (whatever it holds now: a
+    queue read empty may fill before the change). Unreadable (no such device, no permission) counts as no:
+    the replace that follows says why."""
+    proc = run(in_netns(["tc", "-j", "qdisc", "show", "dev", dev], netns), error=ShapingError, check=False)
+    try:
+        qdiscs = json.loads(proc.stdout or "[]") if proc.returncode == 0 else []
+    except json.JSONDecodeError:
+        return False
+    root = next((q for q in qdiscs if isinstance(q, dict) and q.get("root")), None)
+    return root is not None and root.get("kind") == "tbf" and root.get("options", {}).get("burst", 0) > burst_bytes
 
 
 def clear(dev: str, *, netns: str | None = None) -> bool:

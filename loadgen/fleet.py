@@ -56,6 +56,7 @@ STATE_ROOT = Path("/run/flexfl")
 DEFAULT_PREFIX = "ffl"
 DEFAULT_SUBNET = "10.77.0"
 DEFAULT_CFS_PERIOD_US = 10_000  # short periods: a round's few hundred ms of work is throttled evenly
+MIN_CFS_QUOTA_US = 1000  # the kernel refuses a smaller cpu.cfs_quota_us (EINVAL)
 FIRST_HOST = 10  # device i gets S.(FIRST_HOST + i)
 CONTROLLER_KEY = "controller"  # the fleet's one client keypair, in <state>/keys/
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]{1,7}")
@@ -96,9 +97,10 @@ class FleetSpec:
         if not 1000 <= self.cfs_period_us <= 1_000_000:
             raise FleetError(f"cfs_period_us must be in 1000..1000000, got {self.cfs_period_us}")
         for i, d in enumerate(self.devices):
-            if d.cpu_quota is not None and not d.cpu_quota * self.cfs_period_us >= 1000:
+            if d.cpu_quota is not None and not d.cpu_quota >= least_quota_cpus(self.cfs_period_us):
                 raise FleetError(f"device {i}: cpu_quota {d.cpu_quota} is below the kernel's minimum "
-                                 f"(1 ms per {self.cfs_period_us / 1000:g} ms period)")
+                                 f"({least_quota_cpus(self.cfs_period_us):g} CPU: 1 ms per "
+                                 f"{self.cfs_period_us / 1000:g} ms period)")
             for name in ("up_kbit", "down_kbit"):
                 v = getattr(d, name)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -118,6 +120,11 @@ class Device:
     cgroup: str  # absolute path of its cpu cgroup
     loadgen_endpoint: str
     spec: DeviceSpec = field(default_factory=DeviceSpec)
+
+
+def least_quota_cpus(cfs_period_us: int) -> float:
+    """The smallest CPU quota the kernel takes at this period: 1 ms of CPU time per period (cpu.cfs_quota_us)."""
+    return MIN_CFS_QUOTA_US / cfs_period_us
 
 
 def check_prefix(prefix: str) -> None:
@@ -197,7 +204,7 @@ class EmulatedFleet:
                 netns.create_netns(d.netns)
                 netns.add_veth(d.host_iface, d.iface, peer_netns=d.netns, peer_address=f"{d.address}/24")
                 run(["ip", "link", "set", d.host_iface, "master", bridge], error=FleetError)
-                run(["ip", "-n", d.netns, "route", "add", "default", "via", f"{spec.subnet}.1"], error=FleetError)
+                netns.set_default_route(f"{spec.subnet}.1", netns=d.netns)
                 Path(d.cgroup).mkdir()
                 _write(Path(d.cgroup) / "cpu.cfs_period_us", spec.cfs_period_us)
                 fleet.set_cpu_quota(d.index, d.spec.cpu_quota)
@@ -269,10 +276,15 @@ class EmulatedFleet:
 
     # ---- budgets ----------------------------------------------------------------------
 
+    @property
+    def least_quota_cpus(self) -> float:
+        """The smallest CPU quota a device can get here (least_quota_cpus at this fleet's period)."""
+        return least_quota_cpus(self.cfs_period_us)
+
     def set_cpu_quota(self, index: int, cpus: float | None) -> None:
-        """Cap device `index` at `cpus` CPUs (None: no cap)."""
+        """Cap device `index` at `cpus` CPUs (None: no cap); below least_quota_cpus, at that."""
         d = self.devices[index]
-        quota = -1 if cpus is None else max(1000, round(cpus * self.cfs_period_us))
+        quota = -1 if cpus is None else max(MIN_CFS_QUOTA_US, round(cpus * self.cfs_period_us))
         _write(Path(d.cgroup) / "cpu.cfs_quota_us", quota)
 
     def set_upload(self, index: int, kbit: int | None) -> None:
@@ -290,6 +302,24 @@ class EmulatedFleet:
             bandwidth.clear(d.host_iface)
         else:
             bandwidth.set_rate(d.host_iface, rate_kbit=kbit)
+
+    def set_online(self, index: int, online: bool) -> None:
+        """Take device `index`'s link down inside its namespace (offline), or bring it back.
+
+        Down, the device reaches nothing: its connections stall and new ones fail at once
+        ("network unreachable"); the kernel drops the routes through the link, so bringing it
+        up restores the default route too. Back, it finds its old connections gone, on its side
+        and on the coordinator's, as a device back on a network does: a stalled connection would
+        otherwise come back only on TCP's retransmission timer, which backs off while the link is
+        down (an agent offline for 5 s was still silent 5 s after its link was back). Its
+        processes, quota and qdiscs stay as they are.
+        """
+        d = self.devices[index]
+        netns.set_link(d.iface, up=online, netns=d.netns)
+        if online:
+            netns.set_default_route(self.coordinator_host, netns=d.netns)
+            netns.abort_tcp(dst=self.coordinator_host, netns=d.netns)
+            netns.abort_tcp(dst=d.address)
 
     # ---- processes --------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 
-from loadgen._run import failure, run
+from loadgen._run import failure, in_netns, run
 from loadgen.errors import NetnsError
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,25 @@ def set_link(name: str, *, up: bool, netns: str | None = None) -> None:
     """Set a link up or down."""
     _check_ifname(name)
     run([*_ip(netns), "link", "set", name, "up" if up else "down"], error=NetnsError)
+
+
+def set_default_route(via: str, *, netns: str | None = None) -> None:
+    """Route everything not on a local link via `via` (replacing any default route).
+
+    A link taken down loses the routes through it, and bringing it up again restores only its
+    own subnet's: a caller that brings a link back restores the default route with this.
+    """
+    run([*_ip(netns), "route", "replace", "default", "via", via], error=NetnsError)
+
+
+def abort_tcp(*, dst: str, netns: str | None = None) -> None:
+    """Abort every TCP connection to address `dst` (in `netns`, else here), as if the path had reset it.
+
+    `ss -K`: the kernel closes each socket at once and its owner's next call fails
+    (ECONNABORTED), rather than waiting out TCP's retransmission timer. A kernel without
+    CONFIG_INET_DIAG_DESTROY aborts nothing (the connections then recover on their timers).
+    """
+    run(in_netns(["ss", "-K", "-t", "dst", dst], netns), error=NetnsError)
 
 
 def delete_link(name: str, *, netns: str | None = None) -> None:

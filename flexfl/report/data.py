@@ -13,6 +13,9 @@ A folder is one of three kinds (`detect`):
   `runs/table3_<dataset>/<reading>_<setting>_T<j>_seed<s>_<scheme>.csv`).
 - a trace set: `manifest.json` (read by `trace_recorder.format`, its only reader).
 
+A live run that followed a device timeline also has `conditions.jsonl` (the conditions the
+emulated fleet applied per round; read by flexfl.live_conditions, its writer's module).
+
 `read_run` is the adapter: every field of a round record goes through `_round_row`, so a
 format change is absorbed there. Optional fields may be missing (None: shown as "n/a").
 """
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flexfl.errors import ConfigError, FlexFLError, ReportError
+from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
 
 RUN_JSON = "run.json"
 METRICS_FILES = ("metrics.jsonl", "coordinator/metrics.jsonl")
@@ -85,6 +89,8 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     # variant -> its strategy's description, where each variant had its own config (_scheme_runs)
     strategies: dict[str, str] = field(default_factory=dict)
+    # round -> device -> the conditions the emulated fleet applied (flexfl.live_conditions); None: not recorded
+    conditions: dict[int, dict[str, dict[str, Any]]] | None = None
 
     def variants(self) -> dict[str | None, list[RoundRow]]:
         """Rounds grouped by scheme (one group, key None, unless a file holds several schemes)."""
@@ -195,11 +201,16 @@ def read_run(path: Path) -> Run:
     else:
         raise ReportError(f"{path}: run folder without per-round records "
                           f"({', '.join(METRICS_FILES)} or {SIM_ROUNDS_CSV})")
+    conditions = None
+    if (path / CONDITIONS_FILE).is_file():
+        conditions = read_conditions(path / CONDITIONS_FILE)
+        sources.append(CONDITIONS_FILE)
     if meta is not None:
-        return Run(path=path, sources=tuple(sources), rounds=rounds, **meta)
+        return Run(path=path, sources=tuple(sources), rounds=rounds, conditions=conditions, **meta)
     if (path / "coordinator.toml").is_file() or metrics is not None:
         legacy, used = _legacy_live_meta(path)
-        return Run(path=path, kind="live", sources=tuple(sources + used), rounds=rounds, **legacy)
+        return Run(path=path, kind="live", sources=tuple(sources + used), rounds=rounds, conditions=conditions,
+                   **legacy)
     config: dict = {}
     if (path / "summary.json").is_file():
         config = _load_json(path / "summary.json").get("config") or {}

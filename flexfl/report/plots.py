@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from edge_agent.deadline import StopReason
-from flexfl.report.sections import Cell, Participation, StopReasons
+from flexfl.report.sections import Cell, DeviceConditions, Participation, StopReasons
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -164,33 +164,89 @@ def participation_heatmap(part: Participation, events: list[tuple[int, str, str]
     return svg_uri(fig)
 
 
-def stop_reason_map(sr: StopReasons, events: list[tuple[int, str, str]]) -> str:
-    """Device x round coloured by why s stopped there; s written in each cell while the grid is small enough to read."""
+def stop_reason_map(sr: StopReasons | None, events: list[tuple[int, str, str]],
+                    conditions: DeviceConditions | None = None) -> str:
+    """Device x round coloured by why s stopped there (s written in each cell while the grid is small enough to
+    read); with `conditions`, below it and on the same axes the CPU share, upload and download rates the emulated
+    fleet applied (offline in grey)."""
+    panels = (sr is not None) + 3 * (conditions is not None)
+    n_devices = len(sr.devices if sr is not None else conditions.devices if conditions is not None else [])
     with mpl.rc_context(RC):
-        fig, axes = _figure(10, _heatmap_height(len(sr.devices)))
-        ax = axes[0, 0]
-        rgba = np.zeros((*sr.reason.shape, 4))
-        rgba[:] = to_rgba("white")
-        seen = []
-        for why in dict.fromkeys(v for v in sr.reason.flat if v):
-            rgba[sr.reason == why] = to_rgba(REASON_COLORS.get(why, OTHER_REASON_COLOR))
-            seen.append(why)
-        ax.imshow(rgba, aspect="auto", interpolation="none", extent=_extent(sr.rounds, len(sr.devices)))
-        if len(sr.devices) <= 12 and len(sr.rounds) <= 40:
-            for i, j in zip(*np.nonzero(sr.s >= 0)):
-                dark = sr.reason[i, j] in (StopReason.COMPLETE, StopReason.UPLOAD, StopReason.MISSED,
-                                           StopReason.STOPPED)
-                ax.text(sr.rounds[j], i, str(sr.s[i, j]), ha="center", va="center", fontsize=6,
-                        color="white" if dark else "black")
-        _device_axis(ax, sr.devices, sr.rounds)
-        _mark_events(ax, events, label=False, offset=0.5)
-        ax.set_title("Why each device's s stopped where it did" + (" (the number: s)" if len(sr.devices) <= 12
-                                                                  and len(sr.rounds) <= 40 else ""))
-        order = [m.value for m in StopReason] + sorted(set(seen) - {m.value for m in StopReason})
-        legend = [Patch(facecolor=REASON_COLORS.get(why, OTHER_REASON_COLOR), edgecolor="#999999", label=why)
-                  for why in order if why in seen]
-        fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=8, frameon=False)
+        fig, axes = _figure(10, panels * _heatmap_height(n_devices) - (panels - 1) * 0.4, nrows=panels, sharex=True)
+        column = list(axes[:, 0])
+        legend = []
+        if sr is not None:
+            legend += _draw_stop_reasons(column.pop(0), sr, events)
+            if conditions is not None:  # the condition panels have colour bars: keep this one's width equal
+                spacer = fig.colorbar(mpl.cm.ScalarMappable(), ax=axes[0, 0], fraction=0.04, pad=0.01)
+                spacer.ax.set_visible(False)
+        if conditions is not None:
+            legend += _draw_conditions(fig, column, conditions, events)
+        fig.legend(handles=legend, loc="outside lower center", ncols=min(len(legend), 5), fontsize=8, frameon=False)
     return svg_uri(fig)
+
+
+def _draw_stop_reasons(ax, sr: StopReasons, events: list[tuple[int, str, str]]) -> list:
+    rgba = np.zeros((*sr.reason.shape, 4))
+    rgba[:] = to_rgba("white")
+    seen = []
+    for why in dict.fromkeys(v for v in sr.reason.flat if v):
+        rgba[sr.reason == why] = to_rgba(REASON_COLORS.get(why, OTHER_REASON_COLOR))
+        seen.append(why)
+    ax.imshow(rgba, aspect="auto", interpolation="none", extent=_extent(sr.rounds, len(sr.devices)))
+    write = len(sr.devices) <= 12 and len(sr.rounds) <= 40
+    if write:
+        for i, j in zip(*np.nonzero(sr.s >= 0)):
+            dark = sr.reason[i, j] in (StopReason.COMPLETE, StopReason.UPLOAD, StopReason.MISSED, StopReason.STOPPED)
+            ax.text(sr.rounds[j], i, str(sr.s[i, j]), ha="center", va="center", fontsize=6,
+                    color="white" if dark else "black")
+    _device_axis(ax, sr.devices, sr.rounds)
+    _mark_events(ax, events, label=False, offset=0.5)
+    ax.set_title("Why each device's s stopped where it did" + (" (the number: s)" if write else ""))
+    order = [m.value for m in StopReason] + sorted(set(seen) - {m.value for m in StopReason})
+    return [Patch(facecolor=REASON_COLORS.get(why, OTHER_REASON_COLOR), edgecolor="#999999", label=why)
+            for why in order if why in seen]
+
+
+def _rate_text(kbit: float) -> str:
+    """A rate for a cell: 800k, 8M, 100M (kbit/s and Mbit/s, as tc writes them)."""
+    return f"{kbit / 1000:.3g}M" if kbit >= 1000 else f"{kbit:.3g}k"
+
+
+def _log_norm(values: np.ndarray) -> mpl.colors.Normalize:
+    finite = values[np.isfinite(values) & (values > 0)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (1.0, 10.0)
+    return mpl.colors.LogNorm(lo, hi if hi > lo else lo * 10)
+
+
+def _draw_conditions(fig: Figure, axes: list, dc: DeviceConditions, events: list[tuple[int, str, str]]) -> list:
+    """The CPU share, upload and download panels of stop_reason_map; offline cells grey and marked "off"."""
+    offline = dc.online == 0
+    write = len(dc.devices) <= 12 and len(dc.rounds) <= 40
+    panels = (("applied CPU share (of the device's full compute)", dc.cpu_share, S_CMAP, mpl.colors.Normalize(0, 1),
+               lambda v: f"{v:.2g}"),
+              ("applied upload, kbit/s (log colour scale)", dc.up_kbit, mpl.colormaps["Purples"], _log_norm(dc.up_kbit),
+               _rate_text),
+              ("applied download, kbit/s (log colour scale)", dc.down_kbit, mpl.colormaps["Greens"],
+               _log_norm(dc.down_kbit), _rate_text))
+    for ax, (title, values, cmap, norm, text) in zip(axes, panels):
+        shown = np.where(offline, np.nan, values)
+        im = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", interpolation="none", cmap=cmap, norm=norm,
+                       extent=_extent(dc.rounds, len(dc.devices)))
+        grey = np.zeros((*values.shape, 4))
+        grey[offline] = to_rgba(ABSENT_COLOR)
+        ax.imshow(grey, aspect="auto", interpolation="none", extent=_extent(dc.rounds, len(dc.devices)))
+        if write:
+            for i, j in zip(*np.nonzero(offline | np.isfinite(shown))):
+                dark = not offline[i, j] and norm(shown[i, j]) > 0.6
+                ax.text(dc.rounds[j], i, "off" if offline[i, j] else text(shown[i, j]), ha="center", va="center",
+                        fontsize=6, color="white" if dark else "black")
+        _device_axis(ax, dc.devices, dc.rounds)
+        _mark_events(ax, events, label=False, offset=0.5)
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01)
+    return [Patch(facecolor=ABSENT_COLOR, edgecolor="#999999", label="offline: link down"),
+            Patch(facecolor="white", edgecolor="#999999", label="no conditions recorded")]
 
 
 def coefficient_heatmap(devices: list[str], rounds: list[int], coef: np.ndarray, discarded: list[int]) -> str:

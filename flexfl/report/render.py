@@ -12,6 +12,7 @@ import jinja2
 from flexfl import __version__
 from flexfl.errors import ReportError
 from flexfl.files import atomic_file
+from flexfl.live_conditions import CONDITIONS_FILE, POLL_S
 from flexfl.report import data, plots, sections
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _run_context(path: Path) -> dict[str, Any]:
         block: dict[str, Any] = {"scheme": scheme, "strategy": run.strategy_of(scheme),
                                  "summary": sections.run_summary(run, rows),
                                  "participation_svg": None, "coefficients_svg": None, "devices": None,
-                                 "stop_reasons_svg": None}
+                                 "stop_reasons_svg": None, "conditions": False}
         if sections.has_per_device(rows):
             part = sections.participation(run, rows)
             block["participation_svg"] = plots.participation_heatmap(part, _events(rows))
@@ -112,7 +113,10 @@ def _run_context(path: Path) -> dict[str, Any]:
                                          if any(r.coefficients is not None for r in rows) else None)
             block["devices"] = sections.device_table(run, rows)
             stopped = sections.stop_reasons(run, rows)
-            block["stop_reasons_svg"] = plots.stop_reason_map(stopped, _events(rows)) if stopped else None
+            applied = sections.device_conditions(run, rows)
+            block["stop_reasons_svg"] = (plots.stop_reason_map(stopped, _events(rows), applied)
+                                         if stopped or applied else None)
+            block["conditions"] = applied is not None
         traffic = sections.traffic(rows)
         block["traffic_svg"] = plots.traffic_plot(traffic) if traffic else None
         durations = sections.durations(rows)
@@ -129,6 +133,7 @@ def _run_context(path: Path) -> dict[str, Any]:
         "shown": shown,
         "counters": [(key, label) for key, label in COUNTERS if any(b["summary"][key] is not None for b in blocks)],
         "left_out": left_out,
+        "conditions_poll_s": POLL_S,
         "config": sorted((str(k), v) for k, v in run.config.items()),
         "files": [(str(p.relative_to(path)), p.stat().st_size) for p in files][:200],
     }
@@ -137,6 +142,7 @@ def _run_context(path: Path) -> dict[str, Any]:
 # Optional sections of a run's page: (id, title, what a block holds for it).
 SECTIONS = (("participation", "Participation", "participation_svg"),
             ("stop_reasons", "Why s stopped", "stop_reasons_svg"),
+            ("conditions", "Device conditions", "conditions"),  # drawn under the stop reasons
             ("coefficients", "Aggregation coefficients", "coefficients_svg"),
             ("traffic", "Traffic", "traffic_svg"), ("durations", "Round durations", "durations_svg"),
             ("devices", "Devices", "devices"))
@@ -157,6 +163,10 @@ def _what_to_show(run: data.Run, blocks: list[dict[str, Any]]) -> tuple[set[str]
                          "(one run from a device timeline, `sim run --timeline`, records why)" if sim
                          else "this run's metrics do not record why each device stopped (written before FlexFL "
                               "recorded it)"),
+        "conditions": ("a simulation applies no conditions to devices (one run with --timeline reads them from the "
+                       "timeline file, named in its summary.json)" if sim
+                       else f"this run followed no device timeline (no {CONDITIONS_FILE}: `flexfl live --emulate "
+                            "--timeline FILE` records the conditions it applies there)"),
         "coefficients": "this run's output holds no per-device coefficients",
         "traffic": ("a simulation sends nothing over a network" if sim
                     else "bytes sent and received were not recorded for this run"),

@@ -166,6 +166,44 @@ def stop_reasons(run: Run, rows: list[RoundRow]) -> StopReasons | None:
     return StopReasons(devices=devices, rounds=[r.round for r in rows], reason=reason, s=s)
 
 
+@dataclass(frozen=True)
+class DeviceConditions:
+    """Device x round: the conditions the emulated fleet applied at each round's opening (live runs on a timeline).
+
+    Same devices and rounds as StopReasons, so the two maps line up. NaN / -1: not recorded (a device
+    not joined yet, a round the driver missed); rates None in the record (unshaped) are NaN too."""
+
+    devices: list[str]
+    rounds: list[int]
+    cpu_share: np.ndarray  # (devices, rounds) the timeline's share of the device's full compute
+    cpu_quota: np.ndarray  # (devices, rounds) the quota set, CPUs; NaN: none (or not recorded)
+    up_kbit: np.ndarray  # (devices, rounds) kbit/s
+    down_kbit: np.ndarray  # (devices, rounds) kbit/s
+    online: np.ndarray  # (devices, rounds) 1 online, 0 offline, -1 not recorded
+
+
+def device_conditions(run: Run, rows: list[RoundRow]) -> DeviceConditions | None:
+    """The conditions in force per device and round; None if the run recorded none (no timeline, or an older run)."""
+    if not run.conditions:
+        return None
+    devices = device_order(run, rows)
+    seen = set(devices)
+    devices += sorted({d for c in run.conditions.values() for d in c if d not in seen}, key=natural_key)
+    index = {d: i for i, d in enumerate(devices)}
+    shape = (len(devices), len(rows))
+    out = {k: np.full(shape, np.nan) for k in ("cpu_share", "cpu_quota", "up_kbit_s", "down_kbit_s")}
+    online = np.full(shape, -1, dtype=np.int8)
+    for j, r in enumerate(rows):
+        for d, settings in (run.conditions.get(r.round) or {}).items():
+            i = index[d]
+            for k, matrix in out.items():
+                matrix[i, j] = np.nan if settings.get(k) is None else settings[k]
+            online[i, j] = 1 if settings.get("online") else 0
+    return DeviceConditions(devices=devices, rounds=[r.round for r in rows], cpu_share=out["cpu_share"],
+                            cpu_quota=out["cpu_quota"], up_kbit=out["up_kbit_s"], down_kbit=out["down_kbit_s"],
+                            online=online)
+
+
 def traffic(rows: list[RoundRow]) -> dict[str, list[float]] | None:
     """Per round, bytes sent (models out) and received (updates in); None if the run has none."""
     if not any(r.bytes_out or r.bytes_in for r in rows):

@@ -97,6 +97,30 @@ def test_rate_change_replaces_the_qdisc(link):
     assert [q["kind"] for q in shown["qdiscs"] if q.get("root")] == ["tbf"]
 
 
+# As _RECEIVER, and says "first" on its first byte, so that a test can change the link mid-transfer.
+_FIRST_BYTE_RECEIVER = _RECEIVER.replace("first_t, first_len = now, len(data)",
+                                         "first_t, first_len = now, len(data)\n        print('first', flush=True)")
+
+
+def test_lowering_the_rate_mid_transfer_does_not_stall_it(link, processes):
+    """tbf keeps the packets it queued under the old bucket: a queued TCP segment (GSO, up to 64 kB) larger than
+    the new, smaller bucket can never gather its tokens, and the link stalled for good (a 0.8 MB transfer at
+    100 -> 8 Mbit/s never finished). set_rate flushes the queue when the bucket shrinks; TCP resends."""
+    tx, dev, rx = link
+    bandwidth.set_rate(dev, rate_kbit=100_000, netns=tx)
+    receiver = processes.start(netns.exec_argv(rx, [sys.executable, "-c", _FIRST_BYTE_RECEIVER, "10.123.1.2"]),
+                               stdout=subprocess.PIPE, text=True)
+    port = receiver.stdout.readline().strip()
+    nbytes = 3_000_000  # 0.24 s at 100 Mbit/s, up to 3 s at 8 Mbit/s
+    sender = processes.start(netns.exec_argv(tx, [sys.executable, "-c", _SENDER, "10.123.1.2", port, str(nbytes)]))
+    assert receiver.stdout.readline().strip() == "first"
+    bandwidth.set_rate(dev, rate_kbit=8000, netns=tx)
+    assert bandwidth.show(dev, netns=tx)["tbf"]["rate_kbit"] == 8000
+    assert sender.wait(timeout=60) == 0
+    result = json.loads(receiver.stdout.readline())
+    assert result["bytes"] == nbytes
+
+
 def test_bad_interface_name_is_a_clear_error(link):
     tx, _, _ = link
     missing = f"{tx[:11]}zz"

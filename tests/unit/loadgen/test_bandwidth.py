@@ -30,12 +30,24 @@ class FakeTc:
 def test_set_rate_builds_the_tc_command(monkeypatch):
     tc = FakeTc(monkeypatch)
     s = bandwidth.set_rate("veth0", rate_kbit=4000)
-    assert tc.calls == [["tc", "qdisc", "replace", "dev", "veth0", "root", "tbf",
+    assert tc.calls == [["tc", "-j", "qdisc", "show", "dev", "veth0"],  # no tbf there: replaced at once
+                        ["tc", "qdisc", "replace", "dev", "veth0", "root", "tbf",
                          "rate", "4000kbit", "burst", "5000", "latency", "50ms"]]
     assert (s.rate_kbit, s.burst_bytes, s.latency_ms) == (4000, 5000, 50.0)
     bandwidth.set_rate("veth0", rate_kbit=100, burst_bytes=4000, latency_ms=12.5, netns="dev1")
     assert tc.calls[-1][:4] == ["ip", "netns", "exec", "dev1"]
     assert tc.calls[-1][-6:] == ["rate", "100kbit", "burst", "4000", "latency", "12.5ms"]
+
+
+@pytest.mark.parametrize("burst_now, flushed", [(125_000, True), (5000, False), (3028, False)])
+def test_a_shrinking_bucket_is_flushed_before_the_change_and_a_growing_one_changed_in_place(
+        monkeypatch, burst_now, flushed):
+    tbf = f'[{{"kind":"tbf","handle":"8001:","root":true,"options":{{"rate":12500000,"burst":{burst_now}}}}}]'
+    tc = FakeTc(monkeypatch, stdout=tbf)
+    bandwidth.set_rate("veth0", rate_kbit=4000, netns="dev1")  # a 5000 B bucket
+    kinds = [argv[5:7] for argv in tc.calls]  # after "ip netns exec dev1 tc"
+    assert kinds == [["-j", "qdisc"], ["qdisc", "del"], ["qdisc", "replace"]] if flushed else \
+        [["-j", "qdisc"], ["qdisc", "replace"]], tc.calls
 
 
 def test_default_burst():

@@ -118,3 +118,35 @@ def sweep_dir(tmp_path: Path) -> Path:
         w.writerows(rows)
     (root / "schemes_synthetic.md").write_text("# notes\n")
     return root
+
+
+def _settings(share: float, up: int | None, online: bool = True):
+    from loadgen.fleet_timeline import Settings
+
+    return Settings(cpu_share=share, cpu_quota=None if share == 1 else 0.25 * share, up_kbit=up, down_kbit=16000,
+                    online=online).record()
+
+
+# What the fleet applied (as flexfl.live_conditions writes it): dev-1 at half its CPU in round 1 (its s = 4),
+# dev-2 offline in round 1 (its s = 0), dev-3 from its first round as a participant; round 3 changed inside.
+CONDITIONS = [
+    {"round": 1, "time": 1.7e9 + 1, "t_s": 0.0, "devices": {"dev-0": _settings(1, 8000), "dev-1": _settings(0.5, 8000),
+                                                            "dev-2": _settings(1, 8000, online=False)}},
+    {"round": 2, "time": 1.7e9 + 2, "t_s": 2.0, "devices": {"dev-0": _settings(1, 8000), "dev-1": _settings(1, 8000),
+                                                            "dev-2": _settings(1, 800)}},
+    {"round": 3, "time": 1.7e9 + 3, "t_s": 4.0, "devices": {d: _settings(1, 8000) for d in ("dev-0", "dev-1",
+                                                                                            "dev-2", "dev-3")}},
+    {"round": 3, "time": 1.7e9 + 4, "t_s": 5.0, "devices": {d: _settings(0.1, 8000) for d in ("dev-0", "dev-1",
+                                                                                            "dev-2", "dev-3")}},
+    {"round": 4, "time": 1.7e9 + 5, "t_s": 6.0, "devices": {d: _settings(1, 8000) for d in ("dev-1", "dev-2",
+                                                                                            "dev-3")}},
+]
+
+
+@pytest.fixture
+def timeline_dir(live_dir: Path) -> Path:
+    """A `flexfl live --emulate --timeline` folder: the live folder and the conditions.jsonl its fleet wrote."""
+    from flexfl.live_conditions import CONDITIONS_FILE
+
+    write_metrics(live_dir / CONDITIONS_FILE, CONDITIONS)
+    return live_dir

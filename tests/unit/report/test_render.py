@@ -197,3 +197,20 @@ def test_a_sim_run_of_several_strategies_titles_each_with_its_parameters(tmp_pat
     assert '<td class="strategy">FedProx (mu = 0.1)</td>' in html and "Scheme fednova" not in html
     legend = _svg_text(page.images[0])
     assert all(t in legend for t in ("Scheme C", "FedNova", "FedProx (mu = 0.1)"))
+
+
+def test_a_timeline_runs_conditions_are_drawn_under_its_stop_reasons_and_an_older_run_says_why_not(
+        timeline_dir, tmp_path):
+    html, page = _page(write_report(timeline_dir, tmp_path / "timeline.html"))
+    _assert_self_contained(page)
+    assert "conditions" in page.ids and len(page.images) == 6  # one figure: reasons, then the conditions below
+    (figure,) = [img for img in page.images if img["alt"].startswith("stop reason and conditions")]
+    svg = base64.b64decode(figure["src"][len(SVG_URI):]).decode()
+    assert all(title in svg for title in ("Why each device", "applied CPU share", "applied upload", "applied download"))
+    assert "&gt;off&lt;" in svg or ">off<" in svg  # dev-2's offline round is marked in the cells
+    assert "<b>Device conditions</b>" not in html  # not among the sections left out
+    (timeline_dir / "conditions.jsonl").unlink()  # the same run without the record: a run before timelines
+    html, page = _page(write_report(timeline_dir, tmp_path / "plain.html"))
+    assert "conditions" not in page.ids and len(page.images) == 6
+    assert ("<b>Device conditions</b>: this run followed no device timeline (no conditions.jsonl: `flexfl live "
+            "--emulate --timeline FILE` records the conditions it applies there)") in html

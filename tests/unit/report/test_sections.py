@@ -145,3 +145,28 @@ def test_trace_table_puts_table2_beside_traces_of_the_same_name():
     assert rows["Tlo"].zero_share > 0 and rows["T0"].zero_share == 0
     assert rows["T30"].condition == "cpu_load_pct=30"
     assert rows["T0"].rounds == len(trace_set.get("T0")) and rows["T0"].first_round == 0
+
+
+def test_device_conditions_line_up_with_the_stop_reasons_and_hold_each_rounds_opening(timeline_dir):
+    from flexfl.report.sections import device_conditions
+
+    run = read_run(timeline_dir)
+    rows = list(run.rounds)
+    dc, sr = device_conditions(run, rows), stop_reasons(run, rows)
+    assert dc is not None and sr is not None
+    assert (dc.devices, dc.rounds) == (sr.devices, sr.rounds)  # the same rows and columns as the map they sit under
+    np.testing.assert_allclose(dc.cpu_share[1], [0.5, 1.0, 1.0, 1.0])  # round 3: its opening, not its later change
+    np.testing.assert_allclose(dc.cpu_quota[1], [0.125, np.nan, np.nan, np.nan])  # share 1: no quota (NaN)
+    np.testing.assert_array_equal(dc.online[2], [0, 1, 1, 1])
+    np.testing.assert_array_equal(dc.online[3], [-1, -1, 1, 1])  # dev-3: nothing applied before it took part
+    np.testing.assert_array_equal(dc.online[0], [1, 1, 1, -1])  # dev-0 departed: not recorded in round 4
+    np.testing.assert_allclose(dc.up_kbit[2], [8000, 800, 8000, 8000])
+    assert "conditions.jsonl" in run.sources
+
+
+def test_a_run_without_a_timeline_has_no_device_conditions(live_dir, sim_dir):
+    from flexfl.report.sections import device_conditions
+
+    for path in (live_dir, sim_dir):
+        run = read_run(path)
+        assert run.conditions is None and device_conditions(run, list(run.rounds)) is None
