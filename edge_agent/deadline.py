@@ -100,6 +100,13 @@ class Estimates:
         """An upload with an update in it took `seconds`."""
         self.upload_s = seconds
 
+    def upload_failed(self, seconds: float, *, timed_out: bool) -> None:
+        """An upload with an update in it failed after `seconds`. A refusal's time says nothing about
+        the link (the coordinator may refuse before reading the body: 0.00 s once made the next
+        update late), so the estimate stays; a timeout says the upload needs at least `seconds`."""
+        if timed_out:
+            self.upload_s = max(self.upload_s or 0.0, seconds)
+
     def sent_no_update(self) -> None:
         """The round's upload carried no update (s = 0): nothing measured, the upload estimate decays."""
         if self.upload_s:

@@ -117,6 +117,20 @@ def test_a_round_without_an_update_shrinks_the_upload_estimate_until_the_device_
     assert rounds_idle == 4  # 16 -> 8 -> 4 -> 2 -> 1 s: 1 + 1 + 0.25 fits in 3 s
 
 
+def test_a_failed_upload_keeps_the_estimate_unless_it_timed_out() -> None:
+    est = Estimates(update_s=UPDATE_S)
+    est.measured_upload(0.5)
+    est.upload_failed(0.0, timed_out=False)  # refused before the body was read: says nothing about the link
+    assert est.upload_s == 0.5
+    est.upload_failed(3.7, timed_out=True)  # the upload needs at least this
+    assert est.upload_s == 3.7
+    est.upload_failed(1.0, timed_out=True)  # a shorter timeout does not lower a longer bound
+    assert est.upload_s == 3.7
+    fresh = Estimates()
+    fresh.upload_failed(0.2, timed_out=False)
+    assert fresh.upload_s is None
+
+
 @pytest.mark.parametrize("deadline_s, update_s, upload_s, expected", [
     (1.5, 1.0, 0.5, (0, StopReason.COMPUTE)),  # 5 updates of 1 s could not fit in 1.5 s even with a free upload
     (3.6, 1.0, 0.5, (2, StopReason.COMPUTE)),  # 1.6 s left, the 3 updates still to do need 3 s + margin

@@ -72,7 +72,7 @@ def test_a_round_keeps_no_gradients_once_its_update_is_sent():
     cfg = AgentConfig(device_id="pi-7", fleet_token="t", participation=ParticipationConfig(forced_updates=(3,)))
     agent = EdgeAgent(cfg, shard=shard)
     sent = []
-    agent._push = lambda up, body, *, timeout: sent.append(up) or "accepted"  # no coordinator
+    agent._push = lambda up, body, *, timeout: (sent.append(up), ("accepted", None))[1]  # no coordinator
     try:
         record = agent._do_round(header, bytearray(data))
     finally:
