@@ -48,7 +48,7 @@ from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
 from workloads.federated import initial_model
-from workloads.partition_spec import PartitionSpec, Sizes
+from workloads.partition_spec import PartitionSpec, Sizes, device_id
 
 TOKEN = "soak-fleet-token"
 REPO = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def _configs(out: Path, *, rounds: int, devices: int, min_devices: int, deadline
     agents = []
     for i in range(devices):
         agent = AgentConfig(
-            coordinator=emulated_connect if (i == 0 and emulated_connect) else connect, device_id=f"dev-{i}",
+            coordinator=emulated_connect if (i == 0 and emulated_connect) else connect, device_id=device_id(i),
             shard_index=i, fleet_token_file=str(out / "token"), pull_wait_s=0.5, backoff_initial_s=0.2,
             backoff_max_s=1.0,
             # ~0.2 s a round: slow enough that restarts (seconds) span rounds, as on real devices.
@@ -257,7 +257,7 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
                     if completed >= r and i not in running and i not in pending and i not in departed_until \
                             and f"agent-{i}" not in harness.procs:
                         figures["arrivals"] += 1
-                        log(f"  round {completed}: dev-{i} arrives")
+                        log(f"  round {completed}: {device_id(i)} arrives")
                         start(i)
                 if plan.squeeze and fleet is not None:
                     lo, hi = plan.squeeze

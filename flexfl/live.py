@@ -47,7 +47,7 @@ from flexfl.live_defaults import live_defaults
 from flexfl.run_folder import claim_run_folder, entries_besides_lock
 from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
-from workloads.partition_spec import PartitionSpec, Sizes
+from workloads.partition_spec import PartitionSpec, Sizes, device_id
 
 if TYPE_CHECKING:
     from flexfl.live_conditions import LiveTimeline
@@ -207,7 +207,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
         partition=cfg.partition, rules=cfg.rules,
         run=RunConfig(rounds=cfg.rounds, deadline_s=cfg.deadline_s, min_devices=cfg.devices - (late is not None),
                       start_grace_s=0.5, seed=cfg.seed,
-                      expected_arrivals={f"dev-{late}": cfg.arrival} if late is not None else {},
+                      expected_arrivals={device_id(late): cfg.arrival} if late is not None else {},
                       expected_departures={"dev-0": cfg.departure} if cfg.departure else {},
                       expected_wait_s=EXPECTED_WAIT_S),
         output=OutputConfig(dir=str(out / "coordinator")), plugin_path=cfg.plugin_path,
@@ -217,7 +217,7 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
     agents = []
     for i in range(cfg.devices):
         agent = AgentConfig(
-            coordinator=address, device_id=f"dev-{i}", shard_index=i, fleet_token_file=str(token_path),
+            coordinator=address, device_id=device_id(i), shard_index=i, fleet_token_file=str(token_path),
             pull_wait_s=1.0, partition=cfg.partition,
             participation=ParticipationConfig(
                 trace=traces[i] if traces else "", min_update_s=cfg.update_s,
@@ -333,7 +333,7 @@ class LiveRun:
         traces = device_traces(cfg)
         write_run_info(self.out, kind="live", config=to_dict(cfg), deadline_s=cfg.deadline_s,
                        required_updates=cfg.rules.required_updates,
-                       devices={f"dev-{i}": {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
+                       devices={device_id(i): {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
         if cfg.emulate.timeline:
@@ -361,7 +361,7 @@ class LiveRun:
         st = harness.status()
         joined = {d.device_id for d in st.devices if d.connected} if st is not None else set()
         for i in sorted(unquoted):
-            if f"dev-{i}" in joined:
+            if device_id(i) in joined:
                 self.fleet.set_cpu_quota(i, self.fleet.devices[i].spec.cpu_quota)
                 unquoted.discard(i)
         return unquoted
@@ -382,7 +382,7 @@ def round_line(row: dict, cfg: LiveConfig) -> str:
         extra.append("arrival: " + ",".join(row["arrivals"]) + " (fast-reboot from next round)")
     if row["departures"]:
         extra.append("departure: " + ",".join(f"{d} ({p})" for d, p in row.get("departure_policies", {}).items()))
-    late = f"dev-{cfg.devices - 1}"
+    late = device_id(cfg.devices - 1)
     if cfg.arrival and row["round"] > cfg.arrival and late in row["p"]:
         extra.append(f"p({late})={row['p'][late]:.3f}")
     return (f"round {row['round']:>3}  acc {100 * row['test_acc']:6.2f}%  loss {row['test_loss']:.3f}  "
@@ -396,7 +396,7 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
     departure = next((r["round"] for r in rows if r["departures"]), None)
     problems = []
     if cfg.arrival and arrival != cfg.arrival:
-        late = f"dev-{cfg.devices - 1}"
+        late = device_id(cfg.devices - 1)
         when = "never arrived" if arrival is None else f"arrived in round {arrival}"
         problems.append(f"the late device {late} {when}"
                         f", not in round {cfg.arrival} as asked (see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'})")

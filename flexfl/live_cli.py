@@ -86,6 +86,7 @@ def _int_list(text: str) -> list[int]:
 def banner(cfg) -> str:
     """The run's first line: where, what data, which rules, and the scripted events (the README quotes it)."""
     from flexfl.text import count
+    from workloads.partition_spec import device_id
 
     where = "emulated devices (netns + tbf + cgroup quota)" if cfg.emulate.enabled else "loopback"
     if cfg.emulate.timeline:
@@ -93,7 +94,7 @@ def banner(cfg) -> str:
     r = cfg.rules
     events = []
     if cfg.arrival:
-        events.append(f"dev-{cfg.devices - 1} arrives in round {cfg.arrival}"
+        events.append(f"{device_id(cfg.devices - 1)} arrives in round {cfg.arrival}"
                       f"{' with fast-reboot' if r.fast_reboot else ' (fast-reboot off)'}")
     if cfg.departure:
         events.append(f"dev-0 departs after round {cfg.departure} ({r.departure_policy})")

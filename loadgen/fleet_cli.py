@@ -74,6 +74,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     import os
 
     from loadgen.fleet import DeviceSpec, EmulatedFleet, FleetSpec
+    from workloads.partition_spec import device_id
 
     n = args.devices
     cpus = _cycled(args.cpu, n, kind=float, flag="--cpu")
@@ -93,7 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 fleet.spawn(d.index, [sys.executable, "-m", "flexfl.cli", "agent", "--config",
                                       str(args.agent_config.resolve()),
                                       "--coordinator", f"{fleet.coordinator_host}:{args.coordinator_port}",
-                                      "--device-id", f"dev-{d.index}", "--shard-index", str(d.index)],
+                                      "--device-id", device_id(d.index), "--shard-index", str(d.index)],
                             role="agent", env=env, detach=True)
     except BaseException:
         fleet.down()

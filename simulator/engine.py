@@ -42,7 +42,7 @@ from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
 from workloads.evaluation import evaluate
 from workloads.federated import FederatedData, build_federated, initial_model, model_spec
-from workloads.partition_spec import PartitionSpec
+from workloads.partition_spec import PartitionSpec, device_id
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,6 @@ def cache_trainer_available() -> bool:
                     "about half the cache trainer's speed on MNIST")
         return False
     return True
-
-
-def device_id(shard: int) -> str:
-    """Simulated device k's id, as `flexfl live` names its agents."""
-    return f"dev-{shard}"
 
 
 @dataclass(frozen=True)

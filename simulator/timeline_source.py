@@ -85,7 +85,7 @@ class TimelineParticipation:
         missing = [name for name in names if name not in timeline.devices]
         if missing:
             raise ConfigError(f"{run.path}: no rows for {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''} "
-                              f"(the simulation has {n} devices dev-0..dev-{n - 1}; the timeline has "
+                              f"(the simulation has {n} devices {device_id(0)}..{device_id(n - 1)}; the timeline has "
                               f"{describe_names(list(timeline.devices))})")
         if len(sample_counts) != n:
             raise ConfigError(f"sample_counts has {len(sample_counts)} devices, the partition {n}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from flexfl.errors import ConfigError
 from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit
+from workloads.partition_spec import device_id
 
 # Rows one device may get: a time_scale that wraps a short period millions of times is a mistake.
 MAX_ROWS_PER_DEVICE = 1_000_000
@@ -173,4 +174,4 @@ class ComputeScaling:
 
 def device_names(n: int) -> list[str]:
     """Imported devices are dev-0..dev-(n-1): the ids `flexfl live` and the simulator give devices."""
-    return [f"dev-{k}" for k in range(n)]
+    return [device_id(k) for k in range(n)]

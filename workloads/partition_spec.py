@@ -184,3 +184,10 @@ class PartitionSpec:
         total = f", {self.total_samples} samples" if self.total_samples is not None else ""
         return (f"{name} {'IID' if self.iid else 'non-IID'}, {count(self.n_devices, 'device')}{total}, "
                 f"{self.sizes} sizes, seed {self.seed}")
+
+
+def device_id(shard: int) -> str:
+    """The id of the device that holds shard `shard`: dev-<shard>. A simulation, `flexfl live`'s
+    agents, the emulated fleet and imported timelines all name their devices so, which is what lets
+    one run's devices be matched with another's (a timeline's rows, a live run beside its simulation)."""
+    return f"dev-{shard}"
