@@ -463,7 +463,7 @@ class EdgeAgent:
         if body and failure is None:
             self.estimates.measured_upload(time.monotonic() - t0)
         elif body:
-            self.estimates.upload_failed(time.monotonic() - t0, timed_out=failure is grpc.StatusCode.DEADLINE_EXCEEDED)
+            self.estimates.upload_failed(time.monotonic() - t0)
         else:
             # An empty (s = 0) push measures nothing, so an estimate too long for the deadline
             # would never be measured again and one slow stretch of link would idle the device
@@ -485,7 +485,7 @@ class EdgeAgent:
                  memory.peak_mib)
 
     def _push(self, header: pb.UpdateHeader, body: bytes, *, timeout: float) -> tuple[str, grpc.StatusCode | None]:
-        """Send the update; (the coordinator's message, None) or (what went wrong, the call's status code)."""
+        """Send the update; (the coordinator's message, None), or (what went wrong, the call's status code)."""
         def messages() -> Iterator[pb.UpdateChunk]:
             yield pb.UpdateChunk(header=header)
             if body:

@@ -100,12 +100,13 @@ class Estimates:
         """An upload with an update in it took `seconds`."""
         self.upload_s = seconds
 
-    def upload_failed(self, seconds: float, *, timed_out: bool) -> None:
-        """An upload with an update in it failed after `seconds`. A refusal's time says nothing about
-        the link (the coordinator may refuse before reading the body: 0.00 s once made the next
-        update late), so the estimate stays; a timeout says the upload needs at least `seconds`."""
-        if timed_out:
-            self.upload_s = max(self.upload_s or 0.0, seconds)
+    def upload_failed(self, seconds: float) -> None:
+        """An upload with an update in it failed after `seconds` (refused, late, timed out): the upload
+        needs at least that, so the estimate rises to it but never falls. Taking the time as a
+        measurement made a refusal before the body was read (0.00 s) the estimate, and the next
+        update came in late; ignoring it left a device that is late from its first round (a slow link,
+        no upload measured yet) late for good, since only a failed upload says how slow the link is."""
+        self.upload_s = max(self.upload_s or 0.0, seconds)
 
     def sent_no_update(self) -> None:
         """The round's upload carried no update (s = 0): nothing measured, the upload estimate decays."""

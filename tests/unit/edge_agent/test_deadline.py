@@ -117,18 +117,18 @@ def test_a_round_without_an_update_shrinks_the_upload_estimate_until_the_device_
     assert rounds_idle == 4  # 16 -> 8 -> 4 -> 2 -> 1 s: 1 + 1 + 0.25 fits in 3 s
 
 
-def test_a_failed_upload_keeps_the_estimate_unless_it_timed_out() -> None:
+def test_a_failed_upload_raises_the_estimate_to_its_time_and_never_lowers_it() -> None:
     est = Estimates(update_s=UPDATE_S)
     est.measured_upload(0.5)
-    est.upload_failed(0.0, timed_out=False)  # refused before the body was read: says nothing about the link
+    est.upload_failed(0.0)  # refused before the body was read: says nothing about the link
     assert est.upload_s == 0.5
-    est.upload_failed(3.7, timed_out=True)  # the upload needs at least this
+    est.upload_failed(3.7)  # late or timed out after 3.7 s: the upload needs at least this
     assert est.upload_s == 3.7
-    est.upload_failed(1.0, timed_out=True)  # a shorter timeout does not lower a longer bound
+    est.upload_failed(1.0)
     assert est.upload_s == 3.7
-    fresh = Estimates()
-    fresh.upload_failed(0.2, timed_out=False)
-    assert fresh.upload_s is None
+    first = Estimates()  # late in its first round, before any upload was measured: it learns the link
+    first.upload_failed(1.6)
+    assert first.upload_s == 1.6
 
 
 @pytest.mark.parametrize("deadline_s, update_s, upload_s, expected", [
