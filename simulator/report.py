@@ -145,7 +145,7 @@ def plot_accuracy_curves(
     size = (6.4, 4.2) if len(panels) == 1 else (3.6 * cols, 2.9 * rows)
     fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False, sharey=True)
     styles = {"A": ("tab:blue", "-"), "B": ("tab:orange", "--"), "C": ("tab:green", "-"), "fednova": ("tab:red", "-."),
-              "fedprox": ("tab:purple", ":"), "mifa": ("tab:brown", "-")}
+              "fedprox": ("tab:purple", ":"), "mifa": ("tab:brown", (0, (6, 3)))}  # dashed: it often lies on C
     for ax, panel in zip(axes.flat, panels):
         for scheme, acc in sorted(curves[panel].items()):
             color, ls = styles.get(scheme, (None, "-"))
