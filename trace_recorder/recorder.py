@@ -649,7 +649,7 @@ class Recording:
         description = (f"Recorded with `flexfl traces record` on {where}. Per round, the fraction of the E = {self.E} "
                        f"required local updates that arrived before a {self.state['deadline_s']:g} s deadline, "
                        f"running {str(p.partition.dataset).upper()} FedAvg through the real coordinator and agents. "
-                       f"Conditions: {', '.join(f'{t.name} ' + _cond_text(t, p) for t in p.traces)}.")
+                       f"Conditions: {', '.join(f'{t.name} ' + condition_text(t, p) for t in p.traces)}.")
         source = {
             "recorder": "trace_recorder.recorder", "command": self.opts.command, "profile": p.to_dict(),
             "fleet": fleet, "calibration": self.state.get("calibration"),
@@ -670,7 +670,7 @@ class Recording:
                              created=utc_now_iso())
 
 
-def _cond_text(t: Any, p: Profile) -> str:
+def condition_text(t: Any, p: Profile) -> str:
     if t.bandwidth:
         return f"upload {t.bandwidth} ({p.rate_kbit(t)} kbit/s)"
     return f"CPU competitor {t.cpu_load_pct:g} %"
