@@ -13,10 +13,13 @@ traces stand for live federated learning. This command measures that on the emul
    follow no trace (deadline mode), so their conditions decide s, as in the recording.
    An interrupted live phase starts over (a resumed one would change the conditions).
 3. simulate: the simulator replays the recorded set, device k drawing s from its own
-   recorded trace, at K seeds other than the live run's (so the live run, if the traces are
-   faithful, is one more draw of the same process); and once at the live run's seed with the
-   live run's own s (FixedParticipation), which checks that live and simulated curves differ
-   through s only.
+   recorded trace, at the live run's seed and K others (the band: if the traces are faithful,
+   the live run is one more draw of the same process); and at the same seeds with the live
+   run's own s (FixedParticipation). At the live seed that must reproduce the live curve (a
+   check of the comparison); seed for seed, the two differ only in where s comes from, which
+   separates the traces' effect from the seed's (initial model, minibatches). A third kind
+   takes the live run's s in its first rounds (those the recorder drops as settling: no
+   trace holds them) and the traces' after them.
 4. page: per device the KS distance and mean difference of s/E, live vs recorded; the live
    curves against the simulated band (trace_recorder.fidelity_page).
 
@@ -301,10 +304,15 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
                      seed=profile.seed, traces=TracesConfig(set=str(work.traces), num_traces=n))
     live_rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")[:cfg.live_rounds]
     ids = work.state["phases"]["live"]["devices"]
+    live_s = FixedParticipation([[int(r["s"].get(d, 0)) for d in ids] for r in live_rows],
+                                E=profile.rules.required_updates)
+    seeds = [profile.seed, *band_seeds(profile.seed, cfg.sim_seeds)]
+    start = live_start_rounds(live_rows, ids)
+    # Per seed, s from the traces and s as the live run had it: the pair differs in the source of s only; and the
+    # traces after the live run's own start (the rounds the recorder's rule drops), which the traces cannot hold.
     runs: list[tuple[str, SimConfig, Any]] = [
-        (f"seed-{seed}", replace(base, seed=seed), None) for seed in band_seeds(profile.seed, cfg.sim_seeds)]
-    live_s = [[int(r["s"].get(d, 0)) for d in ids] for r in live_rows]
-    runs.append(("live-s", base, FixedParticipation(live_s, E=profile.rules.required_updates)))
+        (sim_name(source, seed), replace(base, seed=seed), source)
+        for source in ("traces", "live-s", "traces-after-live-start") for seed in seeds]
     todo = [(name, c, p) for name, c, p in runs if not work.sim_path(name).exists()]
     data = load_data(base) if todo else None
     for i, (name, sim_cfg, participation) in enumerate(todo, 1):
@@ -315,19 +323,46 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
                 print(f"simulate {name} ({i}/{len(todo)}): round {rec.round}/{rounds}, "
                       f"acc {100 * rec.test_acc:.1f}%", flush=True)
 
-        part = participation or TraceParticipation(trace_set, sim_cfg, assignment=range(n))
+        part: Any = live_s
+        if participation != "live-s":
+            part = TraceParticipation(trace_set, sim_cfg, assignment=range(n))
+        if participation == "traces-after-live-start":
+            part = AfterStart(part, start=live_s, rounds=start)
         res = run_simulation(sim_cfg, data=data, participation=part, on_round=progress)
         with atomic_file(work.sim_path(name)) as f:
             json.dump({"name": name, "seed": sim_cfg.seed, "wall_s": round(time.monotonic() - t0, 1),
                        "rounds": [{"round": r.round, "test_acc": r.test_acc, "test_loss": r.test_loss,
                                    "mean_s": r.mean_s} for r in res.records]}, f)
     load.append(_loadavg())
-    work.finish("simulate", elapsed_s=time.monotonic() - started, loadavg=load, runs=[name for name, _, _ in runs])
+    work.finish("simulate", elapsed_s=time.monotonic() - started, loadavg=load, runs=[name for name, _, _ in runs],
+                start_rounds=start)
+
+
+class AfterStart:
+    """s from `start` (the live run's) in rounds 1..`rounds`, from `then` (the traces) after them."""
+
+    def __init__(self, then: Any, *, start: Any, rounds: int) -> None:
+        self.then, self.start, self.rounds = then, start, rounds
+        self.trace_names = then.trace_names
+
+    def draw(self, shard: int, round_index: int) -> int:
+        return (self.start if round_index <= self.rounds else self.then).draw(shard, round_index)
+
+
+def sim_name(source: str, seed: int) -> str:
+    """A simulation's name (and file): s from `source` ("traces" or "live-s", the live run's) at `seed`."""
+    return f"{source}-seed-{seed}"
 
 
 def band_seeds(live_seed: int, k: int) -> list[int]:
     """The simulations' seeds: the k after the live run's, so that none shares its initial model or minibatches."""
     return [live_seed + 1 + i for i in range(k)]
+
+
+def live_start_rounds(rows: list[dict], ids: list[str]) -> int:
+    """How many first live rounds the recorder's rule drops as settling (rounds up to the first all-delivered one)."""
+    kept = live_kept_rounds(rows, ids)
+    return kept[0] - 1 if kept else len(rows)
 
 
 def live_kept_rounds(rows: list[dict], ids: list[str]) -> list[int]:
@@ -386,7 +421,11 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
     def curve(source: list[dict]) -> dict[str, np.ndarray]:
         return {k: np.array([float(r[k]) for r in source]) for k in ("round", "test_acc", "test_loss")}
 
-    band = {int(v["seed"]): curve(v["rounds"]) for name, v in sims.items() if name.startswith("seed-")}
+    seeds = [profile.seed, *band_seeds(profile.seed, cfg.sim_seeds)]
+    of = {source: {seed: curve(sims[sim_name(source, seed)]["rounds"]) for seed in seeds}
+          for source in ("traces", "live-s", "traces-after-live-start")}
+    band_of = {source: {seed: c for seed, c in curves.items() if seed != profile.seed} for source, curves in of.items()}
+    start = int(phases["simulate"]["start_rounds"])
     loads = {p: phases[p].get("loadavg", []) for p in ("record", "live", "simulate")}
     every = [x for v in loads.values() for x in v]
     cpus = os.cpu_count() or 1
@@ -404,13 +443,18 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
                  f"{profile.rules.eta0_for(profile.partition.dataset):g}, "
                  f"{replace(profile.partition, n_devices=len(devices)).describe()}",
         "cpu_recorded": {t: m.conditions.get(t, {}).get("cpu_load_achieved_pct") for t in devices},
-        "cpu_live": phases["live"].get("cpu_achieved", {}),
+        "cpu_live": {t.name: phases["live"].get("cpu_achieved", {}).get(t.name) for t in profile.traces
+                     if t.cpu_load_pct},  # as the recorder keeps them: for a competitor only
     }
     return FidelityInputs(
         devices=devices, conditions={t.name: condition_text(t, profile) for t in profile.traces},
         recorded={t.name: np.asarray(t.fraction, dtype=np.float64) for t in trace_set.traces},
         live={d: np.array([by_round[k]["s"].get(i, 0) / E for k in kept]) for d, i in zip(devices, ids)},
-        live_curve=curve(rows), band=band, live_s_replay=curve(sims["live-s"]["rounds"]), facts=facts)
+        live_curve=curve(rows), band=band_of["traces"], live_s_band=band_of["live-s"], live_seed=profile.seed,
+        traces_at_live_seed=of["traces"][profile.seed], live_s_replay=of["live-s"][profile.seed],
+        traces_after_live_start=of["traces-after-live-start"], start_rounds=start,
+        live_start={d: np.array([by_round[k]["s"].get(i, 0) / E for k in range(1, start + 1)])
+                    for d, i in zip(devices, ids)}, facts=facts)
 
 
 def default_command(argv: list[str]) -> str:

@@ -45,7 +45,7 @@ def test_quick_fidelity_run_measures_every_device_and_leaves_nothing_behind(flee
         assert [p.name() for p in psutil.Process().children(recursive=True)] == []
     printed = capsys.readouterr().out
     assert "calibration: deadline" in printed and "live round    8/8" in printed  # the phases' progress lines
-    assert "simulate seed-3 (3/4)" in printed and "KS distance of s/E, live vs recorded: T0 " in printed
+    assert "simulate traces-seed-3 (4/12)" in printed and "KS distance of s/E, live vs recorded: T0 " in printed
 
     with open(page.with_name("fidelity_devices.csv")) as f:
         devices = {r["device"]: r for r in csv.DictReader(f)}

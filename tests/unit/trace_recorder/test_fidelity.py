@@ -16,11 +16,13 @@ import pytest
 from flexfl.cli import main
 from flexfl.errors import ConfigError
 from trace_recorder.fidelity import (
+    AfterStart,
     FidelityConfig,
     FidelityOptions,
     WorkFolder,
     fidelity_profile,
     live_kept_rounds,
+    live_start_rounds,
     run_fidelity,
 )
 from trace_recorder.fidelity_stats import ks_distance
@@ -123,10 +125,24 @@ def test_the_cli_refuses_bad_input_in_one_line(tmp_path, profile_file, capsys):
     assert not work.exists()  # nothing was made
 
 
+def test_after_start_takes_the_live_s_in_the_start_rounds_and_the_traces_after():
+    class Const:
+        def __init__(self, s):
+            self.s, self.trace_names = s, ["a", "b"]
+
+        def draw(self, shard, round_index):
+            return self.s + shard
+
+    part = AfterStart(Const(10), start=Const(0), rounds=2)
+    assert part.trace_names == ["a", "b"]
+    assert [part.draw(1, r) for r in (1, 2, 3, 4)] == [1, 1, 11, 11]
+
+
 def test_live_rounds_kept_by_the_recorders_rule():
     rows = [{"round": k, "bytes_out": {"a": 1, "b": 1} if k > 2 else {"a": 1}} for k in range(1, 8)]
     # settled in round 3 (the first in which both received the model); 7 has no successor
     assert live_kept_rounds(rows, ["a", "b"]) == [4, 5, 6]
+    assert live_start_rounds(rows, ["a", "b"]) == 3
 
 
 def test_finished_phases_are_skipped_an_interrupted_one_resumes_and_the_page_has_the_figures(
@@ -140,9 +156,11 @@ def test_finished_phases_are_skipped_an_interrupted_one_resumes_and_the_page_has
     result = run_fidelity(opts)  # record and live are done; the simulations run here
     out = capsys.readouterr().out
     assert "phase 1/4 record: done in an earlier run" in out and "phase 2/4 live: done in an earlier run" in out
-    assert "fidelity phase 3/4 simulate\n" in out and "simulate seed-3 (3/4)" in out and "live-s (4/4)" in out
+    assert "fidelity phase 3/4 simulate\n" in out and "simulate traces-seed-3 (4/12)" in out
+    assert "simulate live-s-seed-3 (8/12)" in out and "simulate traces-after-live-start-seed-3 (12/12)" in out
     sims = {p.name: p.read_text() for p in work.sims.iterdir()}
-    assert sorted(sims) == ["live-s.json", "seed-1.json", "seed-2.json", "seed-3.json"]
+    assert sorted(sims) == sorted(f"{source}-seed-{seed}.json" for seed in range(4)
+                                  for source in ("live-s", "traces", "traces-after-live-start"))
 
     # (a) KS over the live rounds the recorder's rule keeps: 3..5
     with open(tmp_path / "page" / "fid_devices.csv") as f:
@@ -153,17 +171,34 @@ def test_finished_phases_are_skipped_an_interrupted_one_resumes_and_the_page_has
     assert float(devices["T90"]["ks"]) == pytest.approx(1 / 2, abs=1e-6)
     assert float(devices["T0"]["ks"]) == pytest.approx(1 / 3, abs=1e-6)  # one of three live rounds at 3/4
     assert float(devices["T90"]["mean_diff"]) == pytest.approx(live_t90.mean() - np.mean(RECORDED["T90"]), abs=1e-6)
+    # the two rounds the rule drops, which no trace holds: T90 did 0 and 3 of E = 4
+    assert float(devices["T90"]["live_start_mean"]) == pytest.approx(3 / 8) and devices["T0"]["live_start_mean"] == "1"
     # (b) the share of live rounds inside the band of the three simulations, as the per-round CSV shows them
     with open(tmp_path / "page" / "fid_curves.csv") as f:
         rounds = list(csv.DictReader(f))
     assert [int(r["round"]) for r in rounds] == [1, 2, 3, 4, 5, 6]
     acc = result["curves"][0]
-    inside = [float(r["band_min_test_acc"]) <= float(r["live_test_acc"]) <= float(r["band_max_test_acc"])
+    inside = [float(r["test_acc_band_min"]) <= float(r["test_acc_live"]) <= float(r["test_acc_band_max"])
               for r in rounds]
     assert acc.metric == "test_acc" and acc.inside_share == pytest.approx(np.mean(inside))
     assert math.isfinite(acc.live_loo_share) and len(acc.sim_loo_shares) == 3
     # the made-up live curve is not what the simulator makes of the live s: the replay column shows the gap
     assert acc.replay_max_gap > 0.01
+    # seed for seed: traces - live s, from the per-round columns of both simulations
+    assert acc.paired_seeds == (0, 1, 2, 3)
+    for seed, diff in zip(acc.paired_seeds, acc.paired_mean_diffs):
+        expected = np.mean([float(r[f"test_acc_traces_seed{seed}"]) - float(r[f"test_acc_live_s_seed{seed}"])
+                            for r in rounds])
+        assert diff == pytest.approx(expected, abs=1e-5)
+    assert any(d != 0 for d in acc.paired_mean_diffs)  # T90's live s is not what its trace draws
+    for seed, diff in zip(acc.paired_seeds, acc.start_mean_diffs):
+        expected = np.mean([float(r[f"test_acc_traces_after_live_start_seed{seed}"])
+                            - float(r[f"test_acc_live_s_seed{seed}"]) for r in rounds])
+        assert diff == pytest.approx(expected, abs=1e-5)
+    # the first two rounds are the live run's in both, so the curves agree there (and differ after)
+    assert rounds[1]["test_loss_traces_after_live_start_seed1"] == rounds[1]["test_loss_live_s_seed1"]
+    assert rounds[1]["test_loss_traces_seed1"] != rounds[1]["test_loss_live_s_seed1"]
+    assert rounds[4]["test_loss_traces_after_live_start_seed1"] != rounds[4]["test_loss_live_s_seed1"]
     page = (tmp_path / "page" / "fid.md").read_text()
     assert "| T90 | CPU competitor 90 % | 6 / 3 |" in page and "| 82 / 80 |" in page
     assert (tmp_path / "page" / "fid_ecdf.png").stat().st_size > 10_000
@@ -175,12 +210,13 @@ def test_finished_phases_are_skipped_an_interrupted_one_resumes_and_the_page_has
     work.open()
     del work.state["phases"]["simulate"]
     work.save()
-    (work.sims / "seed-2.json").unlink()
+    (work.sims / "traces-seed-2.json").unlink()
     run_fidelity(opts)
     out = capsys.readouterr().out
-    assert "simulate seed-2 (1/1)" in out and "seed-1 (" not in out and "live-s (" not in out
+    assert out.count("simulate ") == 1 and "simulate traces-seed-2 (1/1)" in out
     assert {p.name: p.read_text() for p in work.sims.iterdir()}.keys() == sims.keys()
-    assert json.loads((work.sims / "seed-2.json").read_text())["rounds"] == json.loads(sims["seed-2.json"])["rounds"]
+    again = json.loads((work.sims / "traces-seed-2.json").read_text())["rounds"]
+    assert again == json.loads(sims["traces-seed-2.json"])["rounds"]
 
     run_fidelity(opts)  # everything done: only the page is written again
     out = capsys.readouterr().out
