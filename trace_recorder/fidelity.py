@@ -430,13 +430,13 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
     every = [x for v in loads.values() for x in v]
     cpus = os.cpu_count() or 1
     facts = {
-        "command": opts.command or default_command([]), "date": utc_now_iso(), "work": str(work.path),
+        "command": opts.command or default_command([]), "date": utc_now_iso(), "work": _shown(work.path),
         "wall_s": sum(phases[p]["elapsed_s"] for p in loads),
         "phase_times": ", ".join(f"{p} {phases[p]['elapsed_s'] / 60:.1f} min" for p in loads),
         "cpu_model": cpu_model() or "unknown", "cpus": cpus,
         "load_text": ", ".join(f"{p} {min(v):.1f}-{max(v):.1f}" for p, v in loads.items() if v),
         "load_max": max(every, default=0.0), "shared_machine": max(every, default=0.0) > cpus,
-        "cpu_quota": profile.emulation.cpu_quota, "profile": f"`{profile.path}` ({profile.name})",
+        "cpu_quota": profile.emulation.cpu_quota, "profile": f"`{_shown(Path(profile.path))}` ({profile.name})",
         "recorded_rounds": len(trace_set.traces[0]), "deadline_s": float(m.deadline_s or 0), "E": E,
         "unit": str(profile.rules.unit), "live_rounds": len(rows),
         "rules": f"{profile.rules.aggregation.description}, eta_0 = "
@@ -455,6 +455,14 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
         traces_after_live_start=of["traces-after-live-start"], start_rounds=start,
         live_start={d: np.array([by_round[k]["s"].get(i, 0) / E for k in range(1, start + 1)])
                     for d, i in zip(devices, ids)}, facts=facts)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder when inside it (a page should not name this machine's folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def default_command(argv: list[str]) -> str:

@@ -434,21 +434,28 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
         "## Does the loop close?",
         "",
     ]
-    lines += verdict(devs, curves, corr, acc, start_rounds=inputs.start_rounds)
+    lines += verdict(devs, curves, corr, acc, start_rounds=inputs.start_rounds, cpu=(cpu_rec, cpu_live))
     lines += ["", f"Data: `{files['devices_csv'].name}` (per device), `{files['curves_csv'].name}` (per round); "
               f"work folder `{fx.get('work', '?')}`.", ""]
     return "\n".join(lines)
 
 
 def verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], corr: dict[str, float],
-            acc: CurveFigures, *, start_rounds: int) -> list[str]:
+            acc: CurveFigures, *, start_rounds: int, cpu: tuple[dict, dict] = ({}, {})) -> list[str]:
     differ = [d for d in devs if d.differs]
     out = []
+
+    def competitor(d: DeviceFigures) -> str:
+        rec, live = cpu[0].get(d.device), cpu[1].get(d.device)
+        if rec is None or live is None:
+            return ""
+        return f"; its competitor took {rec:.0f} % of the device's CPU budget recording, {live:.0f} % live"
+
     if differ:
         out.append(f"- **s: no, for {len(differ)} of {len(devs)} devices.** The live distribution of s/E differs from "
                    "the recorded one beyond the 5 % critical KS distance for "
-                   + ", ".join(f"{d.device} (D = {d.ks:.3f} > {d.ks_critical_5pct:.3f}, mean {d.mean_diff:+.3f})"
-                               for d in differ) + ".")
+                   + ", ".join(f"{d.device} (D = {d.ks:.3f} > {d.ks_critical_5pct:.3f}, mean {d.mean_diff:+.3f}"
+                               f"{competitor(d)})" for d in differ) + ".")
     else:
         out.append(f"- **s: yes.** For every device the live distribution of s/E is within the 5 % critical KS "
                    f"distance of its recorded trace (largest D = {max(d.ks for d in devs):.3f}, largest mean "
@@ -503,7 +510,8 @@ def verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], corr:
     if patterned:
         out.append("- **Order within a device's trace**: " + ", ".join(
             f"{d.device} (lag-1 r = {d.lag1_recorded:+.2f} recorded, {d.lag1_live:+.2f} live)" for d in patterned)
-            + " follow a round-to-round pattern in both runs that the simulator's iid draws drop (the sampler's "
+            + f" {'follows' if len(patterned) == 1 else 'follow'} a round-to-round pattern in both runs that the "
+            "simulator's iid draws drop (the sampler's "
             "`replay` mode keeps the order). A negative r on an upload-limited device is the agent's upload estimate "
             "at work: after a slow upload the estimate leaves no time to train (s = 0, reason upload); each such "
             "round halves the unmeasured estimate (edge_agent.deadline) until the device trains again, measures a "
