@@ -158,7 +158,7 @@ live-emulated: setup ## `make live` on an emulated fleet (root), deadline mode: 
 # `make trace-fidelity`: the paper's assumption measured (issue 22): a trace recorded on the emulated fleet under a
 # load against live FL there under the same load (same loadgen daemons, deadline, E). Phases are saved in
 # out/trace-fidelity/ (rerun to continue); QUICK=1 runs two devices for 8 rounds (out/trace-fidelity-quick/).
-trace-fidelity: setup ## recorded traces vs live FL on an emulated fleet (root; ~15 min for 5 devices x 150 rounds; QUICK=1: ~1 min) -> results/trace_fidelity.md
+trace-fidelity: setup ## recorded traces vs live FL on an emulated fleet (root; ~10 min for 5 devices x 150 rounds on 2 cores; QUICK=1: ~1 min) -> results/trace_fidelity.md
 	$(BIN)/flexfl traces fidelity $(if $(QUICK),--quick)
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
