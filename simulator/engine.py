@@ -238,12 +238,20 @@ class FixedParticipation:
 
 
 class TraceParticipation:
-    """Each device follows a trace (assign_traces) and draws s from it (TraceSampler)."""
+    """Each device follows a trace (assign_traces) and draws s from it (TraceSampler).
 
-    def __init__(self, traces: TraceSet, cfg: SimConfig) -> None:
+    `assignment` fixes the trace (index into the first num_traces) device k follows, e.g. a
+    recorded set's own device -> trace map (trace_recorder.fidelity); None: assign_traces' draw.
+    """
+
+    def __init__(self, traces: TraceSet, cfg: SimConfig, *, assignment: Sequence[int] | None = None) -> None:
         chosen = traces.first(cfg.traces.num_traces)
         E = cfg.rules.required_updates
-        assignment = assign_traces(cfg.partition.n_devices, n_traces=len(chosen), seed=cfg.seed)
+        if assignment is None:
+            assignment = assign_traces(cfg.partition.n_devices, n_traces=len(chosen), seed=cfg.seed)
+        elif len(assignment) != cfg.partition.n_devices or not all(0 <= j < len(chosen) for j in assignment):
+            raise ConfigError(f"trace assignment {list(assignment)} must give each of {cfg.partition.n_devices} "
+                              f"devices a trace index in 0..{len(chosen) - 1}")
         self.samplers = [TraceSampler(chosen[j], E=E, seed=cfg.seed, device_index=k,
                                       sampling=cfg.rules.trace_sampling, s_rule=cfg.rules.s_rule)
                          for k, j in enumerate(assignment)]

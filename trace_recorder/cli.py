@@ -52,6 +52,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--port", type=int, default=50061, help="coordinator port (emulated fleet; default 50061)")
     rec.set_defaults(func=_record)
 
+    fid = actions.add_parser(
+        "fidelity", help="do recorded traces predict live FL? record, run live under the same loads, compare (root)",
+        description="On an emulated fleet (root): record a trace set under the profile's loads (as `traces record`), "
+                    "run live FL in deadline mode under the same loads, deadline and E, and compare per device the "
+                    "live s/E with the recorded trace (KS distance, mean difference) and the live accuracy and loss "
+                    "with simulations replaying the traces over several seeds. Phases are saved in --work; a rerun "
+                    "skips finished ones. Writes the page, two CSVs and two plots.")
+    fid.add_argument("--quick", action="store_true",
+                     help="a few-minute run: traces T0,T90, 8 recorded and 8 live rounds, 3 simulations, 4 warm-up "
+                          "rounds (flags still override); default --work out/trace-fidelity-quick, page in it")
+    fid.add_argument("--profile", type=Path, help="recording profile (default: trace_recorder/paper_profile.toml)")
+    fid.add_argument("--traces", help="comma-separated traces of the profile, one device each "
+                                      "(default T0,T50,T90,Thi,Tlo; 'all': every trace)")
+    fid.add_argument("--record-rounds", type=int, help="R rounds recorded per device (default 150)")
+    fid.add_argument("--live-rounds", type=int, help="N rounds of live FL, and of each simulation (default 150)")
+    fid.add_argument("--seeds", type=int, help="K simulations replaying the traces, at the K seeds after the live "
+                                               "run's (default 5)")
+    fid.add_argument("--eta0", type=float, help="eta_0 of the FL phase (default: flexfl live's for the dataset)")
+    fid.add_argument("--work", type=Path, help="work folder (default out/trace-fidelity)")
+    fid.add_argument("--out", type=Path, help="the page (default results/trace_fidelity.md); CSVs and PNGs beside it")
+    fid.add_argument("--prefix", default="fffid", help="emulated fleet's name prefix (default fffid)")
+    fid.add_argument("--subnet", default="10.77.4", help="emulated fleet's /24, first three octets (default 10.77.4)")
+    fid.add_argument("--port", type=int, default=50062, help="coordinator port (default 50062)")
+    fid.set_defaults(func=_fidelity)
+
     show = actions.add_parser("show", help="print a set's per-trace statistics")
     show.add_argument("path", type=Path, metavar="PATH", help="trace-set folder")
     show.set_defaults(func=_show)
@@ -98,6 +123,39 @@ def _record(args: argparse.Namespace) -> int:
     print(_table(result["traces"], m.conditions))
     print(f"wrote {len(m.traces)} recorded traces x {len(result['traces'][0])} rounds to {args.out} "
           f"(deadline {m.deadline_s:g} s, E = {m.required_updates}) in {result['elapsed_s']:.0f} s")
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from trace_recorder.fidelity import (
+        QUICK,
+        FidelityConfig,
+        FidelityOptions,
+        FleetPlace,
+        default_command,
+        run_fidelity,
+    )
+
+    given = {"profile": args.profile and str(args.profile), "record_rounds": args.record_rounds,
+             "live_rounds": args.live_rounds, "sim_seeds": args.seeds, "eta0": args.eta0}
+    if args.traces:
+        given["traces"] = () if args.traces == "all" else tuple(t for t in args.traces.split(",") if t)
+    fields = {**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}}
+    work = args.work or Path("out/trace-fidelity-quick" if args.quick else "out/trace-fidelity")
+    argv = [*(["--quick"] if args.quick else []),
+            *[x for flag in ("profile", "traces", "record_rounds", "live_rounds", "seeds", "eta0", "work", "out")
+              if getattr(args, flag) is not None for x in (f"--{flag.replace('_', '-')}", str(getattr(args, flag)))]]
+    opts = FidelityOptions(config=FidelityConfig(**fields), work=work,
+                           page=args.out or (work / "trace_fidelity.md" if args.quick
+                                             else Path("results/trace_fidelity.md")),
+                           fleet=FleetPlace(prefix=args.prefix, subnet=args.subnet, port=args.port),
+                           command=default_command(argv))
+    result = run_fidelity(opts)
+    devs, curves = result["devices"], result["curves"]
+    acc = next(c for c in curves if c.metric == "test_acc")
+    print("KS distance of s/E, live vs recorded: " + ", ".join(f"{d.device} {d.ks:.3f}" for d in devs)
+          + f"; live accuracy inside the simulated band in {100 * acc.inside_share:.0f} % of rounds; "
+          f"page {result['files']['page']}")
     return 0
 
 

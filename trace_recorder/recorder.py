@@ -326,6 +326,84 @@ def build_traces(rows_by_round: dict[int, dict], kept: list[int], devices: list[
     return traces
 
 
+# ---- a fleet's configs and loads (the recording's, and any run on its fleet: trace_recorder.fidelity) --------
+
+
+def fleet_token(work: Path) -> Path:
+    """The fleet token file of an emulated fleet's run in `work` (made once, kept for --resume)."""
+    token = work / "fleet_token"
+    if not token.exists():
+        with atomic_file(token, perms=0o600) as f:
+            f.write(secrets.token_hex(16))
+    return token
+
+
+def write_fleet_configs(profile: Profile, backend: Any, work: Path, *, token_file: Path, rounds: int,
+                        deadline_s: float, header: str) -> tuple[Path, list[Path]]:
+    """The coordinator's and each device's agent config for a run of `profile` (partition, rules, seed) on
+    `backend`'s devices; agents follow no trace (deadline mode: their conditions decide s)."""
+    partition = replace(profile.partition, n_devices=backend.n_devices)
+    coordinator = CoordinatorConfig(
+        server=ServerConfig(listen=backend.coordinator_listen, fleet_token_file=str(token_file), pull_wait_s=1.0),
+        partition=partition, rules=profile.rules,
+        run=RunConfig(rounds=rounds, deadline_s=deadline_s, min_devices=len(backend.devices), start_grace_s=3.0,
+                      seed=profile.seed),
+        output=OutputConfig(dir=str(work / "coordinator")))
+    coord = write_config(work / "coordinator.toml", coordinator, header=header)
+    agents = []
+    for d in backend.devices:
+        agent = AgentConfig(coordinator=backend.coordinator_listen, device_id=d.device_id, shard_index=d.shard_index,
+                            fleet_token_file=str(token_file), announce_departure=False, pull_wait_s=1.0,
+                            backoff_max_s=4.0, partition=partition)
+        agents.append(write_config(work / f"agent-{d.device_id}.toml", agent, header=header))
+    return coord, agents
+
+
+def apply_loads(profile: Profile, backend: Any) -> None:
+    """Set every device's load through its loadgen daemon: the stress-ng competitor at its trace's CPU percent,
+    a tbf upload limit where its trace names a bandwidth."""
+    from loadgen.client import FleetClient, bandwidth_message
+
+    conditions = {t.name: t for t in profile.traces}
+    messages = {}
+    for d in backend.devices:
+        messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
+    with FleetClient([d.loadgen for d in backend.devices], timeout_s=10, auth=backend.loadgen_auth) as fleet:
+        fleet.call_each(messages)
+        shaped = {d.loadgen: bandwidth_message(profile.rate_kbit(conditions[d.trace]), iface=d.iface)
+                  for d in backend.devices if conditions[d.trace].bandwidth}
+        if shaped:
+            fleet.call_each(shaped)
+    log.info("loads set: %s", ", ".join(f"{d.trace}: cpu {conditions[d.trace].cpu_load_pct:g}%"
+                                         + (f", up {profile.rate_kbit(conditions[d.trace])} kbit/s"
+                                            if conditions[d.trace].bandwidth else "") for d in backend.devices))
+
+
+def sample_cpu(backend: Any) -> tuple[dict[str, float], dict[str, dict]]:
+    """Each trace's competitor CPU percent as its daemon measured it now (where it did), and the daemons' replies."""
+    from loadgen.client import FleetClient
+
+    with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
+        replies = fleet.broadcast({"cmd": "status"})
+    achieved = {}
+    for d in backend.devices:
+        measured = (replies.get(d.loadgen, {}).get("cpu") or {}).get("measured")
+        if measured and measured.get("achieved_percent") is not None:
+            achieved[d.trace] = float(measured["achieved_percent"])
+    return achieved, replies
+
+
+def clear_loads(backend: Any) -> None:
+    """Stop every competitor and remove every limit the daemons set (a failure is logged: cleanup goes on)."""
+    from loadgen.client import FleetClient
+
+    try:
+        with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
+            fleet.broadcast({"cmd": "clear"})
+    except FlexFLError as exc:
+        log.warning("clearing the loads failed: %s", exc)
+
+
 # ---- the recording -------------------------------------------------------------------------------
 
 
@@ -392,70 +470,25 @@ class Recording:
 
     def _write_configs(self, backend: Any) -> tuple[Path, list[Path], str]:
         """Coordinator and agent configs (dumped from the dataclasses); returns them and the fleet token."""
-        p = self.profile
-        if self.inventory is not None:
-            token = Path(self.inventory.fleet_token_file)
-        else:
-            token = self.work / "fleet_token"
-            if not token.exists():
-                with atomic_file(token, perms=0o600) as f:
-                    f.write(secrets.token_hex(16))
-        partition = replace(p.partition, n_devices=backend.n_devices)
-        coordinator = CoordinatorConfig(
-            server=ServerConfig(listen=backend.coordinator_listen, fleet_token_file=str(token), pull_wait_s=1.0),
-            partition=partition, rules=p.rules,
-            run=RunConfig(rounds=1_000_000, deadline_s=p.deadline.warmup_deadline_s, min_devices=len(backend.devices),
-                          start_grace_s=3.0, seed=p.seed),
-            output=OutputConfig(dir=str(self.work / "coordinator")))
-        coord = write_config(self.work / "coordinator.toml", coordinator, header="written by flexfl traces record")
-        agents = []
-        for d in backend.devices:
-            agent = AgentConfig(coordinator=backend.coordinator_listen, device_id=d.device_id,
-                                shard_index=d.shard_index,
-                                fleet_token_file=str(token), announce_departure=False, pull_wait_s=1.0,
-                                backoff_max_s=4.0, partition=partition)
-            agents.append(write_config(self.work / f"agent-{d.device_id}.toml", agent,
-                                       header="written by flexfl traces record"))
+        token = Path(self.inventory.fleet_token_file) if self.inventory is not None else fleet_token(self.work)
+        coord, agents = write_fleet_configs(self.profile, backend, self.work, token_file=token, rounds=1_000_000,
+                                            deadline_s=self.profile.deadline.warmup_deadline_s,
+                                            header="written by flexfl traces record")
         return coord, agents, read_secret(token, what="fleet token")
 
     # ---- loads ---------------------------------------------------------------------------
 
     def _apply_loads(self, backend: Any) -> None:
-        from loadgen.client import FleetClient, bandwidth_message
-
-        conditions = {t.name: t for t in self.profile.traces}
-        messages = {}
-        for d in backend.devices:
-            messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
-        with FleetClient([d.loadgen for d in backend.devices], timeout_s=10, auth=backend.loadgen_auth) as fleet:
-            fleet.call_each(messages)
-            shaped = {d.loadgen: bandwidth_message(self.profile.rate_kbit(conditions[d.trace]), iface=d.iface)
-                      for d in backend.devices if conditions[d.trace].bandwidth}
-            if shaped:
-                fleet.call_each(shaped)
-        log.info("loads set: %s", ", ".join(f"{d.trace}: cpu {conditions[d.trace].cpu_load_pct:g}%"
-                                             + (f", up {self.profile.rate_kbit(conditions[d.trace])} kbit/s"
-                                                if conditions[d.trace].bandwidth else "") for d in backend.devices))
+        apply_loads(self.profile, backend)
 
     def _sample_cpu(self, backend: Any) -> dict[str, dict]:
-        from loadgen.client import FleetClient
-
-        with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
-            replies = fleet.broadcast({"cmd": "status"})
-        for d in backend.devices:
-            measured = (replies.get(d.loadgen, {}).get("cpu") or {}).get("measured")
-            if measured and measured.get("achieved_percent") is not None:
-                self.cpu_readings.setdefault(d.trace, []).append(float(measured["achieved_percent"]))
+        achieved, replies = sample_cpu(backend)
+        for trace, pct in achieved.items():
+            self.cpu_readings.setdefault(trace, []).append(pct)
         return replies
 
     def _clear_loads(self, backend: Any) -> None:
-        from loadgen.client import FleetClient
-
-        try:
-            with FleetClient([d.loadgen for d in backend.devices], timeout_s=5, auth=backend.loadgen_auth) as fleet:
-                fleet.broadcast({"cmd": "clear"})
-        except FlexFLError as exc:
-            log.warning("clearing the loads failed: %s", exc)
+        clear_loads(backend)
 
     # ---- phases --------------------------------------------------------------------------
 
@@ -616,7 +649,7 @@ class Recording:
         description = (f"Recorded with `flexfl traces record` on {where}. Per round, the fraction of the E = {self.E} "
                        f"required local updates that arrived before a {self.state['deadline_s']:g} s deadline, "
                        f"running {str(p.partition.dataset).upper()} FedAvg through the real coordinator and agents. "
-                       f"Conditions: {', '.join(f'{t.name} ' + _cond_text(t, p) for t in p.traces)}.")
+                       f"Conditions: {', '.join(f'{t.name} ' + condition_text(t, p) for t in p.traces)}.")
         source = {
             "recorder": "trace_recorder.recorder", "command": self.opts.command, "profile": p.to_dict(),
             "fleet": fleet, "calibration": self.state.get("calibration"),
@@ -637,7 +670,7 @@ class Recording:
                              created=utc_now_iso())
 
 
-def _cond_text(t: Any, p: Profile) -> str:
+def condition_text(t: Any, p: Profile) -> str:
     if t.bandwidth:
         return f"upload {t.bandwidth} ({p.rate_kbit(t)} kbit/s)"
     return f"CPU competitor {t.cpu_load_pct:g} %"

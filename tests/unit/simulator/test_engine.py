@@ -16,6 +16,7 @@ from simulator.engine import (
     DepartureEvent,
     ScheduleConfig,
     SimConfig,
+    TraceParticipation,
     TracesConfig,
     TrainerKind,
     load_data,
@@ -108,6 +109,28 @@ def test_scheme_a_discards_rounds_without_complete_devices(tmp_path):
     assert len({r.test_acc for r in res.records}) == 1
     res_c = run_simulation(replace(cfg, rules=replace(cfg.rules, scheme="C")), traces=traces)
     assert not any(r.discarded for r in res_c.records) and res_c.device_updates > 0
+
+
+def test_a_given_trace_assignment_pins_each_device_to_its_trace(tmp_path):
+    """Device k follows trace assignment[k] (a recorded set replayed device by device), not assign_traces' draw."""
+    manifest = TraceManifest(
+        schema_version=1, name="two", kind="calibrated", description="test", source={"test": True},
+        required_updates=4, deadline_s=None, traces=("full", "none"), conditions={"full": {}, "none": {}}, hosts=(),
+        created=utc_now_iso())
+    write_trace_set(tmp_path / "set", manifest, [Trace(name=n, round=np.arange(3), fraction=np.full(3, f))
+                                                 for n, f in (("full", 1.0), ("none", 0.0))])
+    traces = read_trace_set(tmp_path / "set")
+    cfg = small(rules={"required_updates": 4}, traces=TracesConfig(set=str(tmp_path / "set"), num_traces=2))
+    order = [k % 2 for k in range(8)]  # even devices: "full", odd: "none"
+    pinned = TraceParticipation(traces, cfg, assignment=order)
+    assert pinned.trace_names == ["full", "none"] * 4
+    assert [pinned.draw(k, r) for r in (1, 2, 3) for k in range(8)] == [4, 0] * 12
+    drawn = TraceParticipation(traces, cfg).trace_names  # the seed's draw is another map
+    assert drawn != pinned.trace_names
+    with pytest.raises(ConfigError, match=r"must give each of 8 devices a trace index in 0..1"):
+        TraceParticipation(traces, cfg, assignment=[0, 1, 2, 0, 0, 0, 0, 0])
+    with pytest.raises(ConfigError, match="must give each of 8 devices"):
+        TraceParticipation(traces, cfg, assignment=[0, 1])
 
 
 def test_training_improves_accuracy_over_rounds():
