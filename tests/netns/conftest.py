@@ -9,6 +9,7 @@ pid is gone), without touching a concurrent run's.
 import ctypes
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -60,6 +61,22 @@ def root_netns():
 def stress_ng():
     if shutil.which("stress-ng") is None:
         pytest.skip("stress-ng not installed (apt-get install stress-ng)")
+
+
+@pytest.fixture
+def fleet_host(root_netns):
+    """An emulated fleet can come up here (root, a cgroup v1 cpu controller: else skip); the fleets of
+    test runs that died are taken down first. Test fleets are named f<letter><creator pid, 6 hex>."""
+    from loadgen import fleet as fl
+
+    try:
+        fl.require_root()
+    except fl.FleetError as exc:
+        pytest.skip(str(exc))
+    for prefix in fl.list_fleets():
+        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
+        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
+            fl.down(prefix)
 
 
 def _sweep_stale() -> None:

@@ -13,25 +13,13 @@ import os
 import re
 
 import psutil
-import pytest
 
 from flexfl.cli import main
 from loadgen import fleet as fl
 
 
-@pytest.fixture
-def fleet_host(root_netns, stress_ng):
-    try:
-        fl.require_root()
-    except fl.FleetError as exc:
-        pytest.skip(str(exc))
-    for prefix in fl.list_fleets():  # fleets of test runs that died
-        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
-        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
-            fl.down(prefix)
-
-
-def test_quick_fidelity_run_measures_every_device_and_leaves_nothing_behind(fleet_host, tmp_path, capsys) -> None:
+def test_quick_fidelity_run_measures_every_device_and_leaves_nothing_behind(fleet_host, stress_ng, tmp_path,
+                                                                            capsys) -> None:
     prefix = f"fq{os.getpid():06x}"
     page = tmp_path / "page" / "fidelity.md"
     argv = ["traces", "fidelity", "--quick", "--work", str(tmp_path / "work"), "--out", str(page), "--prefix", prefix,

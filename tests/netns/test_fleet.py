@@ -7,7 +7,6 @@ each test sweeps the fleets of test runs that died (their creator pid is gone).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -35,13 +34,6 @@ def fleet_subnet(k: int) -> str:
     return f"10.78.{(os.getpid() % 60) * 4 + k}"
 
 
-def sweep_dead_test_fleets() -> None:
-    for prefix in fl.list_fleets():
-        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
-        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
-            fl.down(prefix)
-
-
 def leftovers(prefix: str) -> list[str]:
     """Everything of fleet `prefix` still on the machine: namespaces, links, qdiscs, cgroups, state."""
     found = fl.find_leftovers(prefix)
@@ -51,16 +43,6 @@ def leftovers(prefix: str) -> list[str]:
     if fl.state_dir_of(prefix).exists():
         out.append(str(fl.state_dir_of(prefix)))
     return out
-
-
-@pytest.fixture
-def fleet_host(root_netns):
-    """Skip without a cgroup v1 cpu controller; sweep dead test fleets."""
-    try:
-        fl.require_root()
-    except fl.FleetError as exc:
-        pytest.skip(str(exc))
-    sweep_dead_test_fleets()
 
 
 def test_up_then_down_leaves_nothing_and_down_twice_is_fine(fleet_host, stress_ng) -> None:

@@ -12,11 +12,7 @@ one without a quota, one at 0.1 CPU, one at full CPU behind a 4 Mbit/s upload.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-
-import psutil
-import pytest
 
 from coordinator.metrics import read_metrics
 from edge_agent.config import load_agent_config
@@ -24,18 +20,6 @@ from edge_agent.deadline import StopReason
 from flexfl.live import EmulationConfig, LiveConfig, LiveRun, load_live_config
 from loadgen import fleet as fl
 from workloads.partition_spec import PartitionSpec
-
-
-@pytest.fixture
-def fleet_host(root_netns):
-    try:
-        fl.require_root()
-    except fl.FleetError as exc:
-        pytest.skip(str(exc))
-    for prefix in fl.list_fleets():  # fleets of test runs that died
-        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
-        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
-            fl.down(prefix)
 
 
 def test_bandwidth_limited_agent_is_inactive_while_the_unlimited_one_stays_active(fleet_host, tmp_path: Path) -> None:

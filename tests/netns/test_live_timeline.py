@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 
 from coordinator.metrics import read_metrics
@@ -28,18 +26,6 @@ from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
 from loadgen import fleet as fl
 from loadgen.fleet_timeline import FleetTimeline
 from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit
-
-
-@pytest.fixture
-def fleet_host(root_netns):
-    try:
-        fl.require_root()
-    except fl.FleetError as exc:
-        pytest.skip(str(exc))
-    for prefix in fl.list_fleets():  # fleets of test runs that died
-        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
-        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
-            fl.down(prefix)
 
 
 def _subnet(k: int) -> str:

@@ -7,11 +7,8 @@ and leave no fleet behind.
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
-import psutil
-import pytest
 
 from loadgen import fleet as fl
 from simulator.engine import SimConfig, TracesConfig, run_simulation
@@ -40,19 +37,8 @@ cpu_load_pct = 90
 """
 
 
-@pytest.fixture
-def fleet_host(root_netns, stress_ng):
-    try:
-        fl.require_root()
-    except fl.FleetError as exc:
-        pytest.skip(str(exc))
-    for prefix in fl.list_fleets():  # fleets of test runs that died
-        m = re.fullmatch(r"f[a-z]([0-9a-f]{6})", prefix)
-        if m and int(m.group(1), 16) != os.getpid() and not psutil.pid_exists(int(m.group(1), 16)):
-            fl.down(prefix)
-
-
-def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fleet_host, tmp_path, capsys) -> None:
+def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fleet_host, stress_ng, tmp_path,
+                                                                              capsys) -> None:
     prefix = f"fr{os.getpid():06x}"
     profile = tmp_path / "profile.toml"
     profile.write_text(PROFILE)
