@@ -118,3 +118,28 @@ def _fuzz_examples_of_the_seed_alone(request: pytest.FixtureRequest) -> Iterator
         return
     with draws_from_seed_alone():
         yield
+
+
+class RecordingFleet:
+    """The four EmulatedFleet methods a device timeline calls, recorded as (method, device, value):
+    the scheduling logic without root (tests/netns/test_live_timeline.py drives the real fleet)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, object]] = []
+
+    def set_cpu_quota(self, index: int, cpus: float | None) -> None:
+        self.calls.append(("cpu", index, cpus))
+
+    def set_upload(self, index: int, kbit: int | None) -> None:
+        self.calls.append(("up", index, kbit))
+
+    def set_download(self, index: int, kbit: int | None) -> None:
+        self.calls.append(("down", index, kbit))
+
+    def set_online(self, index: int, online: bool) -> None:
+        self.calls.append(("online", index, online))
+
+
+@pytest.fixture
+def recording_fleet() -> RecordingFleet:
+    return RecordingFleet()

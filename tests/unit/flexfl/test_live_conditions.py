@@ -35,38 +35,21 @@ dev-2,3,9,1,8000,8000,1
 """
 
 
-class RecordingFleet:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int, object]] = []
-
-    def set_cpu_quota(self, index: int, cpus: float | None) -> None:
-        self.calls.append(("cpu", index, cpus))
-
-    def set_upload(self, index: int, kbit: int | None) -> None:
-        self.calls.append(("up", index, kbit))
-
-    def set_download(self, index: int, kbit: int | None) -> None:
-        self.calls.append(("down", index, kbit))
-
-    def set_online(self, index: int, online: bool) -> None:
-        self.calls.append(("online", index, online))
-
-
 def _status(open_round: int, joined: tuple[str, ...] = ("dev-0", "dev-1", "dev-2")) -> pb.StatusReply:
     return pb.StatusReply(open_round=open_round, completed_round=max(0, open_round - 1), started=open_round > 0,
                           devices=[pb.DeviceStatus(device_id=d, connected=True) for d in joined])
 
 
-def _player(tmp_path: Path, text: str, *, full_cpus=(None, None, None), clock=None):
+def _player(tmp_path: Path, text: str, fleet, *, full_cpus=(None, None, None), clock=None):
     path = tmp_path / "t.csv"
     path.write_text(text)
-    fleet = RecordingFleet()
     kwargs = {"clock": clock} if clock else {}
     return LiveTimeline(fleet_timeline(path, list(full_cpus), least_cpus=LEAST), fleet, out=tmp_path, **kwargs), fleet
 
 
-def test_round_r_conditions_apply_when_round_r_opens_and_each_opening_is_recorded(tmp_path: Path) -> None:
-    play, fleet = _player(tmp_path, ROUNDS)
+def test_round_r_conditions_apply_when_round_r_opens_and_each_opening_is_recorded(
+        tmp_path: Path, recording_fleet) -> None:
+    play, fleet = _player(tmp_path, ROUNDS, recording_fleet)
     assert play.follow(None) == [] and play.follow(_status(0)) == []  # before round 1 nothing applies
     assert fleet.calls == [] and not (tmp_path / CONDITIONS_FILE).read_text()
     assert len(play.follow(_status(1))) == 6  # rates of the three devices (share 1 of one core: no quota)
@@ -83,8 +66,8 @@ def test_round_r_conditions_apply_when_round_r_opens_and_each_opening_is_recorde
     assert read_conditions(tmp_path / CONDITIONS_FILE)[2]["dev-2"]["online"] is False
 
 
-def test_a_device_that_has_not_joined_is_held_back_until_it_has(tmp_path: Path) -> None:
-    play, fleet = _player(tmp_path, ROUNDS)
+def test_a_device_that_has_not_joined_is_held_back_until_it_has(tmp_path: Path, recording_fleet) -> None:
+    play, fleet = _player(tmp_path, ROUNDS, recording_fleet)
     play.follow(_status(1, joined=("dev-0", "dev-1")))
     assert {i for _, i, _ in fleet.calls} == {0, 1}
     fleet.calls.clear()
@@ -96,11 +79,11 @@ def test_a_device_that_has_not_joined_is_held_back_until_it_has(tmp_path: Path) 
     assert sorted(read_conditions(tmp_path / CONDITIONS_FILE)[1]) == ["dev-0", "dev-1"]  # as the round opened
 
 
-def test_a_seconds_timeline_runs_on_the_clock_from_round_1s_opening(tmp_path: Path) -> None:
+def test_a_seconds_timeline_runs_on_the_clock_from_round_1s_opening(tmp_path: Path, recording_fleet) -> None:
     now = [100.0]
     text = ("device,start_s,end_s,cpu_share,up_kbit_s,down_kbit_s,online\n"
             "dev-0,0,5,1,8000,8000,1\ndev-0,5,60,0.5,8000,8000,1\n")
-    play, fleet = _player(tmp_path, text, full_cpus=(1.0,), clock=lambda: now[0])
+    play, fleet = _player(tmp_path, text, recording_fleet, full_cpus=(1.0,), clock=lambda: now[0])
     play.follow(_status(0, joined=("dev-0",)))
     now[0] = 150.0  # start-up takes its time: t counts from round 1's opening
     play.follow(_status(1, joined=("dev-0",)))

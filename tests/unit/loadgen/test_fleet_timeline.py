@@ -28,25 +28,6 @@ from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit
 LEAST = least_quota_cpus(DEFAULT_CFS_PERIOD_US)  # 0.1 CPU at the fleet's 10 ms period
 
 
-class RecordingFleet:
-    """The four EmulatedFleet methods a timeline calls, as (method, device, value)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int, object]] = []
-
-    def set_cpu_quota(self, index: int, cpus: float | None) -> None:
-        self.calls.append(("cpu", index, cpus))
-
-    def set_upload(self, index: int, kbit: int | None) -> None:
-        self.calls.append(("up", index, kbit))
-
-    def set_download(self, index: int, kbit: int | None) -> None:
-        self.calls.append(("down", index, kbit))
-
-    def set_online(self, index: int, online: bool) -> None:
-        self.calls.append(("online", index, online))
-
-
 def _c(share: float = 1.0, up: float = 8000, down: float = 16000, online: bool = True) -> Conditions:
     return Conditions(cpu_share=share, up_kbit_s=up, down_kbit_s=down, online=online)
 
@@ -90,8 +71,8 @@ def test_changes_are_only_what_differs_with_the_link_last_going_offline_and_firs
     assert str(Change("dev-0", "up_kbit", None, 800)) == "dev-0 upload unshaped -> 800 kbit/s"
 
 
-def test_a_round_timeline_sets_each_rounds_conditions_and_changes_only_what_differs(caplog):
-    fleet = RecordingFleet()
+def test_a_round_timeline_sets_each_rounds_conditions_and_changes_only_what_differs(caplog, recording_fleet):
+    fleet = recording_fleet
     ft = FleetTimeline(TIMELINE, full_cpus=[None, 0.5, None], least_cpus=LEAST, where="t.csv")
     assert ft.in_force == dict.fromkeys(["dev-0", "dev-1", "dev-2"], UNLIMITED)
     with caplog.at_level(logging.INFO, logger="loadgen.fleet_timeline"):
@@ -115,8 +96,8 @@ def test_a_round_timeline_sets_each_rounds_conditions_and_changes_only_what_diff
     assert fleet.calls == [("online", 0, False), ("online", 1, False), ("online", 2, False)]
 
 
-def test_apply_to_some_devices_leaves_the_others_as_they_are():
-    fleet = RecordingFleet()
+def test_apply_to_some_devices_leaves_the_others_as_they_are(recording_fleet):
+    fleet = recording_fleet
     ft = FleetTimeline(TIMELINE, full_cpus=[None, None, None], least_cpus=LEAST, where="t.csv")
     ft.apply(fleet, 3, devices=[2])
     assert {i for _, i, _ in fleet.calls} == {2} and ft.in_force["dev-0"] == UNLIMITED
