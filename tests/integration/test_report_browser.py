@@ -49,7 +49,8 @@ def test_live_run_report_renders_cleanly_in_chromium(live_run, tmp_path):
     assert check.console_errors == []
     assert check.broken_images == []
     assert check.outside_requests == []
-    assert check.images == 5  # accuracy+loss, participation, coefficients, traffic, durations
+    # accuracy+loss, participation, why s stopped (the agents now say), coefficients, traffic, durations
+    assert check.images == 6
     width, height = _png_size(shot)
     assert width == 1280 and height == check.height_px > 2000
     (REPO / "out").mkdir(exist_ok=True)

@@ -48,8 +48,16 @@ def _left_in_group(pgid: int, *, timeout_s: float = 30) -> list[str]:
 def test_ctrl_c_on_a_sweep_says_how_to_resume_without_tracebacks_and_the_rerun_resumes(tmp_path):
     out = tmp_path / "results"
     work = out / "runs" / "table3_synthetic"
+    # A shell starts a foreground job with SIGINT at its default; a test run started in the
+    # background of a non-interactive shell (`.ci/run &`) has it ignored, which the sweep would
+    # inherit (Python leaves an inherited SIG_IGN alone) and the Ctrl-C below would do nothing.
+    # A handler here becomes the default across exec.
     with Harness(tmp_path / "logs") as h:
-        sweep = h.start_command("sweep", [*GRID, "--out", str(out)])
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            sweep = h.start_command("sweep", [*GRID, "--out", str(out)])
+        finally:
+            signal.signal(signal.SIGINT, previous)
         limit = time.monotonic() + 300
         while not _finished(work):  # the first group is in: both workers are busy with later ones
             assert sweep.proc.poll() is None, sweep.log_path.read_text()[-3000:]
