@@ -44,6 +44,28 @@ def test_the_simulator_benchmark_runs_and_its_variants_agree():
         line.group(0)
 
 
+def test_the_whole_round_benchmark_times_the_evaluation_and_judges_issue_18s_goals():
+    """sim_speed --evaluate (make performance's whole-round section): every variant's round ends
+    in an evaluation on the 10k test images, whose forward-pass FLOPs join the compute roofline,
+    and the goals line gives a verdict for each of issue 18's three goals."""
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "benchmarks.sim_speed", "--reps", "1", "--workloads", "mnist",
+                          "--participation", "traces", "--evaluate", "--variants", "cache,sequential,torchloop"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "each round evaluated on 10000 test samples" in out.stdout, out.stdout
+    from benchmarks.sim_speed import MLP_PARAMS
+    assert f"+ {2 * MLP_PARAMS * 10_000:,} per round for the evaluation" in out.stdout, out.stdout
+    goals = re.search(r"^goals \(cache, medians\): compute roofline [\d.]+ \(>= 0.65: (met|NOT met)\); "
+                      r"cache/sequential [\d.]+x \(>= 3x: (met|NOT met)\); "
+                      r"cache/torchloop [\d.]+x \(> 1: (met|NOT met)\)$",
+                      out.stdout, re.M)
+    assert goals, out.stdout
+
+
 def test_the_cli_benchmark_runs_every_command_with_its_exit_code():
     import re
     import subprocess
