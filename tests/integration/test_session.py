@@ -196,3 +196,29 @@ def test_a_silent_session_times_out_like_the_call_it_replaces(live_config, fleet
                                          r"within the call's time limit \(the coordinator sent no header on the "
                                          r"session stream for 1 s\)"):
         agent.run()
+
+
+def test_offers_take_turns_and_every_device_gets_the_same_model(live_config, fleet_factory, monkeypatch):
+    """With one offer at a time (coordinator.server.OFFERS_AT_ONCE = 1), a device that takes the
+    round's header and then reads nothing for a while does not keep the other from its model; both
+    read the same model (serialised once per round, sent as the same bytes)."""
+    monkeypatch.setattr(server, "OFFERS_AT_ONCE", 1)
+    fleet = fleet_factory(live_config(dataset="mnist", rounds=1, n_devices=2, min_devices=2, deadline_s=120.0))
+    slow, reader = RawSession(fleet.port, "dev-0"), RawSession(fleet.port, "dev-1")
+    try:
+        for dev in (slow, reader):
+            dev.join()
+        slow.open()
+        header = slow.read().header  # then it reads nothing until the other has its model
+        assert header.status == pb.RoundHeader.ROUND
+        reader.open()
+        _, model = reader.pull()
+        data = b""
+        while len(data) < header.payload.total_bytes:
+            data += slow.read().data
+        slow_model = wire.decode(header.payload, data)
+        assert sorted(slow_model) == sorted(model) and model
+        assert all(np.array_equal(slow_model[n], model[n]) for n in model)
+    finally:
+        slow.close()
+        reader.close()

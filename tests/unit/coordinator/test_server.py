@@ -21,3 +21,58 @@ def test_an_update_without_a_reason_or_with_one_this_coordinator_does_not_know_i
     assert stop_reason(older.stop_reason) is StopReason.UNKNOWN
     newer = pb.UpdateHeader.FromString(pb.UpdateHeader(stop_reason=42).SerializeToString())  # open enum: kept as 42
     assert newer.stop_reason == 42 and stop_reason(newer.stop_reason) is StopReason.UNKNOWN
+
+
+def test_an_offer_slot_hands_its_turn_back_at_the_end_or_after_its_hold_time_whichever_comes_first() -> None:
+    import asyncio
+
+    from coordinator.server import OfferSlot
+
+    async def scenario() -> list[str]:
+        turns = asyncio.Semaphore(1)
+        seen = []
+
+        async def stalled() -> None:  # holds its slot far longer than hold_s
+            async with OfferSlot(turns, hold_s=0.05):
+                seen.append("stalled in")
+                await asyncio.sleep(0.5)
+            seen.append("stalled out")
+
+        async def waiting() -> None:
+            await asyncio.sleep(0.01)
+            async with OfferSlot(turns, hold_s=10.0):
+                seen.append("waiting in")
+            seen.append("waiting out")
+
+        await asyncio.gather(stalled(), waiting())
+        assert not turns.locked() and turns._value == 1  # every turn handed back exactly once
+        return seen
+
+    assert asyncio.run(scenario()) == ["stalled in", "waiting in", "waiting out", "stalled out"]
+
+
+def test_pre_serialised_messages_pass_the_response_serializers_as_they_are() -> None:
+    import grpc
+
+    from coordinator.server import add_servicer
+
+    class Server:
+        def __init__(self) -> None:
+            self.by_name = {}
+
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            self.generic = handlers
+
+        def add_registered_method_handlers(self, service, handlers) -> None:
+            self.by_name = handlers
+
+    from flexfl.proto import fleet_pb2_grpc as pb_grpc
+
+    target = Server()
+    add_servicer(pb_grpc.FleetServicer(), target)
+    session = target.by_name["Session"]
+    chunk = pb.RoundChunk(data=b"\x01\x02")
+    assert session.response_serializer(chunk.SerializeToString()) == chunk.SerializeToString()
+    assert session.response_serializer(chunk) == chunk.SerializeToString()  # messages are still serialised
+    assert set(target.by_name) == {"Join", "Leave", "PullRound", "PushUpdate", "Session", "Status"}
+    assert isinstance(target.generic[0], grpc.GenericRpcHandler)
