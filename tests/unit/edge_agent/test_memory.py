@@ -13,7 +13,7 @@ import torch
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 
-from benchmarks.agent_memory import _ROUND_LINE
+from benchmarks.agent_memory import _ROUND_LINE, torch_floor
 from edge_agent import memory
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
@@ -87,3 +87,11 @@ def test_the_allocator_settings_apply_on_glibc():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     glibc = platform.libc_ver()[0] == "glibc"
     assert out == [str(glibc), str(glibc)]
+
+
+@linux_only
+@pytest.mark.parametrize("dataset", ["mnist", "synthetic"])
+def test_the_benchmarks_second_floor_trains_the_datasets_model(dataset):
+    # benchmarks/agent_memory.py's "torch after training": its child builds the dataset's model and trains it.
+    floor = torch_floor(dataset=dataset, steps=2)
+    assert 0 < floor["RssAnon"] <= floor["VmRSS"] <= floor["VmHWM"]

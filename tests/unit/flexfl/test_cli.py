@@ -176,3 +176,29 @@ def test_flexfl_fleet_is_a_subcommand_with_the_clis_error_line(capsys) -> None:
 
     assert main(["fleet", "up", "--devices", "2", "--cpu", "a quarter"]) == 2
     assert capsys.readouterr().err == f"{ERROR_PREFIX}--cpu: expected a number or a comma list, got 'a quarter'\n"
+
+
+def _command_names(parser: argparse.ArgumentParser) -> set[str]:
+    return set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+def test_each_command_is_registered_by_the_module_the_table_names() -> None:
+    """main() builds the parser with only the module of the command it runs: the table must say who registers what."""
+    from flexfl.cli import COMMAND_MODULES
+
+    assert _command_names(build_parser()) == set(COMMAND_MODULES)
+    for command in COMMAND_MODULES:
+        assert command in _command_names(build_parser(command)), command
+    assert _command_names(build_parser("agent")) == {"agent"}
+
+
+def test_the_agent_command_imports_no_other_commands_module() -> None:
+    """An edge device runs `flexfl agent`: the simulator's, coordinator's, recorder's and loadgen's CLIs stay out."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flexfl.cli import build_parser; build_parser('agent'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('simulator', 'coordinator', 'trace_recorder', 'loadgen') or m.startswith('flexfl.report')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
