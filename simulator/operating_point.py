@@ -28,17 +28,16 @@ by `--eta0 protocol`, simulator.regime):
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import tomli_w
 
 from edge_agent.trainer import Unit
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
+from simulator.choices_file import read_choices, write_choice
 from simulator.regime import OPERATING_POINT_FILE
 from simulator.schemes import cell_config
 from simulator.sweep import Executor, Group, Run, run_sweep
@@ -151,15 +150,12 @@ def record_choice(dataset: str, unit: Unit | str, best: Candidate, *, table: Pat
     """Merge (dataset, unit) -> eta0 into the choices of `base` (default: `table`) and write them to `table`,
     atomically. `timing` None keeps the wall time recorded before (a rerun that computed nothing)."""
     base = table if base is None else base
-    chosen = tomllib.loads(base.read_text()) if base.exists() else {}
     if timing is None:
-        timing = chosen.get(dataset, {}).get(str(Unit(unit)), {}).get("timing", "")
-    chosen.setdefault(dataset, {})[str(Unit(unit))] = {
+        timing = read_choices(base).get(dataset, {}).get(str(Unit(unit)), {}).get("timing", "")
+    write_choice(table, (dataset, str(Unit(unit))), {
         "eta0": best.eta0, "k": best.k, "mean_final_test_loss": best.score, "rounds": horizon(dataset, unit),
-        "seeds": list(PROTOCOL_SEEDS[dataset]), "paper_eta0": DEFAULTS[Dataset(dataset)].eta0, "timing": timing}
-    table.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(table, "wb") as f:
-        tomli_w.dump(chosen, f)
+        "seeds": list(PROTOCOL_SEEDS[dataset]), "paper_eta0": DEFAULTS[Dataset(dataset)].eta0, "timing": timing},
+        base=base)
 
 
 RUN_FIELDS = ("dataset", "unit", "setting", "seed", "k", "eta0", "final_loss", "final_acc", "diverged")
@@ -236,7 +232,7 @@ def write_outputs(out_dir: Path, dataset: str, unit: Unit | str, summaries: Sequ
     write_csv_atomic(out_dir / RUNS_CSV, rows)
     table = out_dir / CHOICES_FILE
     record_choice(dataset, unit, best, table=table, timing=timing, base=committed / CHOICES_FILE)
-    chosen = tomllib.loads(table.read_text())
+    chosen = read_choices(table)
     sections = []
     for ds in sorted({r["dataset"] for r in rows}):
         for u in sorted({r["unit"] for r in rows if r["dataset"] == ds}):

@@ -18,7 +18,6 @@ eta_0 sources:
 from __future__ import annotations
 
 import argparse
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 from edge_agent.units import Unit
 from flexfl.config import enum_choices
 from flexfl.errors import ConfigError
+from simulator.choices_file import read_choices
 from workloads.partition_spec import Dataset
 
 if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` builds this module's flags
@@ -106,11 +106,7 @@ def protocol_eta0(dataset: Dataset | str, unit: Unit | str, *, table: Path = OPE
     hint = f"run `flexfl sim operating-point --dataset {Dataset(dataset)} --unit {Unit(unit)}` first"
     if not table.exists():
         raise ConfigError(f"--eta0 protocol: {table} does not exist; {hint}")
-    try:
-        chosen = tomllib.loads(table.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{table}: not valid TOML ({exc})") from None
-    entry = chosen.get(str(Dataset(dataset)), {}).get(str(Unit(unit)))
+    entry = read_choices(table).get(str(Dataset(dataset)), {}).get(str(Unit(unit)))
     if not isinstance(entry, dict) or not isinstance(entry.get("eta0"), (int, float)):
         raise ConfigError(f"--eta0 protocol: {table} has no [{key}] eta0; {hint}")
     return float(entry["eta0"])

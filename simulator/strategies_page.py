@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +42,7 @@ from coordinator.choices import Scheme
 from coordinator.strategies import MIFA, FedNova, FedProx
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
+from simulator.choices_file import read_choices, write_choice
 from simulator.operating_point import PROTOCOL_SEEDS, horizon
 from simulator.regime import Regime
 from simulator.schemes import cell_config, comparison_groups
@@ -115,12 +115,7 @@ def choose_mu(scores: dict[float, float]) -> float:
 def chosen_mu(out_dir: Path, dataset: str, regime: Regime) -> float | None:
     """The mu the protocol chose for (regime, dataset), or None if it has not run."""
     path = Path(out_dir) / MU_FILE
-    if not path.exists():
-        return None
-    try:
-        entry = tomllib.loads(path.read_text()).get(section_key(dataset, regime))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    entry = read_choices(path).get(section_key(dataset, regime))
     if entry is None:
         return None
     if not isinstance(entry, dict) or not isinstance(entry.get("mu"), (int, float)) or not entry["mu"] > 0:
@@ -133,8 +128,6 @@ def run_mu_protocol(out_dir: Path, dataset: str, regime: Regime, *, executor: Ex
     """Run (resume) the mu grid and record the choice in the mu file; returns it."""
     import time
 
-    import tomli_w
-
     from simulator.table3 import elapsed
 
     started = time.perf_counter()
@@ -142,16 +135,11 @@ def run_mu_protocol(out_dir: Path, dataset: str, regime: Regime, *, executor: Ex
                           executor=executor, report=report, failures="return")
     scores = mu_scores(summaries)
     mu = choose_mu(scores)
-    path = Path(out_dir) / MU_FILE
-    chosen = tomllib.loads(path.read_text()) if path.exists() else {}
     computed = sum(not s.get("cached") for s in summaries)
-    chosen[section_key(dataset, regime)] = {
+    write_choice(Path(out_dir) / MU_FILE, (section_key(dataset, regime),), {
         "mu": mu, "mean_final_test_loss": {f"{m:g}": v for m, v in scores.items()},
         "seeds": list(PROTOCOL_SEEDS[dataset]), "num_traces": MU_NUM_TRACES, "rounds": horizon(dataset, regime.unit),
-        "timing": f"{elapsed(started)} ({computed} of {len(summaries)} runs computed)"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path, "wb") as f:
-        tomli_w.dump(chosen, f)
+        "timing": f"{elapsed(started)} ({computed} of {len(summaries)} runs computed)"})
     report(f"FedProx's mu for {section_key(dataset, regime)}: {mu:g} (mean final test loss per mu: "
            + ", ".join(f"{m:g}: {v:.4f}" for m, v in scores.items()) + ")")
     return mu
@@ -265,8 +253,7 @@ def _plots(out_dir: Path, key: str, title: str, summaries: Sequence[dict], run_d
 
 
 def _mu_section(out_dir: Path, key: str) -> str:
-    path = Path(out_dir) / MU_FILE
-    entry = tomllib.loads(path.read_text()).get(key, {}) if path.exists() else {}
+    entry = read_choices(Path(out_dir) / MU_FILE).get(key, {})
     if not entry:
         return "FedProx's mu: the protocol has not run for this section.\n"
     scores = entry["mean_final_test_loss"]
