@@ -459,8 +459,8 @@ class EdgeAgent:
                              local_loss=loss if np.isfinite(loss) else 0.0, payload=payload,
                              stop_reason=wire_stop_reason(why))
         t0 = time.monotonic()
-        outcome, failure = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
-        if body and failure is None:
+        outcome, taken = self._push(up, body, timeout=max(1.0, deadline - time.monotonic() + 2.0))
+        if body and taken:
             self.estimates.measured_upload(time.monotonic() - t0)
         elif body:
             self.estimates.upload_failed(time.monotonic() - t0)
@@ -484,8 +484,8 @@ class EdgeAgent:
                  record["upload_s"] or 0.0, record["outcome"], memory.resident_mib, memory.anonymous_mib,
                  memory.peak_mib)
 
-    def _push(self, header: pb.UpdateHeader, body: bytes, *, timeout: float) -> tuple[str, grpc.StatusCode | None]:
-        """Send the update; (the coordinator's message, None), or (what went wrong, the call's status code)."""
+    def _push(self, header: pb.UpdateHeader, body: bytes, *, timeout: float) -> tuple[str, bool]:
+        """Send the update; (the coordinator's message, True), or (what went wrong, False)."""
         def messages() -> Iterator[pb.UpdateChunk]:
             yield pb.UpdateChunk(header=header)
             if body:
@@ -494,13 +494,13 @@ class EdgeAgent:
 
         try:
             if self._session is not None:
-                return self._session.push(messages(), limit_s=timeout).message, None
-            return self._stub.PushUpdate(messages(), metadata=self._metadata(), timeout=timeout).message, None
+                return self._session.push(messages(), limit_s=timeout).message, True
+            return self._stub.PushUpdate(messages(), metadata=self._metadata(), timeout=timeout).message, True
         except grpc.RpcError as exc:
             # A late or rejected update is this round's loss, not the agent's end. A refusal ends
             # the session stream: the next pull opens a new one.
             self._end_session()
-            return f"rejected: {exc.code().name}: {exc.details()}", exc.code()
+            return f"rejected: {exc.code().name}: {exc.details()}", False
 
     def _ensure_model(self, desc: pb.ModelDescription) -> torch.nn.Module:
         if self._model is None:
