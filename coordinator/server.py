@@ -68,15 +68,17 @@ INLINE_MAX_BYTES = 4 << 20
 # agents do after each round), on a work thread: one pass over the arenas, 0.4 ms with little
 # to return, ~90 ms for 540 MiB on this 2-core box.
 TRIM_AFTER_BYTES = 8 << 20
-# At most this many streams are sent a round's model at once; the others wait their turn. gRPC copies
-# each model message into the stream's own buffers, where it stays until written out, so a thousand
-# devices offered the model together held ~1.5 MB each. Measured with 1,000 light agents on this
-# 2-core machine (benchmarks/coordinator_bench.py, interleaved with main before it): peak 3.0-3.3 GiB
-# -> 2.0-2.4 with the model serialised once and 64 offers at a time, and rounds no slower (3.9 -> 3.0 s).
+# At most this many streams are sent a round's model at once; the others wait their turn. With all of
+# a thousand offers in flight together the coordinator's RSS rose by ~1.5 MB per stream while they
+# were written (sampled every 10 ms; most of it in gRPC core, not Python objects). Measured with
+# 1,000 light agents on this 2-core machine (interleaved with the code before): peak 3.0-3.3 GiB ->
+# 2.0-2.4 with the model serialised once and 64 offers at a time, rounds no slower (3.9 -> 3.0 s).
 # A lab fleet (5-50 devices) never waits here.
 OFFERS_AT_ONCE = 64
-# ... but a device that stops reading (a stalled link) gives its turn back after this long, so that
-# a few stuck streams cannot hold up the fleet's offers until keepalive declares them dead (~40 s).
+# ... and an offer gives its turn back after this long even if it is still being written. On loopback
+# gRPC accepted a whole 0.8 MB model for a device that read nothing, so an MNIST offer never holds
+# its turn that long; a model larger than the peer's flow-control window and socket buffers would,
+# for as long as its device stalls (until keepalive declares a dead link, ~40 s).
 OFFER_SLOT_S = 5.0
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
