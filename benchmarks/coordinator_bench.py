@@ -64,7 +64,7 @@ def write_coordinator(tmp: Path, *, dataset: str, n: int, rounds: int, evaluate:
 
 
 def start_agents(address: str, token_file: Path, n: int, *, per_process: int, log_dir: Path,
-                 shared_connection: bool = False) -> list[subprocess.Popen]:
+                 shared_connection: bool = False, encode_every_round: bool = False) -> list[subprocess.Popen]:
     """Light agents bench-0 .. bench-(n-1) in ceil(n / per_process) processes."""
     procs = []
     for first in range(0, n, per_process):
@@ -73,6 +73,8 @@ def start_agents(address: str, token_file: Path, n: int, *, per_process: int, lo
                 str(token_file), "--first", str(first), "--count", str(count)]
         if shared_connection:
             argv.append("--shared-connection")
+        if encode_every_round:
+            argv.append("--encode-every-round")
         # Plain Popen (no preexec_fn): this process holds gRPC channels, and forking it is unsafe.
         with open(log_dir / f"agents-{first}.log", "wb") as log:
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -136,7 +138,7 @@ class Run:
 
 
 def run_fleet(n: int, *, rounds: int, dataset: str = "mnist", evaluate: bool = True, per_process: int = 250,
-              shared_connection: bool = False, measure_memory: bool = True) -> Run:
+              shared_connection: bool = False, measure_memory: bool = True, encode_every_round: bool = False) -> Run:
     """One coordinator and n light agents for `rounds` rounds; its metrics rows and memory."""
     with tempfile.TemporaryDirectory() as d, Harness(Path(d)) as harness:
         tmp = Path(d)
@@ -150,7 +152,7 @@ def run_fleet(n: int, *, rounds: int, dataset: str = "mnist", evaluate: bool = T
         time.sleep(0.5)
         rss_idle = sampler.now()
         agents = start_agents(address, tmp / "token", n, per_process=per_process, log_dir=tmp,
-                              shared_connection=shared_connection)
+                              shared_connection=shared_connection, encode_every_round=encode_every_round)
         try:
             rss_joined = 0
             if measure_memory:

@@ -6,7 +6,7 @@ For every fleet size, with and without central evaluation, and every repetition,
 FlexFL (A) and Flower (B) back to back, alternating which goes first (A B, B A, ...):
 - FlexFL: `flexfl coordinator` (MNIST MLP, Scheme C, run.evaluate on or off) and light
   no-training agents in one process (benchmarks/light_agents.py: asyncio; each checks the
-  model's SHA-256 and answers a zero delta encoded once);
+  model's SHA-256 and answers a zero delta, encoded every round as Flower's clients do);
 - Flower: benchmarks/flower_side.py in the Flower virtualenv: start_server with FedAvg and
   no-op NumPyClients (they return the parameters; Flower's NumPy API decodes and encodes
   them) as threads of one process; with evaluation, evaluate_fn tests on the same 10k MNIST
@@ -93,8 +93,10 @@ def _wait_listening(address: str, proc: subprocess.Popen, log: Path, timeout_s: 
 
 def flexfl_periods(n: int, *, rounds: int, evaluate: bool, shared_connection: bool = False,
                    processes: int = 1) -> np.ndarray:
+    # Equal work: Flower's clients serialise their parameters every round, so FlexFL's light agents
+    # encode their update every round too (not once per process, as the coordinator benchmark's do).
     return run_fleet(n, rounds=rounds, evaluate=evaluate, measure_memory=False, shared_connection=shared_connection,
-                     per_process=max(_split(n, processes))).periods()
+                     per_process=max(_split(n, processes)), encode_every_round=True).periods()
 
 
 def _split(n: int, processes: int) -> list[int]:
