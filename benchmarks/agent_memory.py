@@ -52,7 +52,7 @@ from edge_agent.config import AgentConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
-from loadgen.hostinfo import cpu_model
+from loadgen.hostinfo import cpu_description
 from workloads.defaults import DEFAULTS
 from workloads.partition_spec import PartitionSpec, Sizes
 
@@ -186,7 +186,7 @@ def main() -> None:
 
     floor1, floor2 = ({k: med(runs, k) for k in ("VmRSS", "VmHWM", "RssAnon")} for runs in (floors, trained_floors))
     model = DEFAULTS[args.dataset]
-    print(f"machine: {platform.machine()} ({cpu_model() or 'unknown CPU'}), Python {platform.python_version()}, "
+    print(f"machine: {platform.machine()} ({cpu_description()}), Python {platform.python_version()}, "
           f"torch {torch.__version__}; {args.dataset}, IID, {args.devices} equal shards; "
           f"medians of {args.repeat} interleaved runs (MiB)")
     print(f"floor 1, import torch alone:   RSS {floor1['VmRSS']:7.1f}   peak (VmHWM) {floor1['VmHWM']:7.1f}   "

@@ -37,7 +37,6 @@ is our guess at the 5 %, not measured); the price: (a) 38.6 M device-steps, (b) 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -45,7 +44,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from benchmarks.sim_speed import cpu_model, spread
+from benchmarks.sim_speed import machine_line, spread
 from edge_agent.trainer import device_rng
 from edge_agent.units import Unit
 from simulator.cache_trainer import CacheTrainer
@@ -78,8 +77,7 @@ def with_e(cfg: SimConfig, *, epochs: int, rounds: int) -> SimConfig:
 
 
 def header(mode: str) -> None:
-    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f} (machine shared with other runs); {mode}")
+    print(f"{machine_line()} (machine shared with other runs); {mode}")
 
 
 # ---- ragged vs equal -----------------------------------------------------------------------------

@@ -18,14 +18,12 @@ from pathlib import Path
 import psutil
 
 from flexfl.files import atomic_file
+from loadgen.hostinfo import cpu_description
 
 
 def machine() -> str:
     """One line about where a benchmark ran."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine()) \
-        if Path("/proc/cpuinfo").exists() else platform.machine()
-    return (f"{cpu}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+    return (f"{cpu_description()}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
             f"Linux {platform.release()}, Python {platform.python_version()}; "
             f"load average {os.getloadavg()[0]:.1f} at the start (the machine is shared)")
 

@@ -52,7 +52,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,6 +59,7 @@ from torch import nn
 
 from coordinator.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, step_plan, train_local
+from loadgen.hostinfo import cpu_description
 from simulator.cache_trainer import LAYERS, CacheTrainer
 from simulator.fast_trainer import FastTrainer
 from workloads.datasets import scaled
@@ -232,17 +232,10 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Aggregator]:
     }
 
 
-def cpu_model() -> str:
-    """The CPU's model name and family (as lscpu shows them), from /proc/cpuinfo."""
-    try:
-        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        fields = dict(line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)
-    except OSError:
-        return "unknown CPU"
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    name, family, model = (fields.get(k, d)
-                           for k, d in (("model name", "unknown CPU"), ("cpu family", "?"), ("model", "?")))
-    return f"{name} (family {family}, model {model})"
+def machine_line() -> str:
+    """CPU (with x86 family and model), torch build and threads, CPUs, load average: each trainer benchmark's header."""
+    return (f"{cpu_description()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
 
 
 def add_bandwidth_gbs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -366,8 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or fast@N (N rows per chunk)")
     torch.set_num_threads(args.threads)
-    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}, participation {args.participation}, "
+    print(f"{machine_line()}, participation {args.participation}, "
           f"{'whole rounds with evaluation' if args.evaluate else 'training only'}, {args.reps} reps")
     for name in [n for n in args.workloads.split(",") if n]:
         if name not in ("mnist", "synthetic"):
