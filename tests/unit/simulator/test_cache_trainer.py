@@ -287,3 +287,21 @@ def test_no_row_trains():
     deltas, losses = trainer.train(_params(model), shard_of_row=[0, 0], steps=[0, 0], lr=0.1, rngs=[None, None])
     assert all(float(d.abs().max()) == 0.0 and d.shape[0] == 2 for d in deltas.values())
     assert np.isnan(losses).all()
+
+
+@pytest.mark.parametrize("name, dim, classes", [("logreg", 60, 10), ("mlp", 784, 10)])
+def test_a_row_that_diverges_leaves_the_next_row_untouched(name, dim, classes):
+    # Rows share the trainer's work buffers (weights, activations, gradients), which must not carry
+    # a diverged row's nan into the next row. Rows run longest first: the diverging row first.
+    model = build_model(name, in_features=dim, num_classes=classes)
+    shards = _shards([30, 30], dim, classes, seed=6)
+    trainer = CacheTrainer(model, shards, batch_size=BATCH)
+    start = _params(model)
+    keys = [(9, 1, 0), (9, 1, 1)]
+    deltas, losses = trainer.train(start, shard_of_row=[0, 1], steps=[8, 3], lr=[1e38, 0.1],
+                                   rngs=[device_rng(*k) for k in keys])
+    assert np.isnan(losses[0]) and all(bool(torch.isnan(d[0]).any()) for d in deltas.values())
+    alone, alone_loss = trainer.train(start, shard_of_row=[1], steps=[3], lr=0.1, rngs=[device_rng(*keys[1])])
+    assert losses[1] == alone_loss[0]
+    for n in start:
+        torch.testing.assert_close(deltas[n][1], alone[n][0], rtol=0, atol=0)
