@@ -9,7 +9,7 @@ With `--participation full` every device does s = E steps; `traces` draws s from
 paper's trace set (8 traces) as `flexfl sim` does and trains the devices with s > 0.
 With `--evaluate` each variant's timed work is a whole round as the engine runs it: training,
 the aggregate applied to the global model, and the evaluation on the test set
-(workloads.evaluation.evaluate, the same call for every variant); the compute-roofline
+(simulator.cache_trainer.evaluate, the engine's, the same call for every variant); the compute-roofline
 fraction then counts the evaluation's FLOPs beside the training's (issue 18 states its goals
 on whole rounds with the paper traces' participation and evaluation:
 `--participation traces --evaluate`).
@@ -60,10 +60,9 @@ from torch import nn
 from coordinator.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, step_plan, train_local
 from loadgen.hostinfo import cpu_description
-from simulator.cache_trainer import LAYERS, CacheTrainer
+from simulator.cache_trainer import LAYERS, CacheTrainer, evaluate
 from simulator.fast_trainer import FastTrainer
 from workloads.datasets import scaled
-from workloads.evaluation import evaluate
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model
 from workloads.partition_spec import PartitionSpec

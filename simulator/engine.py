@@ -35,12 +35,12 @@ from coordinator.round import Arrival, Departure, Federation, RoundOpening, Rule
 from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError, DivergenceError
+from simulator.cache_trainer import evaluate
 from simulator.fast_trainer import FastTrainer
 from simulator.trainer_kind import TrainerKind
 from trace_recorder import PAPER_TRACE_SET
 from trace_recorder.format import TraceSet, read_trace_set
 from trace_recorder.sampler import TraceSampler, assign_traces
-from workloads.evaluation import evaluate
 from workloads.federated import FederatedData, build_federated, initial_model, model_spec
 from workloads.partition_spec import PartitionSpec, device_id
 

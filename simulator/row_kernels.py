@@ -236,3 +236,56 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
         for layer in range(n_layers):
             difference(w_work[layer].reshape(-1), w_start[layer][src].reshape(-1), w_out[layer][row].reshape(-1))
             difference(b_work[layer], b_start[layer][src], b_out[layer][row])
+
+
+@njit(cache=True, nogil=True)
+def evaluate_chain(x, y, scale, w, bias, h, chunk) -> tuple[int, float]:  # pragma: no cover - compiled
+    """(correct predictions, summed cross-entropy) of the Linear(+ReLU) chain w, bias on x [N, in], y [N].
+
+    x is float32 (scale 1) or uint8 pixel bytes (scale 255: each feature is x / scale, divided
+    as workloads.datasets.scaled divides); h[l] [B, width l] is scratch, B samples at a time.
+    A sample's loss is its log-sum-exp minus its label's logit, in float32; as
+    workloads.evaluation.evaluate sums them, `chunk` samples at a time in float32 and the
+    chunks in float64. A prediction is the first largest logit (torch's argmax).
+    """
+    n_layers = len(w)
+    block = h[0].shape[0]
+    correct = 0
+    loss_sum = 0.0
+    chunk_sum = np.float32(0)
+    for start in range(0, x.shape[0], block):
+        m = min(block, x.shape[0] - start)
+        h0 = h[0]
+        for r in range(m):
+            xr, hr = x[start + r], h0[r]
+            for k in range(xr.shape[0]):
+                hr[k] = np.float32(xr[k]) / np.float32(scale)
+        for layer in range(n_layers):
+            z = h[layer + 1][:m]
+            for r in range(m):
+                z[r] = bias[layer]
+            forward_add(w[layer], h[layer][:m], z)
+            if layer < n_layers - 1:
+                for r in range(m):
+                    zr = z[r]
+                    for k in range(zr.shape[0]):
+                        if zr[k] < 0:
+                            zr[k] = 0
+        logits = h[n_layers]
+        for r in range(m):
+            zr = logits[r]
+            best = 0
+            for c in range(1, zr.shape[0]):
+                if zr[c] > zr[best]:
+                    best = c
+            label = y[start + r]
+            correct += best == label
+            top = zr[best]
+            total = np.float32(0)
+            for c in range(zr.shape[0]):
+                total += np.exp(zr[c] - top)
+            chunk_sum += np.log(total) + top - zr[label]
+            if (start + r + 1) % chunk == 0:
+                loss_sum += chunk_sum
+                chunk_sum = np.float32(0)
+    return correct, loss_sum + chunk_sum

@@ -8,10 +8,14 @@ from torch.func import functional_call
 
 from workloads.datasets import ArrayDataset, scaled
 
+# Samples per chunk; each chunk's losses are summed in float32 (a diverged model's sum overflows
+# to inf, which the simulator's engine stops on), the chunks' sums in float64.
+CHUNK = 1024
+
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDataset, *, chunk: int = 1024
+    model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDataset, *, chunk: int = CHUNK
 ) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of `params` (loaded into `model`'s architecture) on `data`.
 

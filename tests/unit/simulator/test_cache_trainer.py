@@ -7,9 +7,10 @@ from torch import nn
 
 from edge_agent.trainer import device_rng, step_plan, train_local
 from flexfl.errors import ConfigError
-from simulator.cache_trainer import CacheTrainer
+from simulator.cache_trainer import EVAL_BLOCK, CacheTrainer, evaluate
 from simulator.fast_trainer import FastTrainer
 from workloads.datasets import ArrayDataset
+from workloads.evaluation import evaluate as torch_evaluate
 from workloads.models import build_model
 
 BATCH = 10
@@ -305,3 +306,33 @@ def test_a_row_that_diverges_leaves_the_next_row_untouched(name, dim, classes):
     assert losses[1] == alone_loss[0]
     for n in start:
         torch.testing.assert_close(deltas[n][1], alone[n][0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, dim, classes, pixels", [("logreg", 60, 10, False), ("mlp", 784, 10, False),
+                                                        ("mlp", 784, 10, True), ("cnn", 784, 47, True)])
+def test_the_engines_evaluation_equals_the_torch_evaluation(name, dim, classes, pixels):
+    # The kernels' evaluation (MLP, logistic regression; uint8 pixels divided by 255 or float
+    # features) against workloads.evaluation.evaluate; the CNN goes to the latter. A sample count
+    # off the kernel's blocks, and weights trained a little so the predictions are not all one class.
+    rng = np.random.default_rng(8)
+    n = 3 * EVAL_BLOCK + 7
+    x = rng.integers(0, 256, (n, dim), dtype=np.uint8) if pixels else rng.standard_normal((n, dim), dtype=np.float32)
+    data = ArrayDataset(x=x, y=rng.integers(0, classes, n).astype(np.int64))
+    model = build_model(name, in_features=dim, num_classes=classes)
+    params = _params(model)
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(torch.from_numpy(rng.standard_normal(tuple(p.shape), dtype=np.float32)) * 0.05)
+    acc, loss = evaluate(model, params, data)
+    want_acc, want_loss = torch_evaluate(model, params, data)
+    assert acc == want_acc and 0 < acc < 1
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+
+
+def test_the_engines_evaluation_of_a_diverged_model_has_a_nan_loss():
+    # The engine stops a run whose test loss is not finite (DivergenceError): nan must reach it.
+    model = build_model("mlp", num_classes=10)
+    params = _params(model)
+    params["fc3.bias"][0] = float("nan")
+    data = _shards([25], 784, 10)[0]
+    assert np.isnan(evaluate(model, params, data)[1])
