@@ -176,6 +176,24 @@ def difference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:  # pragma
         out[k] = a[k] - b[k]
 
 
+@njit(**_KERNEL, inline="always")  # inlined in Numba's IR: no call per training step
+def chain_forward(w, bias, h, rows) -> None:  # pragma: no cover - compiled
+    """The forward pass of a Linear(+ReLU) chain on the first `rows` rows of h[0]: h[l + 1] = layer l's
+    output, ReLU after every layer but the last (the logits)."""
+    n_layers = len(w)
+    for layer in range(n_layers):
+        z = h[layer + 1][:rows]
+        for r in range(rows):
+            z[r] = bias[layer]
+        forward_add(w[layer], h[layer][:rows], z)
+        if layer < n_layers - 1:
+            for r in range(rows):
+                zr = z[r]
+                for k in range(zr.shape[0]):
+                    if zr[k] < 0:
+                        zr[k] = 0
+
+
 @njit(cache=True, nogil=True)
 def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work, b_work, w_out, b_out, h, g,
                loss_sum) -> None:  # pragma: no cover - compiled
@@ -204,18 +222,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
             x_batch = h[0]
             for b in range(batch):
                 x_batch[b] = x[idx[b]]
-            for layer in range(n_layers):
-                z = h[layer + 1]
-                bias = b_work[layer]
-                for b in range(batch):
-                    z[b] = bias
-                forward_add(w_work[layer], h[layer], z)
-                if layer < n_layers - 1:
-                    for b in range(batch):
-                        zb = z[b]
-                        for k in range(zb.shape[0]):
-                            if zb[k] < 0:
-                                zb[k] = 0
+            chain_forward(w_work, b_work, h, batch)
             total += softmax_xent(h[n_layers], y, idx, scale, g[n_layers - 1])
             for layer in range(n_layers - 1, -1, -1):
                 w, bias, grad = w_work[layer], b_work[layer], g[layer]
@@ -260,17 +267,7 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk) -> tuple[int, float]:  # prag
             xr, hr = x[start + r], h0[r]
             for k in range(xr.shape[0]):
                 hr[k] = np.float32(xr[k]) / np.float32(scale)
-        for layer in range(n_layers):
-            z = h[layer + 1][:m]
-            for r in range(m):
-                z[r] = bias[layer]
-            forward_add(w[layer], h[layer][:m], z)
-            if layer < n_layers - 1:
-                for r in range(m):
-                    zr = z[r]
-                    for k in range(zr.shape[0]):
-                        if zr[k] < 0:
-                            zr[k] = 0
+        chain_forward(w, bias, h, m)
         logits = h[n_layers]
         for r in range(m):
             zr = logits[r]
