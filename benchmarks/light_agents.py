@@ -48,7 +48,8 @@ class Answer:
         layout = b"".join(t.SerializeToString() for t in header.payload.tensors)
         if self.every_round or layout not in self._encoded:
             payload, body = wire.encode({name: np.zeros_like(v) for name, v in model.items()})
-            self._encoded[layout] = payload, tuple(pb.UpdateChunk(data=piece) for piece in wire.chunks(body))
+            self._encoded[layout] = payload, tuple(pb.UpdateChunk(data=piece)
+                                                     for piece in wire.chunks(body, size=wire.UPLOAD_CHUNK_BYTES))
         return self._encoded[layout]
 
 

@@ -20,7 +20,10 @@ runs on the loop itself (INLINE_UPLOADS).
 A round's model goes to every device as the same bytes: its data messages are serialised
 once per round (_encode_model), and the server's response serializers pass bytes through
 (add_servicer); gRPC would otherwise serialise the model afresh for every stream. At most
-OFFERS_AT_ONCE streams are being sent the model at any moment.
+OFFERS_AT_ONCE streams are being sent the model at any moment, and at most UPLOADS_AT_ONCE
+updates are being read (agents send them in pieces of proto.tensors.UPLOAD_CHUNK_BYTES, so a
+stream waiting for its turn holds little); each turn is handed back after a few seconds even
+if its transfer goes on (Turn), so a stalled device cannot hold the others up.
 """
 
 from __future__ import annotations
@@ -80,6 +83,15 @@ OFFERS_AT_ONCE = 64
 # its turn that long; a model larger than the peer's flow-control window and socket buffers would,
 # for as long as its device stalls (until keepalive declares a dead link, ~40 s).
 OFFER_SLOT_S = 5.0
+# At most this many updates are read at once; the others wait their turn, their pieces held back
+# by gRPC's flow control. Together with the agents' 256 KiB pieces this took the peak with 1,000
+# light agents from joined + 1.8 GiB to joined + 0.9 GiB, for rounds ~1.15x as long there
+# (proto/tensors.py, UPLOAD_CHUNK_BYTES, has the figures).
+UPLOADS_AT_ONCE = 64
+# ... and an upload gives its turn back after this long even if it is still arriving: a 0.8 MB
+# update takes ~0.6 s at 10 Mbit/s; a device slower than that, or one that stalls, lets the
+# next in while its own upload goes on.
+UPLOAD_TURN_S = 5.0
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
 SESSION_MIN_WAIT_S = 1.0
@@ -89,7 +101,8 @@ class FleetServicer(pb_grpc.FleetServicer):
     def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int, pull_wait_s: float,
                  work: futures.Executor, certificate_identity: bool = False) -> None:
         self.engine = engine
-        self._offering = asyncio.Semaphore(OFFERS_AT_ONCE)  # OfferSlot's turns
+        self._offering = asyncio.Semaphore(OFFERS_AT_ONCE)  # turns to be sent a model
+        self._uploading = asyncio.Semaphore(UPLOADS_AT_ONCE)  # turns to have an update read
         self.pull_wait_s = pull_wait_s  # server.pull_wait_s: the longest a pull is held before WAIT
         self._encoded: tuple[int, asyncio.Future] | None = None  # (round, its model's messages), see _model
         self.max_update_bytes = max_update_bytes
@@ -191,7 +204,7 @@ class FleetServicer(pb_grpc.FleetServicer):
         if header.status != pb.RoundHeader.ROUND:
             return
         sent = first.ByteSize()  # protobuf message bytes: header + chunks (HTTP/2 framing not counted)
-        async with OfferSlot(self._offering, hold_s=OFFER_SLOT_S):
+        async with Turn(self._offering, hold_s=OFFER_SLOT_S):
             for chunk in chunks:  # serialised RoundChunk messages, the same bytes for every device of the round
                 yield chunk
                 sent += len(chunk)
@@ -274,17 +287,18 @@ class FleetServicer(pb_grpc.FleetServicer):
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:
                 raise UpdateRejected(f"payload of {declared} bytes exceeds the limit of {self.max_update_bytes}")
-            buffer = wire.PayloadBuffer(declared)
-            self._uploads += 1
-            try:
-                message_bytes = await self._receive(buffer, first.ByteSize(), rest, to_end=to_end)
-                push = functools.partial(self._push, caller, report, header.payload, buffer.data(),
-                                         message_bytes=message_bytes)
-                if self._uploads <= INLINE_UPLOADS and declared <= INLINE_MAX_BYTES:
-                    return push()
-                return await asyncio.get_running_loop().run_in_executor(self._work, push)
-            finally:
-                self._uploads -= 1
+            async with Turn(self._uploading, hold_s=UPLOAD_TURN_S):
+                buffer = wire.PayloadBuffer(declared)
+                self._uploads += 1
+                try:
+                    message_bytes = await self._receive(buffer, first.ByteSize(), rest, to_end=to_end)
+                    push = functools.partial(self._push, caller, report, header.payload, buffer.data(),
+                                             message_bytes=message_bytes)
+                    if self._uploads <= INLINE_UPLOADS and declared <= INLINE_MAX_BYTES:
+                        return push()
+                    return await asyncio.get_running_loop().run_in_executor(self._work, push)
+                finally:
+                    self._uploads -= 1
         except (UpdateRejected, IdentityMismatch) as exc:
             self._refused(caller, header.round_id, exc)
             if buffer is not None and buffer.received_bytes >= TRIM_AFTER_BYTES:
@@ -338,9 +352,9 @@ def stop_reason(value: int) -> StopReason:
     return reason if reason in AGENT_REASONS else StopReason.UNKNOWN
 
 
-class OfferSlot:
-    """One of the semaphore's turns for an offer, handed back when the offer ends or after `hold_s`,
-    whichever comes first (the offer itself goes on)."""
+class Turn:
+    """One of the semaphore's turns (to be sent a model, to have an update read), handed back when the
+    transfer ends or after `hold_s`, whichever comes first (the transfer itself goes on)."""
 
     def __init__(self, turns: asyncio.Semaphore, *, hold_s: float) -> None:
         self.turns = turns
@@ -348,7 +362,7 @@ class OfferSlot:
         self._held = False
         self._timer: asyncio.TimerHandle | None = None
 
-    async def __aenter__(self) -> OfferSlot:
+    async def __aenter__(self) -> Turn:
         await self.turns.acquire()
         self._held = True
         self._timer = asyncio.get_running_loop().call_later(self.hold_s, self.release)

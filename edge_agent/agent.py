@@ -489,7 +489,7 @@ class EdgeAgent:
         def messages() -> Iterator[pb.UpdateChunk]:
             yield pb.UpdateChunk(header=header)
             if body:
-                for piece in wire.chunks(body):
+                for piece in wire.chunks(body, size=wire.UPLOAD_CHUNK_BYTES):
                     yield pb.UpdateChunk(data=piece)
 
         try:

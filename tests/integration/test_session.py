@@ -198,6 +198,51 @@ def test_a_silent_session_times_out_like_the_call_it_replaces(live_config, fleet
         agent.run()
 
 
+def test_uploads_take_turns_and_a_stalled_upload_gives_its_turn_back(live_config, fleet_factory, monkeypatch):
+    """With one update read at a time (coordinator.server.UPLOADS_AT_ONCE = 1), a device that sends
+    its update's header and then stalls keeps the other's update waiting, until either it goes on
+    or its turn is handed back (UPLOAD_TURN_S); both updates are taken."""
+    import threading
+
+    monkeypatch.setattr(server, "UPLOADS_AT_ONCE", 1)
+    monkeypatch.setattr(server, "UPLOAD_TURN_S", 1.0)
+    taken = threading.Semaphore(0)  # released each time a turn (offer or upload) is taken
+
+    class SeenTurn(server.Turn):
+        async def __aenter__(self):
+            turn = await super().__aenter__()
+            taken.release()
+            return turn
+
+    monkeypatch.setattr(server, "Turn", SeenTurn)
+    fleet = fleet_factory(live_config(rounds=2, n_devices=2, min_devices=2, deadline_s=120.0))
+    stalled, other = RawSession(fleet.port, "dev-0"), RawSession(fleet.port, "dev-1")
+    try:
+        for dev in (stalled, other):
+            dev.join()
+            dev.open()
+        updates = {}
+        for dev in (stalled, other):
+            header, model = dev.pull()
+            updates[dev] = _update(dev.device_id, header.round_id, {n: np.zeros_like(v) for n, v in model.items()})
+        assert taken.acquire(timeout=10) and taken.acquire(timeout=10)  # the two offers' turns
+        (h, data) = updates[stalled]
+        stalled.send(pb.UpdateChunk(header=h))
+        assert taken.acquire(timeout=10)  # its upload's turn taken; no data yet
+        replies: dict[str, pb.PushReply] = {}
+        pushing = threading.Thread(target=lambda: replies.setdefault("other", other.push(*updates[other])))
+        pushing.start()
+        pushing.join(timeout=0.3)
+        assert pushing.is_alive() and not replies  # waiting for the stalled device's turn
+        pushing.join(timeout=30)  # the turn comes back after UPLOAD_TURN_S, the stalled upload still open
+        assert replies["other"].accepted
+        stalled.send(*(pb.UpdateChunk(data=p) for p in wire.chunks(data)), close=True)
+        assert stalled.read().reply.accepted
+    finally:
+        stalled.close()
+        other.close()
+
+
 def test_offers_take_turns_and_every_device_gets_the_same_model(live_config, fleet_factory, monkeypatch):
     """With one offer at a time (coordinator.server.OFFERS_AT_ONCE = 1), a device that takes the
     round's header and then reads nothing for a while does not keep the other from its model; both

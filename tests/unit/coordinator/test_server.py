@@ -23,24 +23,24 @@ def test_an_update_without_a_reason_or_with_one_this_coordinator_does_not_know_i
     assert newer.stop_reason == 42 and stop_reason(newer.stop_reason) is StopReason.UNKNOWN
 
 
-def test_an_offer_slot_hands_its_turn_back_at_the_end_or_after_its_hold_time_whichever_comes_first() -> None:
+def test_a_turn_is_handed_back_at_the_end_or_after_its_hold_time_whichever_comes_first() -> None:
     import asyncio
 
-    from coordinator.server import OfferSlot
+    from coordinator.server import Turn
 
     async def scenario() -> list[str]:
         turns = asyncio.Semaphore(1)
         seen = []
 
         async def stalled() -> None:  # holds its slot far longer than hold_s
-            async with OfferSlot(turns, hold_s=0.05):
+            async with Turn(turns, hold_s=0.05):
                 seen.append("stalled in")
                 await asyncio.sleep(0.5)
             seen.append("stalled out")
 
         async def waiting() -> None:
             await asyncio.sleep(0.01)
-            async with OfferSlot(turns, hold_s=10.0):
+            async with Turn(turns, hold_s=10.0):
                 seen.append("waiting in")
             seen.append("waiting out")
 
