@@ -82,7 +82,7 @@ OFFERS_AT_ONCE = 64
 # gRPC accepted a whole 0.8 MB model for a device that read nothing, so an MNIST offer never holds
 # its turn that long; a model larger than the peer's flow-control window and socket buffers would,
 # for as long as its device stalls (until keepalive declares a dead link, ~40 s).
-OFFER_SLOT_S = 5.0
+OFFER_TURN_S = 5.0
 # At most this many updates are read at once; the others wait their turn, their pieces held back
 # by gRPC's flow control. Together with the agents' 256 KiB pieces this took the peak with 1,000
 # light agents from joined + 1.8 GiB to joined + 0.9 GiB, for rounds ~1.15x as long there
@@ -204,7 +204,7 @@ class FleetServicer(pb_grpc.FleetServicer):
         if header.status != pb.RoundHeader.ROUND:
             return
         sent = first.ByteSize()  # protobuf message bytes: header + chunks (HTTP/2 framing not counted)
-        async with Turn(self._offering, hold_s=OFFER_SLOT_S):
+        async with Turn(self._offering, hold_s=OFFER_TURN_S):
             for chunk in chunks:  # serialised RoundChunk messages, the same bytes for every device of the round
                 yield chunk
                 sent += len(chunk)

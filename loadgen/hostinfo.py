@@ -34,22 +34,24 @@ def host_facts() -> dict[str, Any]:
 
 def cpu_model(*, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The CPU model name; on a Raspberry Pi the board model ("Model" line) when present."""
-    fields = _cpuinfo_fields(cpuinfo)
-    if fields is None:
-        return platform.processor() or None
-    # x86: "model name"; ARM Pis: "Model" (board) and often no model name.
-    return fields.get("model name") or fields.get("Model") or fields.get("Hardware") \
-        or platform.processor() or None
+    return _model_name(_cpuinfo_fields(cpuinfo))
 
 
 def cpu_description(*, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """cpu_model() with x86's family and model numbers, which tell two CPUs of one name apart
     ("AMD EPYC (family 26, model 2)"): what every benchmark prints beside its figures."""
-    name = cpu_model(cpuinfo=cpuinfo) or platform.machine() or "unknown CPU"
-    fields = _cpuinfo_fields(cpuinfo) or {}
-    if "cpu family" in fields and "model" in fields:
+    fields = _cpuinfo_fields(cpuinfo)
+    name = _model_name(fields) or platform.machine() or "unknown CPU"
+    if fields and "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def _model_name(fields: dict[str, str] | None) -> str | None:
+    # x86: "model name"; ARM Pis: "Model" (board) and often no model name.
+    if fields is None:
+        return platform.processor() or None
+    return fields.get("model name") or fields.get("Model") or fields.get("Hardware") or platform.processor() or None
 
 
 def _cpuinfo_fields(cpuinfo: Path) -> dict[str, str] | None:

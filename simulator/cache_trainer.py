@@ -25,7 +25,9 @@ autograd (a CNN step is ~0.75 GFLOP of convolutions; cache residency does not ch
 
 The first train() of a process loads the kernels from numba's cache (0.4 s), or compiles them
 where the cache is missing or the CPU differs (7 s for the MLP and logistic regression
-together, measured with an empty NUMBA_CACHE_DIR). One thread, the caller's.
+together, measured with an empty NUMBA_CACHE_DIR). The first evaluate() likewise: 0.3 s from
+the cache, or 3.1 s to compile for the MLP on uint8 pixels and ~0.8 s for each other model and
+input type. One thread, the caller's.
 Speed: python -m benchmarks.sim_speed --variants cache,fast,sequential,torchloop.
 """
 

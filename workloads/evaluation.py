@@ -1,4 +1,6 @@
-"""Test accuracy and loss of a model's parameters on a dataset (shared by coordinator and simulator)."""
+"""Test accuracy and loss of a model's parameters on a dataset: the coordinator's, and the simulator's
+for models without a kernel in simulator.cache_trainer (which evaluates the MLP and logistic
+regression on its own numba products and matches this function to float32 rounding)."""
 
 from __future__ import annotations
 
