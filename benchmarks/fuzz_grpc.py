@@ -23,6 +23,7 @@ import hashlib
 import socket
 import threading
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -175,7 +176,7 @@ def status_call(draw, target: Target):
 DEFECTS = {
     "header": ["round", "s>E", "non-finite field", "other device", "s without payload"],
     "spec": ["shape", "negative dim", "dtype", "missing tensor", "extra tensor", "renamed", "duplicate",
-             "nbytes", "total_bytes", "huge total", "sha256"],
+             "nbytes", "total_bytes", "huge total", "crc32", "sha256 alone", "no checksum"],
     "data": ["NaN/Inf values", "truncated", "extra bytes", "flipped byte", "wrong dtype bytes"],
     "stream": ["second header", "data first", "empty stream", "chunk > 1 MiB", "header only"],
     "auth": ["wrong token", "no token", "unknown device", "no device header"],
@@ -205,7 +206,7 @@ def push_call(draw, target: Target):
         data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
     elif d == "wrong dtype bytes":  # float64 bytes under float32 specs (checksum matches the bytes)
         data = np.concatenate([v.astype(np.float64).ravel() for v in delta.values()]).tobytes()
-        payload.total_bytes, payload.sha256 = len(data), hashlib.sha256(data).digest()
+        payload.total_bytes, payload.crc32 = len(data), zlib.crc32(data)
     spec = next(t for t in payload.tensors if t.name == victim)
     s = defects.get("spec")
     if s == "shape":
@@ -228,8 +229,13 @@ def push_call(draw, target: Target):
         payload.total_bytes = draw(st.integers(0, 2 * len(data) + 8).filter(lambda v: v != len(data)))
     elif s == "huge total":
         payload.total_bytes = draw(st.integers(2**30, 2**64 - 1))
-    elif s == "sha256":
-        payload.sha256 = draw(st.binary(max_size=40).filter(lambda b: b != payload.sha256))
+    elif s == "crc32":
+        payload.crc32 = draw(st.integers(0, 2**32 - 1).filter(lambda v: v != payload.crc32))
+    elif s == "sha256 alone":  # as an agent before protocol 3 sends it, but wrong
+        payload.ClearField("crc32")
+        payload.sha256 = draw(st.binary(max_size=40).filter(lambda b: b != hashlib.sha256(data).digest()))
+    elif s == "no checksum":
+        payload.ClearField("crc32")
     # s >= 1: an s = 0 update with an empty payload is legitimate, and defects could combine into one.
     header = pb.UpdateHeader(device_id=EVIL, round_id=target.round_id, updates_completed=draw(st.integers(1, target.E)),
                              samples_used=draw(_u64), train_s=draw(st.floats(0, 100)), payload=payload,

@@ -4,7 +4,7 @@
 
 Each agent joins with its shard index, then takes rounds on one Session stream, as the edge
 agent does (--per-round-rpcs: a PullRound and a PushUpdate call per round, as agents before
-Session did): read the model, check it (wire.decode: size, SHA-256, finite values), answer
+Session did): read the model, check it (wire.decode: size, checksum, finite values), answer
 s = E with a zero delta of the model's size, as the edge agent's no_train mode does, without
 loading data, torch or a trainer. The zero delta is encoded once per process
 (--encode-every-round: every round). That is what lets one 2-core box hold a thousand of
@@ -34,7 +34,7 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class Answer:
-    """A no-training agent's answer: check the model as every agent must (sizes, SHA-256, finite
+    """A no-training agent's answer: check the model as every agent must (sizes, checksum, finite
     values), then a zero delta of its size. The zero delta is the same every round, so it is
     encoded once per model layout unless `every_round` (then it costs what a trained one would)."""
 

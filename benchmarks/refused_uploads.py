@@ -18,9 +18,9 @@ Python), which does not grow with the number of refusals.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import tempfile
 import time
+import zlib
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,7 @@ from workloads.partition_spec import PartitionSpec
 
 TOKEN = "refused-uploads-bench"
 DEVICE = "big-sender"
-REFUSED = "INVALID_ARGUMENT: payload checksum (SHA-256) mismatch: the transfer was corrupted"
+REFUSED = "INVALID_ARGUMENT: payload checksum (CRC-32) mismatch: the transfer was corrupted"
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,10 @@ def _config(tmp: Path, *, limit_mib: float) -> tuple[Path, str]:
 
 
 def _corrupt_update(round_id: int, nbytes: int) -> tuple[pb.UpdateHeader, bytes]:
-    """An update of `nbytes` whose description is right but whose SHA-256 is not (refused after receipt)."""
+    """An update of `nbytes` whose description is right but whose checksum is not (refused after receipt)."""
     data = bytes(nbytes)
     payload = pb.Payload(tensors=[pb.TensorSpec(name="w", shape=[nbytes // 4], dtype=pb.FLOAT32, nbytes=nbytes)],
-                         total_bytes=nbytes, sha256=hashlib.sha256(b"not the data").digest())
+                         total_bytes=nbytes, crc32=zlib.crc32(b"not the data"))
     return pb.UpdateHeader(device_id=DEVICE, round_id=round_id, updates_completed=1, payload=payload), data
 
 

@@ -46,14 +46,16 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class Payload(_message.Message):
-    __slots__ = ("tensors", "total_bytes", "sha256")
+    __slots__ = ("tensors", "total_bytes", "sha256", "crc32")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     sha256: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+    crc32: int
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class HardwareFacts(_message.Message):
     __slots__ = ("cpu_model", "cpu_count", "memory_bytes", "os", "machine", "python", "hostname")

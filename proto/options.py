@@ -58,5 +58,7 @@ def error_reason(exc: object) -> str:
 DEVICE_HEADER = "x-flexfl-device"
 # 2: RoundHeader.proximal_mu (FedProx). An agent of version 1 (or 0: unsaid) would ignore it
 # and train without the term, so a run whose strategy has one refuses such agents at join.
-PROTOCOL_VERSION = 2
+# 3: Payload.crc32. Agents send it in place of sha256; the coordinator takes either, and its
+# model carries both, so agents of versions 1-2 still work (fleet.proto's Payload).
+PROTOCOL_VERSION = 3
 PROXIMAL_MU_PROTOCOL = 2

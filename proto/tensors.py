@@ -1,4 +1,4 @@
-"""Tensors on the wire: named, shaped, typed little-endian buffers in <= 1 MiB chunks with a SHA-256.
+"""Tensors on the wire: named, shaped, typed little-endian buffers in <= 1 MiB chunks with a checksum.
 
 Encoding concatenates the tensors' raw bytes in order; decoding checks the description
 against the bytes (sizes, checksum) and, when told what to expect, against the model
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -22,12 +23,12 @@ MAX_CHUNK_BYTES = 1 << 20  # gRPC's default message cap is 4 MiB; 1 MiB chunks s
 # Agents send their update in pieces of this size. gRPC core assembles each message whole before
 # the coordinator's handler sees it, so the piece size bounds what a stream waiting for its turn
 # to be read (coordinator/server.py, UPLOADS_AT_ONCE) holds in the coordinator. 1,000 light agents
-# answering at once (benchmarks.coordinator_bench, 6 interleaved pairs, 2 cores): the coordinator's
-# peak 1,201-1,256 MiB with 256 KiB pieces and that turn, against 1,984-2,280 with the MNIST
-# update's 0.8 MB in one message (joined: 321); the pieces without the turn 1,255-1,353, the turn
-# without the pieces ~2,066, 512 KiB pieces ~1,500, 128 KiB ~740 but rounds a third slower. The
-# price: a round took 1.15x as long (1.10-1.30) at 1,000 agents and ~1.1x at 50, four messages
-# per upload instead of one (the light agents share the coordinator's 2 cores here).
+# answering at once (benchmarks.coordinator_bench, interleaved runs, 2 cores): the coordinator's
+# peak 1,087-1,249 MiB with 256 KiB pieces and 256 turns, against 1,984-2,280 with the MNIST
+# update's 0.8 MB in one message (joined: 321); the pieces without the turn 1,160-1,708, the turn
+# without the pieces ~2,066, 512 KiB pieces ~1,500, 128 KiB ~740 but rounds a third slower. Four
+# messages per upload made rounds ~1.1x as long while payloads carried a SHA-256; with CRC-32
+# (protocol 3, fleet.proto) they are 0.93x the one-message SHA-256 rounds at 1,000 agents.
 UPLOAD_CHUNK_BYTES = 256 << 10
 
 _DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT64: np.dtype("<f8"), pb.INT64: np.dtype("<i8")}
@@ -38,8 +39,12 @@ class PayloadError(UpdateRejected):
     """A tensor payload does not match its description or the expected model."""
 
 
-def encode(tensors: Mapping[str, np.ndarray]) -> tuple[pb.Payload, bytes]:
-    """Describe and serialise `tensors` (numpy arrays or torch tensors) in insertion order."""
+def encode(tensors: Mapping[str, np.ndarray], *, sha256: bool = False) -> tuple[pb.Payload, bytes]:
+    """Describe and serialise `tensors` (numpy arrays or torch tensors) in insertion order.
+
+    The payload carries the bytes' CRC-32, and their SHA-256 too when `sha256` is set (the
+    coordinator's model, for agents before protocol 3: fleet.proto's Payload says why).
+    """
     specs, parts = [], []
     for name, value in tensors.items():
         arr = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
@@ -50,7 +55,10 @@ def encode(tensors: Mapping[str, np.ndarray]) -> tuple[pb.Payload, bytes]:
         specs.append(pb.TensorSpec(name=name, shape=list(arr.shape), dtype=code, nbytes=len(raw)))
         parts.append(raw)
     data = b"".join(parts)
-    return pb.Payload(tensors=specs, total_bytes=len(data), sha256=hashlib.sha256(data).digest()), data
+    payload = pb.Payload(tensors=specs, total_bytes=len(data), crc32=zlib.crc32(data))
+    if sha256:
+        payload.sha256 = hashlib.sha256(data).digest()
+    return payload, data
 
 
 def chunks(data: bytes, *, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
@@ -132,7 +140,12 @@ def decode(
     """
     if payload.total_bytes != len(data):
         raise PayloadError(f"payload is {len(data)} bytes, header announced {payload.total_bytes}")
-    if hashlib.sha256(data).digest() != payload.sha256:
+    if payload.HasField("crc32"):
+        if zlib.crc32(data) != payload.crc32:
+            raise PayloadError("payload checksum (CRC-32) mismatch: the transfer was corrupted")
+    elif not payload.sha256:
+        raise PayloadError("payload carries no checksum (neither crc32 nor sha256)")
+    elif hashlib.sha256(data).digest() != payload.sha256:
         raise PayloadError("payload checksum (SHA-256) mismatch: the transfer was corrupted")
     declared = sum(t.nbytes for t in payload.tensors)
     if declared != len(data):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import grpc
 import numpy as np
 import pytest
@@ -38,8 +40,8 @@ class RawDevice:
                                      metadata=self.md, timeout=10)
         chunks = list(stream)
         header = chunks[0].header
-        data = b"".join(c.data for c in chunks[1:])
-        return header, wire.decode(header.payload, data)
+        self.model_bytes = b"".join(c.data for c in chunks[1:])
+        return header, wire.decode(header.payload, self.model_bytes)
 
     def push(self, header: pb.UpdateHeader, data: bytes) -> pb.PushReply:
         def gen():
@@ -77,12 +79,19 @@ def _bad_variants(header, model):
     corrupt = bytearray(d_ok)
     corrupt[len(corrupt) // 2] ^= 0xFF
     missing = {n: v for n, v in zero.items() if n != name}
+    h_bare, h_sha = pb.UpdateHeader(), pb.UpdateHeader()
+    for h in (h_bare, h_sha):
+        h.CopyFrom(h_ok)
+        h.payload.ClearField("crc32")
+    h_sha.payload.sha256 = hashlib.sha256(bytes(corrupt)).digest()[::-1]  # an agent before protocol 3, wrong
     return {
         "wrong shape": (_update("evil", header.round_id, wrong_shape), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
         "NaN": (_update("evil", header.round_id, nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
         "s > E": (_update("evil", header.round_id, zero, s=header.required_updates + 1),
                   grpc.StatusCode.INVALID_ARGUMENT, "outside 0..E"),
         "bad checksum": ((h_ok, bytes(corrupt)), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
+        "no checksum": ((h_bare, d_ok), grpc.StatusCode.INVALID_ARGUMENT, "no checksum"),
+        "bad SHA-256": ((h_sha, d_ok), grpc.StatusCode.INVALID_ARGUMENT, "checksum (SHA-256) mismatch"),
         "truncated": ((h_ok, d_ok[:-4]), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
         "missing tensor": (_update("evil", header.round_id, missing), grpc.StatusCode.INVALID_ARGUMENT, "missing"),
         "stale round": (_update("evil", header.round_id - 1, zero), grpc.StatusCode.FAILED_PRECONDITION, "not open"),
@@ -112,6 +121,24 @@ def test_malformed_updates_rejected_and_model_unchanged(open_round):
     assert fleet.coordinator.wait(timeout=30)
     assert any(not torch.equal(engine.params[n], before[n]) for n in before)
     assert engine.completed_round == 1
+
+
+def test_an_agent_before_protocol_3_checks_the_model_by_sha256_and_sends_only_that(open_round):
+    """Protocol 3 moved payloads to CRC-32; the model still carries a SHA-256 for older agents, and
+    their updates, with a SHA-256 alone, are checked by it and taken."""
+    fleet, dev, header, model = open_round
+    assert header.payload.HasField("crc32") and len(header.payload.sha256) == 32
+    old_view = pb.Payload()
+    old_view.CopyFrom(header.payload)
+    old_view.ClearField("crc32")  # what an agent that does not know the field checks
+    assert all(np.array_equal(v, model[n]) for n, v in wire.decode(old_view, dev.model_bytes).items())
+    h, d = _update("evil", header.round_id, {n: np.full_like(v, 0.01) for n, v in model.items()},
+                   s=header.required_updates)
+    h.payload.ClearField("crc32")
+    h.payload.sha256 = hashlib.sha256(d).digest()
+    assert dev.push(h, d).accepted
+    assert fleet.coordinator.wait(timeout=30)
+    assert fleet.coordinator.engine.completed_round == 1
 
 
 def test_duplicate_update_refused_while_the_round_is_open(live_config, fleet_factory):
@@ -288,7 +315,7 @@ def test_refused_uploads_leave_no_memory_behind(live_config, fleet_factory):
 
 @pytest.mark.slow
 def test_refused_model_sized_uploads_do_not_keep_their_memory():
-    """Issue: one device re-sending a 63 MiB update with a wrong SHA-256 grew the coordinator from
+    """Issue: one device re-sending a 63 MiB update with a wrong checksum (then SHA-256) grew the coordinator from
     257 to 1,753 MiB in 20 refusals. Twenty of those uploads, five at a time, to a coordinator
     process (benchmarks/refused_uploads.py, where the issue's 100 are measured): afterwards its RSS
     is within the uploads' limit twice over of where it started."""

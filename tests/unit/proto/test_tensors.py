@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 
 
@@ -79,6 +80,30 @@ def test_corruption_and_mismatch_detected(encoded):
         wire.decode(payload, data, expected={"v": ((2, 3), np.float32)})
     with pytest.raises(wire.PayloadError, match="dtype"):
         wire.decode(payload, data, expected={"w": ((2, 3), np.float64)})
+
+
+def test_checked_by_crc32_else_sha256_and_refused_without_either():
+    """Protocol 3's payloads carry a CRC-32; agents before it send a SHA-256 alone (fleet.proto)."""
+    import hashlib
+    import zlib
+
+    payload, data = wire.encode({"w": np.arange(6, dtype=np.float32)})
+    assert payload.crc32 == zlib.crc32(data) and payload.sha256 == b""
+    both, _ = wire.encode({"w": np.arange(6, dtype=np.float32)}, sha256=True)
+    assert both.crc32 == payload.crc32 and both.sha256 == hashlib.sha256(data).digest()
+    flipped = bytearray(data)
+    flipped[5] ^= 0x10
+    with pytest.raises(wire.PayloadError, match=r"checksum \(CRC-32\) mismatch"):
+        wire.decode(both, bytes(flipped))  # the CRC-32 decides when there is one
+    old = pb.Payload()
+    old.CopyFrom(both)
+    old.ClearField("crc32")  # as an agent before protocol 3 sends it
+    np.testing.assert_array_equal(wire.decode(old, data)["w"], np.arange(6, dtype=np.float32))
+    with pytest.raises(wire.PayloadError, match=r"checksum \(SHA-256\) mismatch"):
+        wire.decode(old, bytes(flipped))
+    old.sha256 = b""
+    with pytest.raises(wire.PayloadError, match="no checksum"):
+        wire.decode(old, data)
 
 
 def test_non_finite_values_rejected():
