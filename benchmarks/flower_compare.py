@@ -6,7 +6,7 @@ For every fleet size, with and without central evaluation, and every repetition,
 FlexFL (A) and Flower (B) back to back, alternating which goes first (A B, B A, ...):
 - FlexFL: `flexfl coordinator` (MNIST MLP, Scheme C, run.evaluate on or off) and light
   no-training agents in one process (benchmarks/light_agents.py: asyncio; each checks the
-  model's SHA-256 and answers a zero delta, encoded every round as Flower's clients do);
+  model's checksum and answers a zero delta, encoded every round as Flower's clients do);
 - Flower: benchmarks/flower_side.py in the Flower virtualenv: start_server with FedAvg and
   no-op NumPyClients (they return the parameters; Flower's NumPy API decodes and encodes
   them) as threads of one process; with evaluation, evaluate_fn tests on the same 10k MNIST

@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--per-round-rpcs", action="store_true",
                     help="a PullRound and a PushUpdate call per round instead of one Session stream (older agents)")
     ap.add_argument("--encode-every-round", action="store_true",
-                    help="encode the zero delta every round (SHA-256 and copies, as a trained delta costs)")
+                    help="encode the zero delta every round (checksum and copies, as a trained delta costs)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(min(asyncio.run(run(args)), 125))

@@ -5,7 +5,7 @@
 
 A real coordinator process (`flexfl coordinator`, through flexfl.harness) on loopback with
 one round open for a long time. One authenticated device joins, receives the model, then
-sends --uploads updates of --mib MiB each whose SHA-256 is wrong, --parallel at a time: the
+sends --uploads updates of --mib MiB each whose checksum is wrong, --parallel at a time: the
 coordinator receives every one in full (it is under the server.max_update_mib limit), then
 refuses it with INVALID_ARGUMENT. The coordinator's resident memory (RSS) is printed before
 the first upload and after each group of uploads; then, once the last refusal is in, it is
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=5.0, help="longest wait for the RSS to come within the goal")
     args = ap.parse_args()
     say = Output()
-    say(f"refused uploads: {args.uploads} uploads of {args.mib:g} MiB with a wrong SHA-256, {args.parallel} at a "
+    say(f"refused uploads: {args.uploads} uploads of {args.mib:g} MiB with a wrong checksum, {args.parallel} at a "
         f"time, upload limit {args.limit_mib:g} MiB; {machine()}")
     f = run(uploads=args.uploads, parallel=args.parallel, upload_mib=args.mib, limit_mib=args.limit_mib,
             every=args.every, settle_s=args.settle_s, log=say)
