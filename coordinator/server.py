@@ -54,8 +54,8 @@ from flexfl.errors import IdentityMismatch, ProtocolMismatch, UpdateRejected, Wr
 
 log = logging.getLogger(__name__)
 
-# An upload's CPU work was ~0.6 ms for the 0.8 MB MNIST MLP with SHA-256 (less with CRC-32). Handing it to a
-# work thread and back costs about as much (future chaining, a self-pipe wake-up, the GIL),
+# An upload's CPU work was ~0.6 ms for the 0.8 MB MNIST MLP with SHA-256, less with CRC-32.
+# Handing it to a work thread and back costs about as much (future chaining, a self-pipe wake-up, the GIL),
 # and with few devices that hop sits on the round's critical path: a 5-agent round took
 # ~12 % longer through the pool (A/B, interleaved). With up to INLINE_UPLOADS uploads in
 # progress and none above INLINE_MAX_BYTES the loop does the work itself, stalling other
@@ -85,8 +85,8 @@ OFFERS_AT_ONCE = 64
 OFFER_TURN_S = 5.0
 # At most this many updates are read at once; the others wait their turn, their pieces held back
 # by gRPC's flow control. Together with the agents' 256 KiB pieces this took the peak with 1,000
-# light agents from joined + 1.8 GiB to joined + 0.8 GiB (proto/tensors.py, UPLOAD_CHUNK_BYTES,
-# has the figures). 256 rather than 64: peak 1,087-1,153 against 1,195-1,220 MiB, rounds 0.99x
+# light agents from joined + 1.8 GiB to joined + 0.8-0.9 GiB (proto/tensors.py, UPLOAD_CHUNK_BYTES,
+# has the figures). 256 rather than 64: peak 1,097-1,153 against 1,195-1,220 MiB, rounds 0.99x
 # (6 interleaved runs each at 1,000 agents).
 UPLOADS_AT_ONCE = 256
 # ... and an upload gives its turn back after this long even if it is still arriving: a 0.8 MB

@@ -24,8 +24,8 @@ MAX_CHUNK_BYTES = 1 << 20  # gRPC's default message cap is 4 MiB; 1 MiB chunks s
 # the coordinator's handler sees it, so the piece size bounds what a stream waiting for its turn
 # to be read (coordinator/server.py, UPLOADS_AT_ONCE) holds in the coordinator. 1,000 light agents
 # answering at once (benchmarks.coordinator_bench, interleaved runs, 2 cores): the coordinator's
-# peak 1,087-1,249 MiB with 256 KiB pieces and 256 turns, against 1,984-2,280 with the MNIST
-# update's 0.8 MB in one message (joined: 321); the pieces without the turn 1,160-1,708, the turn
+# peak 1,087-1,249 MiB with 256 KiB pieces and 256 turns, against 2,002-2,276 with the MNIST
+# update's 0.8 MB in one message (10 pairs; joined: 321-326); the pieces without the turn 1,160-1,708, the turn
 # without the pieces ~2,066, 512 KiB pieces ~1,500, 128 KiB ~740 but rounds a third slower. Four
 # messages per upload made rounds ~1.1x as long while payloads carried a SHA-256; with CRC-32
 # (protocol 3, fleet.proto) they are 0.93x the one-message SHA-256 rounds at 1,000 agents.
