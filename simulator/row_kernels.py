@@ -52,6 +52,29 @@ _KERNEL = {"cache": True, "fastmath": {"reassoc", "contract"}, "boundscheck": Fa
 
 
 @njit(**_KERNEL)
+def _forward_rest(w, h, z, j_from, j_to, b_from) -> None:  # pragma: no cover - compiled
+    """z[b, j] += sum_k h[b, k] w[j, k] for rows j_from..j_to - 1 of w and b_from.. of h: a block's remainder."""
+    for j in range(j_from, j_to):
+        for b in range(b_from, h.shape[0]):
+            s = np.float32(0)
+            for k in range(w.shape[1]):
+                s += w[j, k] * h[b, k]
+            z[b, j] += s
+
+
+@njit(**_KERNEL)
+def _update_rest(g, h, w, b_from) -> None:  # pragma: no cover - compiled
+    """w[j, k] -= g[b, j] h[b, k] for rows b_from.. of h, one at a time (a block's remainder)."""
+    for b in range(b_from, h.shape[0]):
+        hb = h[b]
+        for j in range(w.shape[0]):
+            wj = w[j]
+            c = g[b, j]
+            for k in range(w.shape[1]):
+                wj[k] -= c * hb[k]
+
+
+@njit(**_KERNEL)
 def forward_add_wide(w: np.ndarray, h: np.ndarray, z: np.ndarray) -> None:  # pragma: no cover - compiled
     """z[b, j] += sum_k h[b, k] w[j, k]; 4 rows of w x 5 of h per pass (20 sums in registers)."""
     n_out, n_in = w.shape
@@ -81,19 +104,9 @@ def forward_add_wide(w: np.ndarray, h: np.ndarray, z: np.ndarray) -> None:  # pr
             z[b, j + 3] += a30; z[b + 1, j + 3] += a31; z[b + 2, j + 3] += a32  # noqa: E702
             z[b + 3, j + 3] += a33; z[b + 4, j + 3] += a34  # noqa: E702
             b += 5
-        for bb in range(b, batch):  # rows of h past the last block of 5
-            for jj in range(j, j + 4):
-                s = np.float32(0)
-                for k in range(n_in):
-                    s += w[jj, k] * h[bb, k]
-                z[bb, jj] += s
+        _forward_rest(w, h, z, j, j + 4, b)  # rows of h past the last block of 5
         j += 4
-    for jj in range(j, n_out):  # rows of w past the last block of 4
-        for bb in range(batch):
-            s = np.float32(0)
-            for k in range(n_in):
-                s += w[jj, k] * h[bb, k]
-            z[bb, jj] += s
+    _forward_rest(w, h, z, j, n_out, 0)  # rows of w past the last block of 4
 
 
 @njit(**_KERNEL)
@@ -151,13 +164,7 @@ def sgd_update_wide(g: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:  # pra
                 wj[k] -= (c0 * h0[k] + c1 * h1[k] + c2 * h2[k] + c3 * h3[k] + c4 * h4[k]
                           + c5 * h5[k] + c6 * h6[k] + c7 * h7[k] + c8 * h8[k] + c9 * h9[k])
         b += 10
-    for bb in range(b, batch):  # a batch that is not a multiple of 10: the rest one by one
-        hb = h[bb]
-        for j in range(n_out):
-            wj = w[j]
-            c = g[bb, j]
-            for k in range(n_in):
-                wj[k] -= c * hb[k]
+    _update_rest(g, h, w, b)  # a batch that is not a multiple of 10: the rest one by one
 
 
 @njit(**_KERNEL)
@@ -182,19 +189,9 @@ def forward_add_narrow(w: np.ndarray, h: np.ndarray, z: np.ndarray) -> None:  # 
             z[b, j + 1] += a10; z[b + 1, j + 1] += a11; z[b + 2, j + 1] += a12  # noqa: E702
             z[b + 3, j + 1] += a13; z[b + 4, j + 1] += a14  # noqa: E702
             b += 5
-        for bb in range(b, batch):  # rows of h past the last block of 5
-            for jj in range(j, j + 2):
-                s = np.float32(0)
-                for k in range(n_in):
-                    s += w[jj, k] * h[bb, k]
-                z[bb, jj] += s
+        _forward_rest(w, h, z, j, j + 2, b)  # rows of h past the last block of 5
         j += 2
-    for jj in range(j, n_out):  # the last row of w when n_out is odd
-        for bb in range(batch):
-            s = np.float32(0)
-            for k in range(n_in):
-                s += w[jj, k] * h[bb, k]
-            z[bb, jj] += s
+    _forward_rest(w, h, z, j, n_out, 0)  # the last row of w when n_out is odd
 
 
 @njit(**_KERNEL)
@@ -221,13 +218,7 @@ def sgd_update_narrow(g: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:  # p
             for k in range(n_in):
                 wj[k] -= c0 * h0[k] + c1 * h1[k] + c2 * h2[k] + c3 * h3[k] + c4 * h4[k]
         b += 5
-    for bb in range(b, batch):  # rows of h past the last block of 5, one by one
-        hb = h[bb]
-        for j in range(n_out):
-            wj = w[j]
-            c = g[bb, j]
-            for k in range(n_in):
-                wj[k] -= c * hb[k]
+    _update_rest(g, h, w, b)  # rows of h past the last block of 5, one by one
 
 
 forward_add = forward_add_wide if WIDE_REGISTERS else forward_add_narrow

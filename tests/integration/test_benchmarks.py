@@ -39,8 +39,12 @@ def test_the_simulator_benchmark_runs_and_its_variants_agree():
     diffs = {name: float(v) for name, v in re.findall(r"(\w+) ([\d.e+-]+)", line.group(1))}
     scale = float(line.group(2))
     assert set(diffs) == {"cache", "fast", "torchloop", "plain"}, line.group(0)
-    # float32 rounding over 20 steps at eta = 1 (the fast and cache trainers reorder the arithmetic)
-    assert max(diffs["cache"], diffs["fast"], diffs["torchloop"]) <= 1e-3 * scale and diffs["plain"] <= 1e-5 * scale, \
+    # float32 rounding over 20 steps at eta = 1: the fast and cache trainers reorder the arithmetic, and
+    # the sequential loop is no closer to exact than they are. Against a float64 run of the same batches
+    # (AMD EPYC family 25, the cache trainer's 16-register blocking) the aggregate's largest error was
+    # 3.2e-3 for the sequential loop and plain, 2.9e-3 for fast and torchloop, 6.7e-4 for cache (scale
+    # 1.94), so two variants may sit ~1.6e-3 x scale apart each way. A wrong batch or rule is ~scale.
+    assert max(diffs["cache"], diffs["fast"], diffs["torchloop"]) <= 3e-3 * scale and diffs["plain"] <= 1e-5 * scale, \
         line.group(0)
 
 
