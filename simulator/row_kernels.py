@@ -17,11 +17,14 @@ sgd_update come in two blockings, chosen once per process (WIDE_REGISTERS):
   step ~71 us. The same step calling sgemm from numba took 179 us with scipy's OpenBLAS and 199
   us with torch's MKL (at these sizes BLAS spends its time packing w); plain unblocked loops took
   950 us (one-off runs, /tmp scripts).
-- narrow, 16 registers (x86 with AVX2 only): the wide forward's 20 sums spill to the stack (19
-  GFLOP/s). Forward 2 rows of w x 5 of h (10 sums), update 2 rows of w x 5 of h per pass (10
-  broadcast factors). On an AMD EPYC (family 25, model 1: Zen 3, AVX2), one thread, interleaved
-  in one process (7 repetitions of 1,000 calls, medians): 200 x 784 forward 1.6x the wide
-  blocking (73 GFLOP/s), update 1.15x; 200 x 200 forward 1.6x, update 1.09x.
+- narrow, 16 registers (x86 with AVX2 only): the wide forward's 20 sums spill to the stack (19-45
+  GFLOP/s). Forward 2 rows of w x 5 of h (10 sums); update 3 rows of w x 5 of h per pass, each
+  weight taking its products as a chain of FMAs into itself. On an AMD EPYC (family 25, model 1:
+  Zen 3, AVX2), one thread, interleaved in one process (medians of 7-9 repetitions of 500-1,000
+  calls): 200 x 784 forward 1.6x the wide blocking (73 GFLOP/s); update 2 rows x 5 of h with a
+  separate product sum 1.15x the wide one, the FMA chains over 3 rows another 1.13-1.18x (59-67
+  GFLOP/s). Whole MNIST rounds (traces, evaluation): the 2-row blocking 1.32x the wide one (1.26-
+  1.39, 8 interleaved pairs), the FMA chains another 1.03x (1.01-1.04).
 input_grad keeps one blocking: on the Zen 3 the narrow ones tried (2 rows of g x 4 or 5 of w)
 were 0.77-0.91x of it.
 
@@ -49,6 +52,8 @@ def _wide_registers() -> bool:
 WIDE_REGISTERS = _wide_registers()
 
 _KERNEL = {"cache": True, "fastmath": {"reassoc", "contract"}, "boundscheck": False, "nogil": True}
+# Without reassociation, so that LLVM keeps the narrow update's FMA chains as written (contraction: FMA).
+_NARROW_UPDATE = _KERNEL | {"fastmath": {"contract"}}
 
 
 @njit(**_KERNEL)
@@ -194,29 +199,45 @@ def forward_add_narrow(w: np.ndarray, h: np.ndarray, z: np.ndarray) -> None:  # 
     _forward_rest(w, h, z, j, n_out, 0)  # the last row of w when n_out is odd
 
 
-@njit(**_KERNEL)
+@njit(**_NARROW_UPDATE)
 def sgd_update_narrow(g: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:  # pragma: no cover - compiled
-    """w[j, k] -= sum_b g[b, j] h[b, k] as sgd_update_wide; 2 rows of w x 5 of h per pass (10 broadcast factors)."""
+    """w[j, k] -= sum_b g[b, j] h[b, k] as sgd_update_wide; 3 rows of w x 5 of h per pass (15 factors).
+
+    Each weight takes its 5 products as a chain of FMAs into itself (w -= c0 h0; w -= c1 h1; ...):
+    no separate product sum, multiply and subtraction, and a shorter dependency chain.
+    """
     n_out, n_in = w.shape
     batch = g.shape[0]
     b = 0
     while b + 5 <= batch:
         h0, h1, h2, h3, h4 = h[b], h[b + 1], h[b + 2], h[b + 3], h[b + 4]
         j = 0
-        while j + 2 <= n_out:
-            w0, w1 = w[j], w[j + 1]
+        while j + 3 <= n_out:
+            w0, w1, w2 = w[j], w[j + 1], w[j + 2]
             c0, c1, c2, c3, c4 = g[b, j], g[b + 1, j], g[b + 2, j], g[b + 3, j], g[b + 4, j]
             d0, d1, d2, d3, d4 = g[b, j + 1], g[b + 1, j + 1], g[b + 2, j + 1], g[b + 3, j + 1], g[b + 4, j + 1]
+            e0, e1, e2, e3, e4 = g[b, j + 2], g[b + 1, j + 2], g[b + 2, j + 2], g[b + 3, j + 2], g[b + 4, j + 2]
             for k in range(n_in):
                 u0, u1, u2, u3, u4 = h0[k], h1[k], h2[k], h3[k], h4[k]
-                w0[k] -= c0 * u0 + c1 * u1 + c2 * u2 + c3 * u3 + c4 * u4
-                w1[k] -= d0 * u0 + d1 * u1 + d2 * u2 + d3 * u3 + d4 * u4
-            j += 2
-        for jj in range(j, n_out):  # the last row of w when n_out is odd
+                a0, a1, a2 = w0[k], w1[k], w2[k]
+                a0 -= c0 * u0; a1 -= d0 * u0; a2 -= e0 * u0  # noqa: E702
+                a0 -= c1 * u1; a1 -= d1 * u1; a2 -= e1 * u1  # noqa: E702
+                a0 -= c2 * u2; a1 -= d2 * u2; a2 -= e2 * u2  # noqa: E702
+                a0 -= c3 * u3; a1 -= d3 * u3; a2 -= e3 * u3  # noqa: E702
+                a0 -= c4 * u4; a1 -= d4 * u4; a2 -= e4 * u4  # noqa: E702
+                w0[k], w1[k], w2[k] = a0, a1, a2
+            j += 3
+        for jj in range(j, n_out):  # rows of w past the last block of 3
             wj = w[jj]
             c0, c1, c2, c3, c4 = g[b, jj], g[b + 1, jj], g[b + 2, jj], g[b + 3, jj], g[b + 4, jj]
             for k in range(n_in):
-                wj[k] -= c0 * h0[k] + c1 * h1[k] + c2 * h2[k] + c3 * h3[k] + c4 * h4[k]
+                a0 = wj[k]
+                a0 -= c0 * h0[k]
+                a0 -= c1 * h1[k]
+                a0 -= c2 * h2[k]
+                a0 -= c3 * h3[k]
+                a0 -= c4 * h4[k]
+                wj[k] = a0
         b += 5
     _update_rest(g, h, w, b)  # rows of h past the last block of 5, one by one
 
