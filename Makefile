@@ -62,7 +62,7 @@ sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHE
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
 SWEEP_ARGS ?=
 
-performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (~10 min here; QUICK=1: a smoke run)
+performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (10 min on an AMD EPYC Zen 5, 23 on a Zen 3; QUICK=1: a smoke run)
 	$(BIN)/python -m benchmarks.performance $(if $(QUICK),--quick)
 ifeq ($(QUICK),)
 	$(MAKE) --no-print-directory bench-coordinator
