@@ -48,6 +48,8 @@ from workloads.evaluation import CHUNK
 from workloads.evaluation import evaluate as torch_evaluate
 from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
 
+SPARSE_INPUTS = 0.5  # at most this fraction of the features not zero: the first layer trains transposed
+
 LAYERS = {
     MnistMLP: [("fc1.weight", "fc1.bias"), ("fc2.weight", "fc2.bias"), ("fc3.weight", "fc3.bias")],
     LogisticRegression: [("linear.weight", "linear.bias")],
@@ -87,7 +89,12 @@ class CacheTrainer:
         widths = [self.shapes[w][1] for w, _ in layers] + [num_classes]
         self._h = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths)
         self._g = tuple(np.empty((batch_size, n), dtype=np.float32) for n in widths[1:])
-        self._w_work = tuple(np.empty(self.shapes[w], dtype=np.float32) for w, _ in layers)
+        # Inputs that are mostly zeros (MNIST's pixels: 81 %) train the first layer transposed, [in, out],
+        # skipping in each step the inputs that are zero in its whole batch (row_kernels.train_rows).
+        # Dense inputs keep torch's layout: SYNTHETIC's 60 x 10 layer ran at 0.61x transposed.
+        self.first_transposed = bool(self.x.size) and np.count_nonzero(self.x) <= SPARSE_INPUTS * self.x.size
+        self._w_work = tuple(np.empty(self.shapes[w][::-1] if i == 0 and self.first_transposed else self.shapes[w],
+                                      dtype=np.float32) for i, (w, _) in enumerate(layers))
         self._b_work = tuple(np.empty(self.shapes[b], dtype=np.float32) for _, b in layers)
 
     def train(
@@ -127,6 +134,9 @@ class CacheTrainer:
             if not stacked[n]:
                 t = t.unsqueeze(0) if not any(stacked.values()) else t.expand(n_rows, *shape)
             starts[n] = t.contiguous().numpy()
+        if self.first_transposed:
+            first = self._layers[0][0]
+            starts[first] = np.ascontiguousarray(starts[first].transpose(0, 2, 1))  # [G, in, out], as trained
         deltas = delta_buffers(self.shapes, n_rows, out)
 
         # Sorted by steps, descending, as batch_plan needs (rows sharing a Generator: the longest draws).
@@ -143,7 +153,7 @@ class CacheTrainer:
             tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
             self._w_work, self._b_work,
             tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),
-            self._h, self._g, loss_sum)
+            self._h, self._g, loss_sum, self.first_transposed)
         return deltas, mean_losses(steps, loss_sum)
 
 

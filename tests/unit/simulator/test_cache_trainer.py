@@ -336,3 +336,38 @@ def test_the_engines_evaluation_of_a_diverged_model_has_a_nan_loss():
     params["fc3.bias"][0] = float("nan")
     data = _shards([25], 784, 10)[0]
     assert np.isnan(evaluate(model, params, data)[1])
+
+
+def _pixel_shards(sizes, dim, classes, seed=0):
+    """Sparse features like MNIST's pixels: a border of inputs no sample uses, ~80 % zeros elsewhere."""
+    rng = np.random.default_rng(seed)
+    shards = []
+    for n in sizes:
+        x = np.where(rng.random((n, dim)) < 0.2, rng.random((n, dim), dtype=np.float32), 0).astype(np.float32)
+        x[:, : dim // 8] = 0
+        shards.append(ArrayDataset(x=x, y=rng.integers(0, classes, n).astype(np.int64)))
+    return shards
+
+
+@pytest.mark.parametrize("name, dim, classes", DENSE)
+@pytest.mark.parametrize("mu", [0.0, 0.5])
+def test_inputs_zero_in_a_batch_cost_nothing_and_change_nothing(name, dim, classes, mu):
+    # The first layer is trained transposed and skips the inputs that are zero in the whole batch
+    # (no forward term, a zero gradient row); the deltas must still be train_local's, FedProx's
+    # pull included (it moves every weight, skipped rows too).
+    shards = _pixel_shards([30, 17, 42], dim, classes, seed=6)
+    model = build_model(name, in_features=dim, num_classes=classes)
+    start = _params(model)
+    shard_of_row, steps = np.array([0, 1, 2, 2]), np.array([6, 3, 9, 0])
+    keys = [(9, 2, k) for k in range(4)]
+    trainer = CacheTrainer(model, shards, batch_size=BATCH)
+    assert trainer.first_transposed  # ~83 % zeros; the dense shards of the other tests keep torch's layout
+    assert not CacheTrainer(model, _shards([30], dim, classes), batch_size=BATCH).first_transposed
+    deltas, losses = trainer.train(start, shard_of_row=shard_of_row, steps=steps, lr=0.2,
+                                   rngs=[device_rng(*k) for k in keys], mu=mu)
+    _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[start] * 4,
+                                   shard_of_row=shard_of_row, steps=steps, lrs=[0.2] * 4, rng_keys=keys, mu=mu)
+    weight = next(iter(start))  # fc1.weight or linear.weight, [out, in] as torch has it
+    # Inputs no sample uses end where they started (FedProx pulls a weight at its start by zero); the rest moved.
+    assert float(deltas[weight][:3, :, : dim // 8].abs().max()) == 0.0
+    assert float(deltas[weight][:3, :, dim // 8:].abs().max()) > 0
