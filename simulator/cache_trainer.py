@@ -20,6 +20,8 @@ How it differs from FastTrainer (MLP and logistic regression, chains of Linear +
   gradients, and the SGD update fused into the weight-gradient product (w is read and written
   once per step). Every row trains in the same work buffer, which stays in cache from row to
   row; only its delta goes to memory (that took a row's fixed cost from 145 to 90 us on MNIST).
+- Inputs that are mostly zeros (MNIST's pixels) train the first layer transposed, and each step
+  skips the inputs that are zero in its whole batch: about half of MNIST's first-layer work.
 The CNN has no kernel here: its rows go to FastTrainer, which trains them one by one through
 autograd (a CNN step is ~0.75 GFLOP of convolutions; cache residency does not change that).
 
