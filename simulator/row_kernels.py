@@ -488,18 +488,20 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
 
 
 @njit(cache=True, nogil=True)
-def evaluate_chain(x, y, scale, w, bias, h, chunk) -> tuple[int, float]:  # pragma: no cover - compiled
+def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[int, float]:  # pragma: no cover
     """(correct predictions, summed cross-entropy) of the Linear(+ReLU) chain w, bias on x [N, in], y [N].
 
     x is float32 (scale 1) or uint8 pixel bytes (scale 255: each feature is x / scale, divided
     as workloads.datasets.scaled divides); h[l] [B, width l] is scratch, B samples at a time.
     A sample's loss is its log-sum-exp minus its label's logit, in float32; as
     workloads.evaluation.evaluate sums them, `chunk` samples at a time in float32 and the
-    chunks in float64. A prediction is the first largest logit (torch's argmax).
+    chunks in float64. A prediction is the first largest logit (torch's argmax). With
+    first_transposed, w[0] is [in, out] and each block skips the inputs zero in all its samples.
     """
     n_layers = len(w)
-    block = h[0].shape[0]
-    rows_unused = np.empty(0, dtype=np.int64)
+    block, n_in = h[0].shape
+    flags = np.empty(n_in, dtype=np.uint8)
+    inputs = np.empty(n_in, dtype=np.int64)
     correct = 0
     loss_sum = 0.0
     chunk_sum = np.float32(0)
@@ -510,7 +512,8 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk) -> tuple[int, float]:  # prag
             xr, hr = x[start + r], h0[r]
             for k in range(xr.shape[0]):
                 hr[k] = np.float32(xr[k]) / np.float32(scale)
-        chain_forward(w, bias, h, m, False, rows_unused, 0)
+        n_inputs = nonzero_columns(h0[:m], flags, inputs) if first_transposed else n_in
+        chain_forward(w, bias, h, m, first_transposed, inputs, n_inputs)
         logits = h[n_layers]
         for r in range(m):
             zr = logits[r]

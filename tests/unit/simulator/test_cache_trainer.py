@@ -7,7 +7,7 @@ from torch import nn
 
 from edge_agent.trainer import device_rng, step_plan, train_local
 from flexfl.errors import ConfigError
-from simulator.cache_trainer import EVAL_BLOCK, CacheTrainer, evaluate
+from simulator.cache_trainer import EVAL_BLOCK, CacheTrainer, evaluate, sparse_inputs
 from simulator.fast_trainer import FastTrainer
 from workloads.datasets import ArrayDataset
 from workloads.evaluation import evaluate as torch_evaluate
@@ -309,7 +309,8 @@ def test_a_row_that_diverges_leaves_the_next_row_untouched(name, dim, classes):
 
 
 @pytest.mark.parametrize("name, dim, classes, pixels", [("logreg", 60, 10, False), ("mlp", 784, 10, False),
-                                                        ("mlp", 784, 10, True), ("cnn", 784, 47, True)])
+                                                        ("mlp", 784, 10, True), ("mlp", 784, 10, "sparse"),
+                                                        ("logreg", 60, 10, "sparse"), ("cnn", 784, 47, True)])
 def test_the_engines_evaluation_equals_the_torch_evaluation(name, dim, classes, pixels):
     # The kernels' evaluation (MLP, logistic regression; uint8 pixels divided by 255 or float
     # features) against workloads.evaluation.evaluate; the CNN goes to the latter. A sample count
@@ -317,12 +318,16 @@ def test_the_engines_evaluation_equals_the_torch_evaluation(name, dim, classes, 
     rng = np.random.default_rng(8)
     n = 3 * EVAL_BLOCK + 7
     x = rng.integers(0, 256, (n, dim), dtype=np.uint8) if pixels else rng.standard_normal((n, dim), dtype=np.float32)
+    if pixels == "sparse":  # MNIST-like: the first layer is evaluated transposed, skipping zero inputs
+        x[rng.random((n, dim)) < 0.8] = 0
+        x[:, : dim // 8] = 0
     data = ArrayDataset(x=x, y=rng.integers(0, classes, n).astype(np.int64))
     model = build_model(name, in_features=dim, num_classes=classes)
     params = _params(model)
     with torch.no_grad():
         for p in params.values():
             p.add_(torch.from_numpy(rng.standard_normal(tuple(p.shape), dtype=np.float32)) * 0.05)
+    assert sparse_inputs(x) == (pixels == "sparse")
     acc, loss = evaluate(model, params, data)
     want_acc, want_loss = torch_evaluate(model, params, data)
     assert acc == want_acc and 0 < acc < 1
