@@ -33,8 +33,12 @@ sgd_update come in two blockings, chosen once per process (WIDE_REGISTERS):
   separate product sum 1.15x the wide one, the FMA chains over 3 rows another 1.13-1.18x (59-67
   GFLOP/s). Whole MNIST rounds (traces, evaluation): the 2-row blocking 1.32x the wide one (1.26-
   1.39, 8 interleaved pairs), the FMA chains another 1.03x (1.01-1.04).
-product_add keeps one blocking: on the Zen 3 the narrow ones tried (2 rows of g x 4 or 5 of w)
-were 0.77-0.91x of it.
+product_add too: wide 4 listed rows of w x 5 of g (20 factors), narrow 4 x 2 (8). On the Zen 3,
+one thread, the transposed first layer's forward product on MNIST batches 1.27x the 4 x 5 (27 us
+against 35, medians of 11 interleaved repetitions of 400 calls; 6 x 2 and 8 x 1 were 1.08 and
+1.05x), the 200 x 200 input gradient 1.13x; whole MNIST rounds 1.08x (1.03-1.23, 9 interleaved
+pairs). (Before the first layer was transposed, input-gradient blockings of 2 rows of g x 4 or 5
+of w measured 0.77-0.91x in whole rounds; that was with the 4 x 5 forward spilling less.)
 
 fastmath is limited to reassociation and contraction (vectorised sums, FMA); nan and inf keep
 their meaning, so a diverging run shows nan as the torch trainers do.
@@ -140,8 +144,8 @@ def forward_add_wide(w: np.ndarray, h: np.ndarray, z: np.ndarray) -> None:  # pr
 
 
 @njit(**_KERNEL)
-def product_add(g: np.ndarray, w: np.ndarray, out: np.ndarray, rows: np.ndarray,
-                n_rows: int) -> None:  # pragma: no cover - compiled
+def product_add_wide(g: np.ndarray, w: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                     n_rows: int) -> None:  # pragma: no cover - compiled
     """out[b, k] += sum_j g[b, j] w[j, k] over the rows j = rows[:n_rows] of w; 4 of them x 5 of g per pass.
 
     The input gradient (g_in = g w, all rows) and the first layer's forward product in its
@@ -170,6 +174,31 @@ def product_add(g: np.ndarray, w: np.ndarray, out: np.ndarray, rows: np.ndarray,
                 o4[k] += g40 * v0 + g41 * v1 + g42 * v2 + g43 * v3
             b += 5
         _product_rest(g, w, out, rows, i, i + 4, b)  # rows of g past the last block of 5
+        i += 4
+    _product_rest(g, w, out, rows, i, n_rows, 0)  # listed rows of w past the last block of 4
+
+
+@njit(**_KERNEL)
+def product_add_narrow(g: np.ndarray, w: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                       n_rows: int) -> None:  # pragma: no cover - compiled
+    """out[b, k] += sum_j g[b, j] w[j, k] as product_add_wide; 4 listed rows of w x 2 of g per pass (8 factors)."""
+    n_in = w.shape[1]
+    batch = g.shape[0]
+    i = 0
+    while i + 4 <= n_rows:
+        j0, j1, j2, j3 = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
+        w0, w1, w2, w3 = w[j0], w[j1], w[j2], w[j3]
+        b = 0
+        while b + 2 <= batch:
+            o0, o1 = out[b], out[b + 1]
+            g00, g01, g02, g03 = g[b, j0], g[b, j1], g[b, j2], g[b, j3]
+            g10, g11, g12, g13 = g[b + 1, j0], g[b + 1, j1], g[b + 1, j2], g[b + 1, j3]
+            for k in range(n_in):
+                v0, v1, v2, v3 = w0[k], w1[k], w2[k], w3[k]
+                o0[k] += g00 * v0 + g01 * v1 + g02 * v2 + g03 * v3
+                o1[k] += g10 * v0 + g11 * v1 + g12 * v2 + g13 * v3
+            b += 2
+        _product_rest(g, w, out, rows, i, i + 4, b)  # the last row of g when the batch is odd
         i += 4
     _product_rest(g, w, out, rows, i, n_rows, 0)  # listed rows of w past the last block of 4
 
@@ -272,6 +301,7 @@ def sgd_update_narrow(g: np.ndarray, h: np.ndarray, w: np.ndarray, rows: np.ndar
 
 forward_add = forward_add_wide if WIDE_REGISTERS else forward_add_narrow
 sgd_update = sgd_update_wide if WIDE_REGISTERS else sgd_update_narrow
+product_add = product_add_wide if WIDE_REGISTERS else product_add_narrow
 
 
 @njit(**_KERNEL)

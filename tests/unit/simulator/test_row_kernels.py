@@ -8,11 +8,12 @@ import pytest
 
 from simulator import row_kernels
 
-# (rows of w, inputs, batch): the blocks are 2, 3 or 4 rows of w and 5 or 10 rows of h; these
+# (rows of w, inputs, batch): the blocks are 2, 3 or 4 rows of w and 2, 5 or 10 rows of h; these
 # shapes leave remainders in each, and (200, 784, 10) is the MNIST MLP's first layer.
 SHAPES = [(1, 1, 1), (3, 7, 4), (4, 33, 5), (5, 17, 9), (10, 200, 10), (7, 40, 12), (200, 784, 10)]
 FORWARD = {"wide": row_kernels.forward_add_wide, "narrow": row_kernels.forward_add_narrow}
 UPDATE = {"wide": row_kernels.sgd_update_wide, "narrow": row_kernels.sgd_update_narrow}
+PRODUCT = {"wide": row_kernels.product_add_wide, "narrow": row_kernels.product_add_narrow}
 
 
 def _arrays(n_out, n_in, batch, seed):
@@ -52,14 +53,15 @@ def test_sgd_update_subtracts_the_weight_gradient_from_the_listed_rows(blocking,
         assert np.array_equal(w[unlisted], want[unlisted])  # untouched, bit for bit
 
 
+@pytest.mark.parametrize("blocking", sorted(PRODUCT))
 @pytest.mark.parametrize("n_out, n_in, batch", SHAPES)
-def test_product_add_sums_over_the_listed_rows(n_out, n_in, batch):
+def test_product_add_sums_over_the_listed_rows(blocking, n_out, n_in, batch):
     # out[b, k] += sum_j g[b, j] w[j, k] over j in rows: the input gradient (all rows), and the
     # transposed first layer's forward product (the rows of the inputs not zero in the batch).
     for rows in _some_rows(n_out, seed=n_out * 7 + batch):
         w, out, g = _arrays(n_out, n_in, batch, seed=n_out * 1000 + n_in + 2)
         want = out.astype(np.float64) + g[:, rows].astype(np.float64) @ w[rows].astype(np.float64)
-        row_kernels.product_add(g, w, out, rows, len(rows))
+        PRODUCT[blocking](g, w, out, rows, len(rows))
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(n_out))
 
 
@@ -89,6 +91,7 @@ def test_the_blocking_follows_the_cpus_vector_registers(monkeypatch):
     chosen = row_kernels.forward_add is row_kernels.forward_add_wide
     assert chosen == row_kernels.WIDE_REGISTERS
     assert (row_kernels.sgd_update is row_kernels.sgd_update_wide) == row_kernels.WIDE_REGISTERS
+    assert (row_kernels.product_add is row_kernels.product_add_wide) == row_kernels.WIDE_REGISTERS
     monkeypatch.setattr(row_kernels.platform, "machine", lambda: "aarch64")
     assert row_kernels._wide_registers()  # NEON: 32 registers
     monkeypatch.setattr(row_kernels.platform, "machine", lambda: "x86_64")
