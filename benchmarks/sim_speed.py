@@ -42,7 +42,14 @@ the fast trainer sit ~5e-3 from a float64 run), and, measured in the same repeti
   chunk of devices' weights in cache through all their steps, so it may pass this line;
 - the compute roofline: a single 1024^3 sgemm's FLOP rate / FLOPs per MLP device-step
   (2 x 10 x 199,210 forward, the same for the weight gradients, 2 x 10 x 42,000 for the
-  input gradients of fc2 and fc3: 8,808,400), and each variant's fraction of it.
+  input gradients of fc2 and fc3: 8,808,400), and each variant's fraction of it;
+- what the cache trainer skipped: on sparse inputs (MNIST's pixels) its first layer's forward
+  and update products take only the inputs not zero in the batch (simulator.row_kernels), so
+  it does fewer FLOPs than the dense count above. The line says which fraction of the first
+  layer's inputs its training steps and the evaluation's blocks used, which fraction of the
+  round's dense FLOPs that is, and the cache trainer's fraction of the compute roofline
+  counted on the FLOPs it did. The goals line judges device-steps/s against the dense count
+  (the speed a user gets); the line before it says how much of that is work not done.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ MLP_BACKWARD_READ = 200 * 200 + 10 * 200  # fc2 and fc3 weights, read for input 
 MLP_STEP_BYTES = 4 * (3 * MLP_PARAMS + MLP_BACKWARD_READ) + 4 * 10 * 784
 MLP_STEP_FLOPS = 2 * 10 * MLP_PARAMS * 2 + 2 * 10 * MLP_BACKWARD_READ
 MLP_EVAL_FLOPS_PER_SAMPLE = 2 * MLP_PARAMS  # one forward pass
+MLP_FIRST_LAYER = 784 * 200  # fc1's weights: the products the cache trainer thins out on sparse inputs
 BANDWIDTH_FLOATS = 64 * 2**20  # 256 MiB per tensor
 VARIANTS = ("cache", "fast", "sequential", "torchloop", "plain")
 
@@ -195,8 +203,9 @@ def torch_loop(w: Workload) -> Callable[[list[np.random.Generator]], dict[str, t
 Aggregator = Callable[[list[np.random.Generator]], dict[str, torch.Tensor]]  # per-row generators -> sum_k c_k delta_k
 
 
-def variant_fns(w: Workload, variants: list[str]) -> dict[str, Aggregator]:
-    """Each variant trains every row and returns the aggregate sum_k c_k delta_k."""
+def variant_fns(w: Workload, variants: list[str], stats: dict[str, float]) -> dict[str, Aggregator]:
+    """Each variant trains every row and returns the aggregate sum_k c_k delta_k; the cache variant
+    leaves in stats["train_inputs_used"] the fraction of the first layer's inputs its steps used."""
     fast = FastTrainer(w.model, w.data.train, batch_size=w.batch_size)
     coef = torch.from_numpy(w.coef.astype(np.float32))
     # The fast trainer writes into a delta buffer kept from round to round, as an engine would.
@@ -219,11 +228,21 @@ def variant_fns(w: Workload, variants: list[str]) -> dict[str, Aggregator]:
         return lambda rngs: aggregate(trainer.train(w.start, shard_of_row=w.rows, steps=w.steps, lr=w.lr, rngs=rngs,
                                                     out=out)[0])
 
+    def cache_with(trainer):
+        train = fast_with(trainer)
+
+        def run(rngs):
+            aggregate = train(rngs)
+            stats["train_inputs_used"] = trainer.inputs_used
+            return aggregate
+
+        return run
+
     # fast@N: the fast trainer with N rows per chunk (to choose DEFAULT_CHUNK_ROWS).
     chunked = {v: fast_with(FastTrainer(w.model, w.data.train, batch_size=w.batch_size, chunk_rows=int(v[5:])))
                for v in variants if v.startswith("fast@")}
     return chunked | {
-        "cache": fast_with(CacheTrainer(w.model, w.data.train, batch_size=w.batch_size)),
+        "cache": cache_with(CacheTrainer(w.model, w.data.train, batch_size=w.batch_size)),
         "fast": fast_with(fast),
         "sequential": lambda rngs: sequential_loop(w, rngs),
         "torchloop": torch_loop(w),
@@ -254,20 +273,22 @@ def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     return f"min {low}  median {median}  max {high}"
 
 
-def evaluated(w: Workload, train: Aggregator) -> Aggregator:
-    """`train`, then the round's close as the engine does it: w_G + aggregate, evaluated on the test set."""
+def evaluated(w: Workload, train: Aggregator, stats: dict[str, float]) -> Aggregator:
+    """`train`, then the round's close as the engine does it: w_G + aggregate, evaluated on the test set
+    (stats["inputs_used"]: the fraction of the first layer's inputs the evaluation used)."""
     def whole_round(rngs):
         aggregate = train(rngs)
-        evaluate(w.model, {n: w.start[n] + a for n, a in aggregate.items()}, w.data.test)
+        evaluate(w.model, {n: w.start[n] + a for n, a in aggregate.items()}, w.data.test, stats=stats)
         return aggregate
 
     return whole_round
 
 
 def run(workload: Workload, *, variants: list[str], reps: int, seed: int, with_evaluation: bool = False) -> None:
-    fns = variant_fns(workload, variants)
+    stats: dict[str, float] = {}
+    fns = variant_fns(workload, variants, stats)
     if with_evaluation:
-        fns = {v: evaluated(workload, fn) for v, fn in fns.items()}
+        fns = {v: evaluated(workload, fn, stats) for v, fn in fns.items()}
     device_steps = int(workload.steps.sum())
     eval_flops = MLP_EVAL_FLOPS_PER_SAMPLE * len(workload.data.test) if with_evaluation else 0
     roofline = workload.name == "mnist"  # the MLP step's rooflines, measured between the variants
@@ -324,6 +345,19 @@ def run(workload: Workload, *, variants: list[str], reps: int, seed: int, with_e
         for v in variants:
             print(f"  {v} / memory roofline: {spread([f / r for f, r in zip(wall[v], roof)], '{:.2f}')}   "
                   f"/ compute roofline: {spread([f / r for f, r in zip(wall[v], comp)], '{:.2f}')}")
+        if "train_inputs_used" in stats:  # the cache trainer skips inputs zero in a whole batch
+            used = stats["train_inputs_used"]
+            eval_used = stats.get("inputs_used", 1.0)
+            skipped = 2 * 10 * MLP_FIRST_LAYER * 2 * (1 - used)  # per device-step: forward and update
+            eval_skipped = eval_flops / MLP_PARAMS * MLP_FIRST_LAYER * (1 - eval_used)
+            done = device_steps * (MLP_STEP_FLOPS - skipped) + eval_flops - eval_skipped
+            done_comp = [g * 1e9 / done * device_steps for g in gflops]
+            dense = device_steps * MLP_STEP_FLOPS + eval_flops
+            print(f"cache: the first layer's inputs used {used:.1%} per training step"
+                  + (f", {eval_used:.1%} per evaluation block" if with_evaluation else "")
+                  + f" (the rest are zero in the whole batch and skipped): {done / dense:.1%}"
+                  f" of the round's dense FLOPs done; on the FLOPs done, cache / compute roofline: "
+                  f"{spread([f / r for f, r in zip(wall['cache'], done_comp)], '{:.2f}')}")
         if {"cache", "sequential", "torchloop"} <= set(variants):
             print(goals_line(wall, comp))
 

@@ -99,6 +99,9 @@ class CacheTrainer:
         self._w_work = tuple(np.empty(self.shapes[w][::-1] if i == 0 and self.first_transposed else self.shapes[w],
                                       dtype=np.float32) for i, (w, _) in enumerate(layers))
         self._b_work = tuple(np.empty(self.shapes[b], dtype=np.float32) for _, b in layers)
+        # The fraction of the first layer's inputs that entered the last train()'s steps (1.0 dense):
+        # its forward and update products did that fraction of their dense FLOPs.
+        self.inputs_used = 1.0
 
     def train(
         self,
@@ -151,12 +154,13 @@ class CacheTrainer:
             d[torch.from_numpy(order[len(training):])] = 0.0
         loss_sum = np.zeros(n_rows)
         buffers = {n: d.numpy() for n, d in deltas.items()}
-        row_kernels.train_rows(
+        used = row_kernels.train_rows(
             self.x, self.y, plan, training, steps[training], lrs[training], mus[training], source[training],
             tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
             self._w_work, self._b_work,
             tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),
             self._h, self._g, loss_sum, self.first_transposed)
+        self.inputs_used = used / max(1, int(steps.sum()) * self.x.shape[1])
         return deltas, mean_losses(steps, loss_sum)
 
 
@@ -169,7 +173,8 @@ def sparse_inputs(x: np.ndarray) -> bool:
 EVAL_BLOCK = 20  # samples per block of the evaluation (h scratch: 20 x 784 floats for MNIST, in L1/L2)
 
 
-def evaluate(model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDataset) -> tuple[float, float]:
+def evaluate(model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDataset,
+             stats: dict[str, float] | None = None) -> tuple[float, float]:
     """workloads.evaluation.evaluate's accuracy and mean cross-entropy, for the simulator's rounds.
 
     Models with a kernel here (MLP, logistic regression) are evaluated by row_kernels.evaluate_chain,
@@ -182,9 +187,12 @@ def evaluate(model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDatas
     skipping the inputs zero in all of them: on an AMD EPYC family 25 (Zen 3), 1.32x the dense
     kernels (medians of 9 interleaved calls; blocks of 10 / 15 / 30 gave 1.15 / 1.35 / 1.14x). The coordinator keeps
     workloads.evaluation.evaluate: it does not import numba (its idle memory stays ~torch's).
+    `stats`, if given, receives "inputs_used": the fraction of the first layer's dense FLOPs done.
     """
     layers = LAYERS.get(type(model))
     if layers is None:
+        if stats is not None:
+            stats["inputs_used"] = 1.0
         return torch_evaluate(model, params, data)
     x = data.x.reshape(len(data), -1)
     if x.dtype not in (np.uint8, np.float32):
@@ -197,5 +205,8 @@ def evaluate(model: nn.Module, params: dict[str, torch.Tensor], data: ArrayDatas
     widths = [x.shape[1]] + [len(bias) for bias in b]
     h = tuple(np.empty((EVAL_BLOCK, n), dtype=np.float32) for n in widths)
     y = np.ascontiguousarray(data.y, dtype=np.int64)
-    correct, loss_sum = row_kernels.evaluate_chain(np.ascontiguousarray(x), y, scale, w, b, h, CHUNK, transposed)
+    correct, loss_sum, used = row_kernels.evaluate_chain(np.ascontiguousarray(x), y, scale, w, b, h, CHUNK,
+                                                         transposed)
+    if stats is not None:
+        stats["inputs_used"] = used / max(1, x.size)
     return correct / len(data), loss_sum / len(data)

@@ -448,7 +448,7 @@ def chain_forward(w, bias, h, rows, first_transposed, inputs, n_inputs) -> None:
 
 @njit(cache=True, nogil=True)
 def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work, b_work, w_out, b_out, h, g,
-               loss_sum, first_transposed) -> None:  # pragma: no cover - compiled
+               loss_sum, first_transposed) -> int:  # pragma: no cover - compiled
     """Train plan column i's row rows[i] for steps[i] steps from model source[i]; w_out/b_out[l][row] get the delta.
 
     x [N, in] float32, y [N] int64: every shard's samples; plan [T, columns, B]: global sample
@@ -459,6 +459,8 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
     w_work[0] [in, out] (w_out[0] stays in torch's layout).
     h[l] [B, width l] (h[0] the batch, h[l + 1] layer l's output) and g[l] [B, width l + 1]
     (lr * dLoss/d(layer l's output)) are scratch; loss_sum[row] gets the sum of step losses.
+    Returns the first layer's inputs that entered the steps, summed over steps (in x steps if none
+    was skipped).
 
     A transposed first layer makes an input that is zero in the whole batch cost nothing: it adds
     nothing to the forward product and its row of weights gets a zero gradient, so the step skips
@@ -473,6 +475,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
     for layer in range(n_layers):
         widest = max(widest, b_work[layer].shape[0])
     every = np.arange(widest)  # all rows of a layer's w: the layers after the first
+    inputs_used = 0
     for i in range(len(rows)):
         row, src = rows[i], source[i]
         for layer in range(n_layers):
@@ -487,6 +490,7 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
             for b in range(batch):
                 x_batch[b] = x[idx[b]]
             n_inputs = nonzero_columns(x_batch, flags, inputs) if first_transposed else n_in
+            inputs_used += n_inputs
             chain_forward(w_work, b_work, h, batch, first_transposed, inputs, n_inputs)
             total += softmax_xent(h[n_layers], y, idx, scale, g[n_layers - 1])
             for layer in range(n_layers - 1, -1, -1):
@@ -515,11 +519,13 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
             else:
                 difference(w_work[layer].reshape(-1), w_start[layer][src].reshape(-1), w_out[layer][row].reshape(-1))
             difference(b_work[layer], b_start[layer][src], b_out[layer][row])
+    return inputs_used
 
 
 @njit(cache=True, nogil=True)
-def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[int, float]:  # pragma: no cover
-    """(correct predictions, summed cross-entropy) of the Linear(+ReLU) chain w, bias on x [N, in], y [N].
+def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[int, float, int]:  # pragma: no cover
+    """(correct predictions, summed cross-entropy, first-layer inputs used summed over blocks) of the
+    Linear(+ReLU) chain w, bias on x [N, in], y [N].
 
     x is float32 (scale 1) or uint8 pixel bytes (scale 255: each feature is x / scale, divided
     as workloads.datasets.scaled divides); h[l] [B, width l] is scratch, B samples at a time.
@@ -532,6 +538,7 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[in
     block, n_in = h[0].shape
     flags = np.empty(n_in, dtype=np.uint8)
     inputs = np.empty(n_in, dtype=np.int64)
+    inputs_used = 0
     correct = 0
     loss_sum = 0.0
     chunk_sum = np.float32(0)
@@ -543,6 +550,7 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[in
             for k in range(xr.shape[0]):
                 hr[k] = np.float32(xr[k]) / np.float32(scale)
         n_inputs = nonzero_columns(h0[:m], flags, inputs) if first_transposed else n_in
+        inputs_used += n_inputs * m
         chain_forward(w, bias, h, m, first_transposed, inputs, n_inputs)
         logits = h[n_layers]
         for r in range(m):
@@ -561,4 +569,4 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[in
             if (start + r + 1) % chunk == 0:
                 loss_sum += chunk_sum
                 chunk_sum = np.float32(0)
-    return correct, loss_sum + chunk_sum
+    return correct, loss_sum + chunk_sum, inputs_used

@@ -329,7 +329,12 @@ def test_the_engines_evaluation_equals_the_torch_evaluation(name, dim, classes, 
         for p in params.values():
             p.add_(torch.from_numpy(rng.standard_normal(tuple(p.shape), dtype=np.float32)) * 0.05)
     assert sparse_inputs(x) == (pixels == "sparse")
-    acc, loss = evaluate(model, params, data)
+    stats = {}
+    acc, loss = evaluate(model, params, data, stats=stats)
+    if pixels == "sparse":  # blocks of EVAL_BLOCK samples: most inputs are used by one of them, not the border
+        assert 0.5 < stats["inputs_used"] < 0.875
+    else:
+        assert stats["inputs_used"] == 1.0
     want_acc, want_loss = torch_evaluate(model, params, data)
     assert acc == want_acc and 0 < acc < 1
     assert loss == pytest.approx(want_loss, rel=1e-5)
@@ -368,12 +373,16 @@ def test_inputs_zero_in_a_batch_cost_nothing_and_change_nothing(name, dim, class
     keys = [(9, 2, k) for k in range(4)]
     trainer = CacheTrainer(model, shards, batch_size=BATCH)
     assert trainer.first_transposed  # ~83 % zeros; the dense shards of the other tests keep torch's layout
-    assert not CacheTrainer(model, _shards([30], dim, classes), batch_size=BATCH).first_transposed
+    dense = CacheTrainer(model, _shards([30], dim, classes), batch_size=BATCH)
+    dense.train(start, shard_of_row=[0], steps=[2], lr=0.2, rngs=[device_rng(1, 1, 0)])
+    assert not dense.first_transposed and dense.inputs_used == 1.0
     deltas, losses = trainer.train(start, shard_of_row=shard_of_row, steps=steps, lr=0.2,
                                    rngs=[device_rng(*k) for k in keys], mu=mu)
     _assert_rows_equal_train_local(name, dim, classes, shards, deltas, losses, starts=[start] * 4,
                                    shard_of_row=shard_of_row, steps=steps, lrs=[0.2] * 4, rng_keys=keys, mu=mu)
     weight = next(iter(start))  # fc1.weight or linear.weight, [out, in] as torch has it
+    # The border (1/8) and ~80 % of the rest are zero: a batch of 10 uses about 0.875 (1 - 0.8^10) of the inputs.
+    assert 0.5 < trainer.inputs_used < 0.875
     # Inputs no sample uses end where they started (FedProx pulls a weight at its start by zero); the rest moved.
     assert float(deltas[weight][:3, :, : dim // 8].abs().max()) == 0.0
     assert float(deltas[weight][:3, :, dim // 8:].abs().max()) > 0
