@@ -81,8 +81,12 @@ class CacheTrainer:
         self.sizes = np.array([len(d) for d in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         # All shards in one flat array; a row's batch is gathered by global index.
-        self.x = np.ascontiguousarray(scaled(np.concatenate([d.x.reshape(len(d), -1) for d in shards])),
-                                      dtype=np.float32)
+        # Pixel bytes stay bytes (a batch's gather divides them by 255 as scaled() does): 4x less
+        # memory than float32 (47 MB for MNIST's 60k, not 188) and 4x fewer bytes per gathered batch.
+        x = np.concatenate([d.x.reshape(len(d), -1) for d in shards])
+        self.x = np.ascontiguousarray(x if x.dtype == np.uint8 else scaled(x), dtype=x.dtype if x.dtype == np.uint8
+                                      else np.float32)
+        self.scale = PIXEL_SCALE if self.x.dtype == np.uint8 else 1.0
         self.y = np.concatenate([d.y for d in shards]).astype(np.int64)
         num_classes = self.shapes[layers[-1][1]][0]
         if len(self.y) and (int(self.y.max()) >= num_classes or int(self.y.min()) < 0):
@@ -155,7 +159,7 @@ class CacheTrainer:
         loss_sum = np.zeros(n_rows)
         buffers = {n: d.numpy() for n, d in deltas.items()}
         used = row_kernels.train_rows(
-            self.x, self.y, plan, training, steps[training], lrs[training], mus[training], source[training],
+            self.x, self.scale, self.y, plan, training, steps[training], lrs[training], mus[training], source[training],
             tuple(starts[w] for w, _ in self._layers), tuple(starts[b] for _, b in self._layers),
             self._w_work, self._b_work,
             tuple(buffers[w] for w, _ in self._layers), tuple(buffers[b] for _, b in self._layers),

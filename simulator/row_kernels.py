@@ -447,11 +447,12 @@ def chain_forward(w, bias, h, rows, first_transposed, inputs, n_inputs) -> None:
 
 
 @njit(cache=True, nogil=True)
-def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work, b_work, w_out, b_out, h, g,
+def train_rows(x, x_scale, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work, b_work, w_out, b_out, h, g,
                loss_sum, first_transposed) -> int:  # pragma: no cover - compiled
     """Train plan column i's row rows[i] for steps[i] steps from model source[i]; w_out/b_out[l][row] get the delta.
 
-    x [N, in] float32, y [N] int64: every shard's samples; plan [T, columns, B]: global sample
+    x [N, in] float32 (x_scale 1) or uint8 pixel bytes (x_scale 255, divided as evaluate_chain divides),
+    y [N] int64: every shard's samples; plan [T, columns, B]: global sample
     indices; lr, mu float64 per column (mu: FedProx's weight); w_start[l] [G, out, in],
     b_start[l] [G, out]: start models; w_work[l] [out, in], b_work[l] [out]: the weights being
     trained, the same memory for every row so that it stays in cache; w_out[l] [R, out, in],
@@ -488,7 +489,9 @@ def train_rows(x, y, plan, rows, steps, lr, mu, source, w_start, b_start, w_work
             idx = plan[t, i]
             x_batch = h[0]
             for b in range(batch):
-                x_batch[b] = x[idx[b]]
+                xb, hb = x[idx[b]], x_batch[b]
+                for k in range(n_in):
+                    hb[k] = np.float32(xb[k]) / np.float32(x_scale)
             n_inputs = nonzero_columns(x_batch, flags, inputs) if first_transposed else n_in
             inputs_used += n_inputs
             chain_forward(w_work, b_work, h, batch, first_transposed, inputs, n_inputs)

@@ -349,24 +349,28 @@ def test_the_engines_evaluation_of_a_diverged_model_has_a_nan_loss():
     assert np.isnan(evaluate(model, params, data)[1])
 
 
-def _pixel_shards(sizes, dim, classes, seed=0):
-    """Sparse features like MNIST's pixels: a border of inputs no sample uses, ~80 % zeros elsewhere."""
+def _pixel_shards(sizes, dim, classes, seed=0, as_bytes=False):
+    """Sparse features like MNIST's pixels: a border of inputs no sample uses, ~80 % zeros elsewhere;
+    float32, or uint8 bytes meaning x / 255 as MNIST's shards are kept."""
     rng = np.random.default_rng(seed)
     shards = []
     for n in sizes:
         x = np.where(rng.random((n, dim)) < 0.2, rng.random((n, dim), dtype=np.float32), 0).astype(np.float32)
         x[:, : dim // 8] = 0
+        if as_bytes:
+            x = np.ceil(x * 255).astype(np.uint8)
         shards.append(ArrayDataset(x=x, y=rng.integers(0, classes, n).astype(np.int64)))
     return shards
 
 
 @pytest.mark.parametrize("name, dim, classes", DENSE)
 @pytest.mark.parametrize("mu", [0.0, 0.5])
-def test_inputs_zero_in_a_batch_cost_nothing_and_change_nothing(name, dim, classes, mu):
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["float32", "uint8"])
+def test_inputs_zero_in_a_batch_cost_nothing_and_change_nothing(name, dim, classes, mu, as_bytes):
     # The first layer is trained transposed and skips the inputs that are zero in the whole batch
     # (no forward term, a zero gradient row); the deltas must still be train_local's, FedProx's
     # pull included (it moves every weight, skipped rows too).
-    shards = _pixel_shards([30, 17, 42], dim, classes, seed=6)
+    shards = _pixel_shards([30, 17, 42], dim, classes, seed=6, as_bytes=as_bytes)
     model = build_model(name, in_features=dim, num_classes=classes)
     start = _params(model)
     shard_of_row, steps = np.array([0, 1, 2, 2]), np.array([6, 3, 9, 0])
