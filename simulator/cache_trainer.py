@@ -45,7 +45,7 @@ from flexfl.errors import ConfigError
 from simulator import row_kernels
 from simulator.fast_trainer import FastTrainer
 from simulator.rows import batch_plan, check_rows, delta_buffers, mean_losses, row_arguments
-from workloads.datasets import PIXEL_SCALE, ArrayDataset, scaled
+from workloads.datasets import PIXEL_SCALE, ArrayDataset
 from workloads.evaluation import CHUNK
 from workloads.evaluation import evaluate as torch_evaluate
 from workloads.models import EmnistCNN, LogisticRegression, MnistMLP
@@ -84,9 +84,9 @@ class CacheTrainer:
         # Pixel bytes stay bytes (a batch's gather divides them by 255 as scaled() does): 4x less
         # memory than float32 (47 MB for MNIST's 60k, not 188) and 4x fewer bytes per gathered batch.
         x = np.concatenate([d.x.reshape(len(d), -1) for d in shards])
-        self.x = np.ascontiguousarray(x if x.dtype == np.uint8 else scaled(x), dtype=x.dtype if x.dtype == np.uint8
-                                      else np.float32)
-        self.scale = PIXEL_SCALE if self.x.dtype == np.uint8 else 1.0
+        pixels = x.dtype == np.uint8
+        self.x = x if pixels else np.ascontiguousarray(x, dtype=np.float32)
+        self.scale = PIXEL_SCALE if pixels else 1.0
         self.y = np.concatenate([d.y for d in shards]).astype(np.int64)
         num_classes = self.shapes[layers[-1][1]][0]
         if len(self.y) and (int(self.y.max()) >= num_classes or int(self.y.min()) < 0):
