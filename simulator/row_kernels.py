@@ -4,19 +4,18 @@ A layer's weights are w [out, in] (torch's layout), a minibatch is h [B, in]. Th
 products of a step are written as loops that LLVM vectorises along the contiguous `in` axis
 and that keep their partial sums in registers:
 - forward_add:  z[b, j] += sum_k h[b, k] w[j, k]
-- product_add:  out[b, k] += sum_j g[b, j] w[j, k] over listed rows j, 4 of them x 5 of g per pass
-                (the input gradient, all rows)
+- product_add:  out[b, k] += sum_j g[b, j] w[j, k] over listed rows j (the input gradient: all rows)
 - sgd_update:   w[j, k] -= sum_b g[b, j] h[b, k]    the SGD update fused into the weight-gradient
                 product (g holds lr * dLoss/dz, so nothing else touches the weights), listed rows j
 Sparse inputs (MNIST's pixels) train the first layer transposed, w^T [in, out]: its forward
 product is product_add over the inputs not zero in the batch, and its update sgd_update over
 the same rows, so a pixel that is zero in all B samples costs nothing (about half of MNIST's 784
 at B = 10). The delta goes back to torch's layout by 8 x 8 register transposes (an LLVM
-intrinsic: numba has no shuffles). On the Zen 3 below, one thread: a step 203 -> 160 us, the
+intrinsic: numba has no shuffles). On an AMD EPYC family 25 model 1 (Zen 3), one thread: a step 203 -> 160 us, the
 row's fixed cost 209 -> 238 us; whole MNIST rounds (traces, evaluation) 1.24x (1.17-1.33, 7
 interleaved pairs in one process, the module before it loaded beside it).
-How many partial sums a pass can keep depends on the CPU's vector registers, so forward_add and
-sgd_update come in two blockings, chosen once per process (WIDE_REGISTERS):
+How many partial sums a pass can keep depends on the CPU's vector registers, so forward_add,
+sgd_update and product_add come in two blockings, chosen once per process (WIDE_REGISTERS):
 - wide, 32 registers (AVX-512, AArch64's NEON): forward 4 rows of w x 5 of h (20 sums, 9 loads);
   update one row of w x 10 of h, so w is read and written once per step. Measured at B = 10 on
   an AMD EPYC (family 26, model 2), one thread, weights hot in cache: the MNIST MLP's 200 x 784
@@ -38,7 +37,7 @@ one thread, the transposed first layer's forward product on MNIST batches 1.27x 
 against 35, medians of 11 interleaved repetitions of 400 calls; 6 x 2 and 8 x 1 were 1.08 and
 1.05x), the 200 x 200 input gradient 1.13x; whole MNIST rounds 1.08x (1.03-1.23, 9 interleaved
 pairs). (Before the first layer was transposed, input-gradient blockings of 2 rows of g x 4 or 5
-of w measured 0.77-0.91x in whole rounds; that was with the 4 x 5 forward spilling less.)
+of w had measured 0.77-0.91x in whole rounds; measured again with the sparse layer, 4 x 2 won.)
 
 fastmath is limited to reassociation and contraction (vectorised sums, FMA); nan and inf keep
 their meaning, so a diverging run shows nan as the torch trainers do.
@@ -420,6 +419,14 @@ def nonzero_columns(h: np.ndarray, flags: np.ndarray, columns: np.ndarray) -> in
     return n
 
 
+@njit(**_KERNEL, inline="always")
+def load_scaled(x, scale, out) -> None:  # pragma: no cover - compiled
+    """out = x / scale in float32: uint8 pixel bytes (scale 255) divided as workloads.datasets.scaled
+    divides them, or float32 features (scale 1) copied."""
+    for k in range(x.shape[0]):
+        out[k] = np.float32(x[k]) / np.float32(scale)
+
+
 @njit(**_KERNEL, inline="always")  # inlined in Numba's IR: no call per training step
 def chain_forward(w, bias, h, rows, first_transposed, inputs, n_inputs) -> None:  # pragma: no cover - compiled
     """The forward pass of a Linear(+ReLU) chain on the first `rows` rows of h[0]: h[l + 1] = layer l's
@@ -489,9 +496,7 @@ def train_rows(x, x_scale, y, plan, rows, steps, lr, mu, source, w_start, b_star
             idx = plan[t, i]
             x_batch = h[0]
             for b in range(batch):
-                xb, hb = x[idx[b]], x_batch[b]
-                for k in range(n_in):
-                    hb[k] = np.float32(xb[k]) / np.float32(x_scale)
+                load_scaled(x[idx[b]], x_scale, x_batch[b])
             n_inputs = nonzero_columns(x_batch, flags, inputs) if first_transposed else n_in
             inputs_used += n_inputs
             chain_forward(w_work, b_work, h, batch, first_transposed, inputs, n_inputs)
@@ -549,9 +554,7 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[in
         m = min(block, x.shape[0] - start)
         h0 = h[0]
         for r in range(m):
-            xr, hr = x[start + r], h0[r]
-            for k in range(xr.shape[0]):
-                hr[k] = np.float32(xr[k]) / np.float32(scale)
+            load_scaled(x[start + r], scale, h0[r])
         n_inputs = nonzero_columns(h0[:m], flags, inputs) if first_transposed else n_in
         inputs_used += n_inputs * m
         chain_forward(w, bias, h, m, first_transposed, inputs, n_inputs)
