@@ -22,39 +22,15 @@ and gRPC framing on top of the raw float32 payload, and contention between devic
 from __future__ import annotations
 
 import math
-from enum import StrEnum
 from typing import NamedTuple
 
 from flexfl.errors import ConfigError
+from flexfl.exchange import AGENT_REASONS as AGENT_REASONS  # the vocabulary (re-exported): ground floor
+from flexfl.exchange import StopReason as StopReason
 from trace_recorder.timeline import Conditions
 
 # Absorbs float rounding where updates fit exactly (0.6 - 0.2 = 0.39999999999999997: 7.99... updates of 0.05 s).
 _EXACT_FIT = 1e-9
-
-
-class StopReason(StrEnum):
-    """Why a device's s in a round is what it is: one vocabulary for the live agent
-    (edge_agent.deadline.why_stopped), the coordinator's metrics rows (`stop_reason`, per device)
-    and this closed form, so that live and simulated rounds can be compared reason by reason.
-
-    The agent decides the first five when its round ends; the coordinator the last three, for
-    a device whose update it did not take or whose agent did not say
-    (coordinator.open_round.OpenRound.stop_reasons); the closed form gives complete, compute,
-    upload and offline.
-    """
-
-    COMPLETE = "complete"  # s = E
-    COMPUTE = "compute"  # the budget stopped it: training took the room
-    UPLOAD = "upload"  # the budget stopped it: the upload (and download) took the room
-    TRACE = "trace"  # its participation trace (or forced schedule, participation.forced_updates) capped s below E
-    STOPPED = "stopped"  # the agent was shutting down during the round
-    MISSED = "missed"  # its model was delivered, but no update was taken by its deadline (late, refused, lost)
-    OFFLINE = "offline"  # its model was never delivered (not connected, departed, offline in its timeline)
-    UNKNOWN = "unknown"  # an update from an agent that does not send the reason (older than the field)
-
-
-# The reasons an agent sends; the others are the coordinator's.
-AGENT_REASONS = (StopReason.COMPLETE, StopReason.COMPUTE, StopReason.UPLOAD, StopReason.TRACE, StopReason.STOPPED)
 
 
 def budget_reason(*, time_left_s: float, remaining_s: float, margin_s: float) -> StopReason:
