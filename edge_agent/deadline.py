@@ -12,7 +12,7 @@ not even the first one fits). Both durations are what the agent measured so far
   one slow stretch of link would otherwise keep the device at s = 0 for good.
 Before its first measurement each counts as 0 s.
 
-The emulated slow device (participation.min_update_s, edge_agent.agent) is not part of the
+The emulated slow device (participation.min_update_s, edge_agent.device_round) is not part of the
 rule: it only makes updates last longer, which the rule sees through the clock and the
 update estimate like any slow update.
 
@@ -34,17 +34,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trace_recorder.deadline import AGENT_REASONS, StopReason, budget_reason
+from flexfl.exchange import AGENT_REASONS, StopReason
+from trace_recorder.deadline import budget_reason
 
 # Factor applied to the upload estimate in each round that sends no update (nothing to
 # measure): a device kept idle by a slow stretch of link tries again within a few rounds.
 UNMEASURED_UPLOAD_DECAY = 0.5
 
 
-# The vocabulary is the closed form's (trace_recorder.deadline), so that a timeline's simulated
+# The vocabulary (flexfl.exchange) is the closed form's too (trace_recorder.deadline), so that a timeline's simulated
 # reasons and a live run's compare one to one; importers of the agent's rule find it here too.
 __all__ = ["AGENT_REASONS", "UNMEASURED_UPLOAD_DECAY", "Estimates", "Refusal", "RoundBudget", "StopReason",
-           "may_start_update", "why_stopped"]
+           "UpdateGate", "may_start_update", "why_stopped"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,18 @@ class Estimates:
         if self.upload_s:
             self.upload_s *= UNMEASURED_UPLOAD_DECAY
 
+    def after_upload(self, *, carried_update: bool, taken: bool, seconds: float) -> None:
+        """Account for a round's upload that took `seconds`: measured, failed, or (no update in it) unmeasured."""
+        if carried_update and taken:
+            self.measured_upload(seconds)
+        elif carried_update:
+            self.upload_failed(seconds)
+        else:
+            # An empty (s = 0) push measures nothing, so an estimate too long for the deadline
+            # would never be measured again and one slow stretch of link would idle the device
+            # for good (seen in the soak). Each unmeasured round shrinks it until it tries again.
+            self.sent_no_update()
+
 
 @dataclass(frozen=True)
 class RoundBudget:
@@ -135,3 +148,35 @@ class RoundBudget:
                             margin_s=self.margin_s):
             return None
         return Refusal(time_left_s=left, update_s=update_s, margin_s=self.margin_s)
+
+
+class UpdateGate:
+    """One round's answer to "may the next local update start?" (train_local's `keep_going`), and why it said no.
+
+    No when the agent is stopping; else, with a `budget`, what the budget says (None: forced
+    participation, which ignores time: tests, no deadline pressure). `on_boundary(done)` runs
+    first at each boundary between updates (the emulated slow device's padding), so that the
+    rule sees that time through its clock. After the round, `why_stopped` gives the reason.
+    """
+
+    def __init__(self, *, budget: RoundBudget | None, stopping: Callable[[], bool],
+                 on_boundary: Callable[[int], None] | None = None) -> None:
+        self._budget, self._stopping, self._on_boundary = budget, stopping, on_boundary
+        self.refusal: Refusal | None = None  # the budget's no to the next update, if it said one
+        self.agent_stopping = False  # the agent stopped training to shut down
+
+    def __call__(self, done: int) -> bool:
+        """Whether update number `done` + 1 may start now (`done` updates are finished)."""
+        if self._on_boundary is not None:
+            self._on_boundary(done)
+        if self._stopping():
+            self.agent_stopping = True
+            return False
+        if self._budget is None:
+            return True
+        self.refusal = self._budget.refusal()
+        return self.refusal is None
+
+    def why_stopped(self, *, s: int, E: int) -> StopReason:
+        """Why the round ended at `s` of `E` updates (why_stopped, with what this gate saw)."""
+        return why_stopped(s=s, E=E, refusal=self.refusal, agent_stopping=self.agent_stopping)

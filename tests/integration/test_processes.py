@@ -48,7 +48,7 @@ def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, t
 
 def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs,
                                                                        wait_for, caplog):
-    caplog.set_level(logging.WARNING, logger="edge_agent.agent")
+    caplog.set_level(logging.WARNING, logger="edge_agent.transport")
     port = free_port()
     config = coordinator_toml(tmp_path, port, rounds=6)
     coord = flexfl_process("coordinator", "--config", str(config), log=tmp_path / "c1.log")
@@ -65,10 +65,10 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
                            expected={"linear.weight": ((10, 60), None), "linear.bias": ((10,), None)})
     # Each round's row is written before its checkpoint: the kill may fall between the two.
     assert ckpt.completed_round >= 1 and len(read_metrics(metrics)) in (ckpt.completed_round, ckpt.completed_round + 1)
-    # Every agent has seen the coordinator gone and is backing off (its retry warning names it first),
+    # Every agent has seen the coordinator gone and is backing off (its transport's retry warning names it first),
     # so the restart below is met by reconnects, the branch this test is about.
     def retrying() -> set:
-        return {r.args[0] for r in caplog.records if r.name == "edge_agent.agent" and r.levelno == logging.WARNING
+        return {r.args[0] for r in caplog.records if r.name == "edge_agent.transport" and r.levelno == logging.WARNING
                 and isinstance(r.args, tuple) and r.args}
 
     wait_for(lambda: retrying() >= {"dev-0", "dev-1", "dev-2"}, what="every agent retrying")
@@ -80,7 +80,7 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     after = [r for r in read_metrics(metrics) if r["round"] > ckpt.completed_round]
     # All three agents reconnected and trained after the restart.
     assert all(all(v == 5 for v in r["s"].values()) for r in after), [r["s"] for r in after]
-    assert all(any(d["round"] > ckpt.completed_round for d in a.rounds_done) for a in agents)
+    assert all(any(d.round_id > ckpt.completed_round for d in a.rounds_done) for a in agents)
     assert "resumed from" in (tmp_path / "c2.log").read_text()
 
 

@@ -167,7 +167,7 @@ def test_agents_fall_back_to_per_round_calls_and_train_the_same_model(tmp_path, 
     cfg = dict(rounds=3, n_devices=3, min_devices=3, deadline_s=60.0)
     agents, on_session = _train(fleet_factory(make_config(tmp_path / "session", **cfg)), 3)
     assert not any(a.per_round_calls for a in agents)
-    assert all(r["outcome"].endswith("accepted") for a in agents for r in a.rounds_done)
+    assert all(r.outcome.endswith("accepted") for a in agents for r in a.rounds_done)
 
     async def unimplemented(self, request_iterator, context):  # a coordinator from before Session
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")

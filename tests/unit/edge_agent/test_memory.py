@@ -5,19 +5,21 @@ import math
 import platform
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import tensors as wire
 
 from benchmarks.agent_memory import _ROUND_LINE, torch_floor
 from edge_agent import memory
-from edge_agent.agent import EdgeAgent
+from edge_agent.agent import EdgeAgent, RoundDone
 from edge_agent.config import AgentConfig, ParticipationConfig
+from edge_agent.deadline import Estimates, StopReason
+from edge_agent.device_round import run_round
 from edge_agent.memory import ProcessMemory
+from flexfl.exchange import ModelDescription, RoundTerms
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 
@@ -41,44 +43,39 @@ def test_without_proc_only_the_resident_size_is_known(monkeypatch, tmp_path):
 @linux_only
 def test_each_round_is_kept_and_logged_with_the_memory_the_benchmark_reads(caplog):
     agent = EdgeAgent(AgentConfig(device_id="pi-7", fleet_token="t"))  # no call is made
-    record = {"round": 3, "s": 4, "E": 5, "cap": 5, "why": "compute", "train_s": 0.25, "upload_s": 0.5,
+    fields = {"round_id": 3, "s": 4, "E": 5, "cap": 5, "why": StopReason.COMPUTE, "train_s": 0.25, "upload_s": 0.5,
               "outcome": "accepted", "lr": 0.1}
     try:
         with caplog.at_level(logging.INFO, logger="edge_agent.agent"):
-            agent._round_done(dict(record))
+            agent._round_done(partial(RoundDone, **fields))
     finally:
-        agent._channel.close()
+        agent.transport.close()
     kept = agent.rounds_done[-1]
-    assert {k: kept[k] for k in record} == record
-    assert 0 < kept["anonymous_mib"] <= kept["resident_mib"] <= kept["peak_mib"]
+    assert {k: getattr(kept, k) for k in fields} == fields
+    assert 0 < kept.memory.anonymous_mib <= kept.memory.resident_mib <= kept.memory.peak_mib
     m = _ROUND_LINE.search(caplog.messages[-1])  # benchmarks/agent_memory.py parses the agent's log with it
     assert m is not None, caplog.messages[-1]
     assert (m["device"], m["round"], m["s"]) == ("pi-7", "3", "4")
     assert "s = 4/5 (compute)" in caplog.messages[-1]
-    assert float(m["resident"]) == pytest.approx(kept["resident_mib"], abs=0.05)
-    assert float(m["anonymous"]) == pytest.approx(kept["anonymous_mib"], abs=0.05)
-    assert float(m["peak"]) == pytest.approx(kept["peak_mib"], abs=0.05)
+    assert float(m["resident"]) == pytest.approx(kept.memory.resident_mib, abs=0.05)
+    assert float(m["anonymous"]) == pytest.approx(kept.memory.anonymous_mib, abs=0.05)
+    assert float(m["peak"]) == pytest.approx(kept.memory.peak_mib, abs=0.05)
 
 
-def test_a_round_keeps_no_gradients_once_its_update_is_sent():
+def test_a_round_keeps_no_gradients_once_its_update_is_made():
     rng = np.random.default_rng(0)
     shard = ArrayDataset(x=rng.normal(size=(32, 60)).astype(np.float32), y=rng.integers(0, 10, 32))
     torch.manual_seed(0)
     model = build_model("logreg", in_features=60, num_classes=10)
-    payload, data = wire.encode({n: p.detach() for n, p in model.named_parameters()})
-    header = pb.RoundHeader(status=pb.RoundHeader.ROUND, round_id=1, required_updates=3, learning_rate=0.1,
-                            batch_size=8, deadline_s=60.0, payload=payload,
-                            model=pb.ModelDescription(architecture="logreg", in_features=60, num_classes=10))
-    cfg = AgentConfig(device_id="pi-7", fleet_token="t", participation=ParticipationConfig(forced_updates=(3,)))
-    agent = EdgeAgent(cfg, shard=shard)
-    sent = []
-    agent._push = lambda up, body, *, timeout: (sent.append(up), ("accepted", None))[1]  # no coordinator
-    try:
-        record = agent._do_round(header, bytearray(data))
-    finally:
-        agent._channel.close()
-    assert record["s"] == 3 and sent[0].updates_completed == 3
-    assert all(p.grad is None for p in agent._model.parameters())
+    terms = RoundTerms(required_updates=3, learning_rate=0.1, batch_size=8, deadline_s=60.0,
+                       model=ModelDescription(architecture="logreg", num_classes=10, in_features=60),
+                       params={n: p.detach().clone() for n, p in model.named_parameters()}, seed=0, unit="step",
+                       device_index=0, trace_sampling="iid", s_rule="round", proximal_mu=0.0)
+    update = run_round(round_id=1, terms=terms, model=model, shard=shard, cap=3, deadline_at=math.inf,
+                       estimates=Estimates(), margin_s=0.0, participation=ParticipationConfig(forced_updates=(3,)),
+                       stopping=lambda: False)
+    assert update.report.updates_completed == 3 and set(update.delta) == {n for n, _ in model.named_parameters()}
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_the_allocator_settings_apply_on_glibc():
