@@ -13,6 +13,7 @@ from edge_agent.deadline import (
     Refusal,
     RoundBudget,
     StopReason,
+    UpdateGate,
     may_start_update,
     why_stopped,
 )
@@ -36,32 +37,40 @@ class FakeClock:
 
 def train_under_deadline(deadline_s: float, estimates: Estimates, *, update_s: float = UPDATE_S,
                          refusals: list[Refusal] | None = None) -> tuple[int, list[float]]:
-    """Run train_local for up to E updates, each taking `update_s` of fake time, stopped by the round's budget.
+    """Run train_local for up to E updates, each taking `update_s` of fake time, stopped by the round's gate.
 
     Returns s and the time left at each check (so a test can see which checks ran); the
     budget's refusal, if it said no, is appended to `refusals`.
     """
+    s, asked, gate = train_with_gate(deadline_s, estimates, update_s=update_s)
+    if gate.refusal is not None and refusals is not None:
+        refusals.append(gate.refusal)
+    return s, asked
+
+
+def train_with_gate(deadline_s: float, estimates: Estimates, *, update_s: float = UPDATE_S,
+                    stopping: bool = False, forced: bool = False) -> tuple[int, list[float], UpdateGate]:
+    """train_local for up to E updates under the agent's UpdateGate on a fake clock: s, the time left
+    at each check, and the gate (which remembers why it said no)."""
     clock = FakeClock()
     received = clock.now
     budget = RoundBudget(deadline_at=received + deadline_s, estimates=estimates, margin_s=MARGIN_S, clock=clock)
     asked: list[float] = []
 
-    def keep_going(done: int) -> bool:
+    def updates_took_their_time(done: int) -> None:
         clock.now = received + done * update_s  # the `done` updates so far took their time
         asked.append(budget.deadline_at - clock.now)
-        refusal = budget.refusal()
-        if refusal is not None and refusals is not None:
-            refusals.append(refusal)
-        assert budget.allows_another_update() == (refusal is None)
-        return refusal is None
+        assert budget.allows_another_update() == (budget.refusal() is None)
 
+    gate = UpdateGate(budget=None if forced else budget, stopping=lambda: stopping,
+                      on_boundary=updates_took_their_time)
     rng = np.random.default_rng(0)
     data = ArrayDataset(x=rng.normal(size=(32, 8)).astype(np.float32), y=rng.integers(0, 2, size=32))
     torch.manual_seed(0)
     model = build_model("logreg", in_features=8, num_classes=2)
     result = train_local(model, data, updates=E, lr=0.1, batch_size=8, rng=np.random.default_rng(1),
-                         keep_going=keep_going)
-    return result.updates_completed, asked
+                         keep_going=gate)
+    return result.updates_completed, asked, gate
 
 
 @pytest.mark.parametrize("deadline_s, expected_s", [
@@ -165,3 +174,25 @@ def test_a_round_the_budget_did_not_stop_was_capped_by_its_trace_or_stopped_by_t
     some = Refusal(time_left_s=0.0, update_s=UPDATE_S, margin_s=MARGIN_S)
     assert why_stopped(s=3, E=E, refusal=None, agent_stopping=True) is StopReason.STOPPED
     assert why_stopped(s=E, E=E, refusal=some, agent_stopping=True) is StopReason.COMPLETE  # s = E says it all
+
+
+@pytest.mark.parametrize("deadline_s, expected_s, why", [
+    (1.5, 0, StopReason.COMPUTE),  # not even one update: the 5 updates would not have fitted a free upload either
+    (3.6, 2, StopReason.COMPUTE),  # 1.6 s left for 3 more updates of 1 s
+    (5.5, 4, StopReason.UPLOAD),  # 1.5 s left: the last update (+ margin) fits, the upload with it does not
+    (6.0, E, StopReason.COMPLETE),
+], ids=["s=0", "0<s<E compute", "0<s<E upload", "s=E"])
+def test_the_gate_remembers_why_the_round_stopped_where_it_did(deadline_s: float, expected_s: int,
+                                                               why: StopReason) -> None:
+    s, _, gate = train_with_gate(deadline_s, Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S))
+    assert (s, gate.why_stopped(s=s, E=E)) == (expected_s, why)
+    assert (gate.refusal is None) == (s == E)  # s = E: the budget never said no
+    assert not gate.agent_stopping
+
+
+def test_the_gate_says_no_to_an_agent_that_is_stopping_and_forced_participation_ignores_time() -> None:
+    s, asked, gate = train_with_gate(60.0, Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S), stopping=True)
+    assert (s, len(asked), gate.why_stopped(s=s, E=E)) == (0, 1, StopReason.STOPPED)
+    # Forced: no budget, so a deadline that would allow nothing still lets all E updates run.
+    s, asked, gate = train_with_gate(0.0, Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S), forced=True)
+    assert (s, len(asked), gate.refusal, gate.why_stopped(s=s, E=E)) == (E, E, None, StopReason.COMPLETE)
