@@ -177,6 +177,11 @@ class UpdateGate:
         self.refusal = self._budget.refusal()
         return self.refusal is None
 
+    @property
+    def said_no(self) -> bool:
+        """The last question was answered no: the round ended at a boundary, not at its cap."""
+        return self.refusal is not None or self.agent_stopping
+
     def why_stopped(self, *, s: int, E: int) -> StopReason:
         """Why the round ended at `s` of `E` updates (why_stopped, with what this gate saw)."""
         return why_stopped(s=s, E=E, refusal=self.refusal, agent_stopping=self.agent_stopping)
