@@ -133,9 +133,12 @@ def train_local(
             loss.backward()
             with torch.no_grad():
                 for name, p in model.named_parameters():
+                    grad = p.grad
+                    if grad is None:  # a parameter the loss does not reach: its gradient is 0, and so is w - w_G
+                        continue
                     if mu > 0:  # FedProx: the gradient of mu/2 ||w - w_G||^2, before this step's update
-                        p.grad.add_(p - initial[name], alpha=mu)
-                    p.sub_(p.grad, alpha=lr)
+                        grad.add_(p - initial[name], alpha=mu)
+                    p.sub_(grad, alpha=lr)
             loss_sum += float(loss.detach())
             steps += 1
             samples += len(idx)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
+from typing import TypeVar
 
 from loadgen.errors import LoadgenError
+
+# The error class a failure is raised as (ShapingError, CpuLoadError, ...): callers get their own type back.
+E = TypeVar("E", bound=LoadgenError)
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,8 @@ def run(
 
 
 def failure(
-    error: type[LoadgenError], proc: subprocess.CompletedProcess[str], *, hint: str | None = None
-) -> LoadgenError:
+    error: type[E], proc: subprocess.CompletedProcess[str], *, hint: str | None = None
+) -> E:
     """Build `error` naming the command, its exit code and stderr, after an optional hint."""
     stderr = proc.stderr.strip() or "(no stderr)"
     msg = f"`{shlex.join(proc.args)}` failed (exit {proc.returncode}): {stderr}"

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,7 +107,7 @@ class LoadgenDaemon:
         config: DaemonConfig,
         *,
         cpu: CpuLoad | None = None,
-        shaper: Shaper = bandwidth,  # type: ignore[assignment]
+        shaper: Shaper = bandwidth,
         context: zmq.Context | None = None,
     ) -> None:
         self.config = config
@@ -209,7 +210,7 @@ class LoadgenDaemon:
         """Ask `serve` to return (thread- and signal-safe)."""
         self._stop.set()
 
-    def _note_refusal(self, event: dict[str, Any]) -> None:
+    def _note_refusal(self, event: Mapping[str, Any]) -> None:
         """Count a failed handshake; log the first of each kind, then at most once a minute."""
         reason = _refusal_reason(event)
         if reason is None:
@@ -336,7 +337,7 @@ class LoadgenDaemon:
             self._mark = self._cpu.snapshot()
 
 
-def _refusal_reason(event: dict[str, Any]) -> str | None:
+def _refusal_reason(event: Mapping[str, Any]) -> str | None:
     """Why a handshake failed, from a socket monitor event (None: not a refusal)."""
     kind, value = event["event"], event["value"]
     if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
