@@ -102,8 +102,11 @@ def test_certificate_of_one_device_cannot_claim_another(live_config, fleet_facto
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "'dev-1'" in refused.value.details() and "'dev-2'" in refused.value.details()
         assert "dev-2" not in fleet.coordinator.engine.registry.devices
-        # The same certificate on the same channel is accepted for the device it names.
-        assert _join(channel, "dev-1", token=fleet.cfg.server.fleet_token).device_index >= 0
+        # The same certificate on the same channel is accepted for the device it names: registered, and
+        # told its index (join order: it holds no shard, and is the first device to join).
+        joined = _join(channel, "dev-1", token=fleet.cfg.server.fleet_token)
+        assert (joined.device_id, joined.device_index) == ("dev-1", 0)
+        assert fleet.coordinator.engine.registry.devices["dev-1"].index == joined.device_index
     assert set(fleet.coordinator.engine.registry.devices) == {"dev-1"}
 
 

@@ -20,12 +20,12 @@ def test_mlp_has_fedavg_2nn_parameter_count() -> None:
 
 
 def test_cnn_parameter_count_for_47_classes() -> None:
-    conv1 = 32 * 1 * 5 * 5 + 32  # 832
-    conv2 = 64 * 32 * 5 * 5 + 64  # 51,264
-    fc1 = 64 * 7 * 7 * 512 + 512  # 1,606,144
-    fc2 = 512 * 47 + 47  # 24,111
-    assert conv1 + conv2 + fc1 + fc2 == 1_682_351
-    assert n_params(EmnistCNN(num_classes=47)) == 1_682_351
+    # The paper's CNN layer by layer (weights + biases), so that a wrong layer is named, not only a wrong total.
+    paper = {"conv1": 32 * 1 * 5 * 5 + 32, "conv2": 64 * 32 * 5 * 5 + 64, "fc1": 64 * 7 * 7 * 512 + 512,
+             "fc2": 512 * 47 + 47}
+    model = EmnistCNN(num_classes=47)
+    assert {name: n_params(layer) for name, layer in model.named_children()} == paper
+    assert n_params(model) == 1_682_351
 
 
 def test_logreg_parameter_count() -> None:
