@@ -38,14 +38,18 @@ def _metrics(fleet):
 
 
 def test_rounds_complete_and_accuracy_rises(live_config, fleet_factory):
+    # A deadline the budget cannot reach (5 logreg steps and a 2 KB upload take milliseconds): every
+    # device completes E, and each round closes when all have answered, not at the deadline.
     fleet = fleet_factory(live_config(rounds=6, n_devices=3, min_devices=3, iid=True, alpha=0.0, beta=0.0,
-                                      total_samples=3000))
+                                      total_samples=3000, deadline_s=60.0))
     for i in range(3):
         fleet.start_agent(i)
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
     assert [r["round"] for r in rows] == list(range(1, 7))
-    assert all(set(r["s"].values()) == {5} for r in rows)  # no deadline pressure at this size
+    assert all(r["s"] == {f"dev-{i}": 5 for i in range(3)} for r in rows), [r["s"] for r in rows]
+    assert all(set(r["stop_reason"].values()) == {"complete"} for r in rows), [r["stop_reason"] for r in rows]
+    assert {r["close_reason"] for r in rows} == {"all answered"}
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert rows[-1]["test_acc"] > rows[0]["test_acc"]
     # Bytes on the wire: the model out and the delta in, each at least the model's size.
