@@ -25,7 +25,7 @@ from edge_agent.device_round import RoundCaps, expected_parameters, run_round
 from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.transport import AgentError, Delivery, Expected, Transport, UnknownDevice
 from flexfl import __version__
-from flexfl.exchange import Join, ModelDescription, OfferStatus
+from flexfl.exchange import Join, ModelDescription, OfferStatus, RoundTerms
 from loadgen.hostinfo import host_facts
 from workloads.datasets import ArrayDataset
 from workloads.federated import load_shard
@@ -114,10 +114,10 @@ class EdgeAgent:
                 if offer.status == OfferStatus.FINISHED:
                     log.info("%s: training finished", self.cfg.device_id)
                     return 0
-                if offer.status != OfferStatus.ROUND:
+                if offer.terms is None:  # WAIT (or a status this agent does not know)
                     after_round = max(after_round, offer.round_id)
                     continue
-                finish = self._do_round(delivery)
+                finish = self._do_round(offer.round_id, offer.terms, received_at=delivery.received_at)
                 del delivery, offer  # the model's tensors: given back before the round's memory is read
                 self._round_done(finish)
                 after_round = self.rounds_done[-1].round_id
@@ -190,13 +190,12 @@ class EdgeAgent:
 
     # ---- one round -------------------------------------------------------------------
 
-    def _do_round(self, delivery: Delivery) -> Callable[..., RoundDone]:
-        """Train the delivered round and send its update; what the round did, to be completed with `memory=`."""
-        offer, terms = delivery.offer, delivery.offer.terms
-        assert terms is not None, "a ROUND offer carries its terms (edge_agent.transport._offer)"
-        deadline_at = delivery.received_at + terms.deadline_s
-        cap = self._caps.cap(round_id=offer.round_id, terms=terms)
-        update = run_round(round_id=offer.round_id, terms=terms, model=self._ensure_model(terms.model),
+    def _do_round(self, round_id: int, terms: RoundTerms, *, received_at: float) -> Callable[..., RoundDone]:
+        """Train the round delivered at `received_at` and send its update; what the round did, to be
+        completed with `memory=`."""
+        deadline_at = received_at + terms.deadline_s
+        cap = self._caps.cap(round_id=round_id, terms=terms)
+        update = run_round(round_id=round_id, terms=terms, model=self._ensure_model(terms.model),
                            shard=self.shard, cap=cap, deadline_at=deadline_at, estimates=self.estimates,
                            margin_s=self.cfg.safety_margin_s, participation=self.cfg.participation,
                            stopping=self._stop.is_set)
@@ -205,7 +204,7 @@ class EdgeAgent:
         self.estimates.after_upload(carried_update=pushed.carried_update, taken=pushed.taken,
                                     seconds=pushed.upload_s)
         r = update.report
-        return partial(RoundDone, round_id=offer.round_id, s=r.updates_completed, E=terms.required_updates, cap=cap,
+        return partial(RoundDone, round_id=round_id, s=r.updates_completed, E=terms.required_updates, cap=cap,
                        why=r.stop_reason, train_s=r.train_s, upload_s=self.estimates.upload_s,
                        outcome=pushed.outcome, lr=terms.learning_rate)
 

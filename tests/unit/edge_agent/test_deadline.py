@@ -196,3 +196,15 @@ def test_the_gate_says_no_to_an_agent_that_is_stopping_and_forced_participation_
     # Forced: no budget, so a deadline that would allow nothing still lets all E updates run.
     s, asked, gate = train_with_gate(0.0, Estimates(update_s=UPDATE_S, upload_s=UPLOAD_S), forced=True)
     assert (s, len(asked), gate.refusal, gate.why_stopped(s=s, E=E)) == (E, E, None, StopReason.COMPLETE)
+
+
+def test_after_an_upload_the_estimate_is_measured_raised_or_decayed_by_what_the_push_was() -> None:
+    est = Estimates(upload_s=2.0)
+    est.after_upload(carried_update=True, taken=True, seconds=0.5)  # taken: measured, even when shorter
+    assert est.upload_s == 0.5
+    est.after_upload(carried_update=True, taken=False, seconds=0.25)  # refused: at least as long, never lower
+    assert est.upload_s == 0.5
+    est.after_upload(carried_update=True, taken=False, seconds=3.0)
+    assert est.upload_s == 3.0
+    est.after_upload(carried_update=False, taken=True, seconds=0.01)  # no update in it: nothing measured, decays
+    assert est.upload_s == 3.0 * UNMEASURED_UPLOAD_DECAY
