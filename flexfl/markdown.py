@@ -14,10 +14,11 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A pipe table, one line per row, ending in a newline ("| a | b |" then "|---|---|")."""
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """A pipe table, one line per row, ending in a newline ("| a | b |" then "|---|---|"; an empty cell "| |")."""
+    def line(cells: Iterable[object]) -> str:
+        return "|" + "|".join(f" {cell} " if str(cell) else " " for cell in cells) + "|"
+
+    return "\n".join([line(header), "|---" * len(header) + "|", *(line(row) for row in rows)]) + "\n"
 
 
 def section(title: str, body: str, *, level: int = 2) -> str:

@@ -9,6 +9,7 @@ from flexfl.markdown import fixed, join, ranges, section, table
 
 def test_table_has_a_header_rule_and_one_line_per_row() -> None:
     assert table(["a", "b"], [[1, "x"], [2.5, "y"]]) == "| a | b |\n|---|---|\n| 1 | x |\n| 2.5 | y |\n"
+    assert table(["", "b"], [["mean", ""]]) == "| | b |\n|---|---|\n| mean | |\n"
 
 
 def test_an_empty_section_is_left_out() -> None:
