@@ -42,7 +42,7 @@ from coordinator.choices import Scheme
 from coordinator.strategies import MIFA, FedNova, FedProx
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
-from flexfl.markdown import table
+from flexfl.markdown import fixed, table
 from simulator.choices_file import read_choices, write_choice
 from simulator.operating_point import PROTOCOL_SEEDS, horizon
 from simulator.regime import Regime
@@ -198,9 +198,11 @@ METRICS = (("final_acc", "final test accuracy (%)", 100.0), ("last20_acc", "mean
 def _median_range(values: Sequence[float], scale: float) -> str:
     if not values:
         return "not run"
-    v = scale * np.asarray(values, float)
-    digits = 1 if scale != 1.0 else 3
-    return f"{np.median(v):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
+    v = np.asarray(values, float)
+    digits, times = (1, int(scale)) if scale != 1.0 else (3, 1)
+    # fixed(): a figure of the runs CSV rounds on the page as a reader rounds the CSV's value, once.
+    return " ".join([fixed(float(np.median(v)), digits, scale=times),
+                     f"[{fixed(v.min(), digits, scale=times)}, {fixed(v.max(), digits, scale=times)}]"])
 
 
 def metric_table(summaries: Sequence[dict], metric: str, scale: float, *, settings: Sequence[str],

@@ -29,6 +29,12 @@ def test_fixed_rounds_once_half_to_even_from_the_written_value(value: float, dig
     assert fixed(value, digits) == text
 
 
+def test_fixed_scales_the_written_value_not_its_binary_product() -> None:
+    # 0.9145 * 100 is 91.45000000000002 in binary ("91.5" by f-format); as written it is 91.45.
+    assert (fixed(0.9145, 1, scale=100), fixed(0.9155, 1, scale=100), fixed(0.5, 1, scale=100)) == \
+        ("91.4", "91.6", "50.0")
+
+
 def test_fixed_passes_non_finite_values_through() -> None:
     assert (fixed(float("nan"), 2), fixed(float("inf"), 1)) == ("nan", "inf")
 
