@@ -27,6 +27,7 @@ from coordinator.aggregation import Scheme
 from coordinator.rules import RulesConfig
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
+from flexfl.text import count
 from simulator.curves import rounds_to_recover
 from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from simulator.regime import Regime
@@ -155,9 +156,10 @@ def _cell(found: Sequence[Recoveries], t: int, metric: str) -> str:
         f"; fast sooner in {faster}/{len(pairs)}" if pairs else "")
 
 
-def recovery_table(dataset: str, found: Sequence[Recoveries], *, label: str = "FlexFL") -> str:
-    """Per metric, "fast | vanilla" per tau_0; then the paper's accuracy row."""
-    rows: list[list[str]] = [[f"{label} {metric}", *(_cell(found, t, metric) for t in TAU0)] for metric in METRICS]
+def recovery_table(dataset: str, *series: tuple[str, Sequence[Recoveries]]) -> str:
+    """Per metric and (label, recoveries) series, "fast | vanilla" per tau_0; then the paper's accuracy row."""
+    rows: list[list[str]] = [[f"{label} {metric}", *(_cell(found, t, metric) for t in TAU0)]
+                             for metric in METRICS for label, found in series]
     paper = PAPER_TABLE4[dataset]
     rows.append(["paper (accuracy)", *(f"{paper[t][0]} \\| {paper[t][1]}" for t in TAU0)])
     return table(["metric", *(f"tau_0 = {t}" for t in TAU0)], rows)
@@ -166,17 +168,20 @@ def recovery_table(dataset: str, found: Sequence[Recoveries], *, label: str = "F
 def _block(r: DatasetResult) -> str:
     setup = partition(r.dataset, 0)
     text = (f"### {r.dataset.upper()}: {setup.describe().replace(', seed 0', '')}, "
-            f"{len({x.seed for x in r.found})} seeds\n\n" + recovery_table(r.dataset, r.found))
+            f"{len({x.seed for x in r.found})} seeds\n\n" + recovery_table(r.dataset, ("FlexFL", r.found)))
     if not r.no_restart:
         return text
+    seeds = sorted({x.seed for x in r.no_restart})
+    same = [x for x in r.found if x.seed in seeds]
     return text + f"""
 #### Diagnostic, not the paper's rule: no learning-rate restart after the arrival
 
 The same runs with the rate kept at eta_0 / tau through the arrival (`lr_restart = false`)
-instead of the paper's restart at eta_0 / (tau - tau_0 + 1), {len({x.seed for x in r.no_restart})} seeds; it shows how
-much of the recovery time above is the restart's. Every run's counts: `{DIAGNOSTIC_CSV}`.
+instead of the paper's restart at eta_0 / (tau - tau_0 + 1), on {count(len(seeds), "seed")} ({seeds}),
+beside the paper's rule on the same seeds: how much of the recovery time above is the
+restart's. Every run's counts: `{DIAGNOSTIC_CSV}`.
 
-{recovery_table(r.dataset, r.no_restart, label="no restart")}"""
+{recovery_table(r.dataset, ("paper's rule", same), ("no restart", r.no_restart))}"""
 
 
 def render(results: Sequence[DatasetResult], *, timing: dict[str, str], regimes: str, note: str) -> str:

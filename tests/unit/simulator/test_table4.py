@@ -34,6 +34,8 @@ def test_the_page_shows_the_diagnostic_apart_labelled_not_the_papers_rule() -> N
     head, diagnostic = page.split("#### Diagnostic, not the paper's rule: no learning-rate restart after the arrival")
     assert "| FlexFL acc/old | 27 [27, 27] \\| 28 [28, 28]; fast sooner in 2/2 |" in head
     assert "| no restart acc/old | 4 [4, 4] \\| 5 [5, 5]; fast sooner in 2/2 |" in diagnostic
+    assert "| paper's rule acc/old | 27 [27, 27] \\| 28 [28, 28]; fast sooner in 2/2 |" in diagnostic
+    assert "on 2 seeds ([0, 1])" in diagnostic
     assert "`lr_restart = false`" in diagnostic and f"`{DIAGNOSTIC_CSV}`" in diagnostic
 
 
