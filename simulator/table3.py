@@ -200,12 +200,12 @@ def cells_by_reading(summaries: Sequence[dict], *, metric: str = "final_acc") ->
     return {name: table3_cells(rows, metric=metric) for name, rows in by.items()}
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     """Spearman's rank correlation (average ranks for ties); nan with fewer than 3 pairs."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 3:
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    if len(x) < 3:
         return float("nan")
-    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = _ranks(x), _ranks(y)
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])

@@ -305,10 +305,10 @@ def crossing_table(crossings: Sequence[Crossing], *, same_test_set: bool) -> str
             elif v:
                 medians.append(float(cells[-1].split()[0]))
         rows += [[f"({ab[0]:g}, {ab[1]:g}) FlexFL", *cells], [f"({ab[0]:g}, {ab[1]:g}) paper", *PAPER_TABLE5[ab]]]
-    cells = len(ALPHA_BETA) * len(TAU0)
+    n_cells = len(ALPHA_BETA) * len(TAU0)
     summary = (f"No cell's median seed crossed within the {ROUNDS}-round run.\n" if not medians else
                f"Medians of the cells: {ranges(medians)} rounds after tau_0"
-               + (f"; never at the median in {never} of {cells} cells" if never else "") + ".\n")
+               + (f"; never at the median in {never} of {n_cells} cells" if never else "") + ".\n")
     return table(["(alpha, beta)", *map(str, TAU0)], rows) + "\n" + summary
 
 
