@@ -161,8 +161,8 @@ class Federation:
         self.memory = UpdateMemory(like=self.params) if self.rules.aggregation.memory else None
 
     def learning_rate(self, round_index: int) -> float:
-        return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index,
-                                                                   shift_round=self.objective.shift_round)
+        shift = self.objective.shift_round if self.rules.lr_restart else 0  # lr_restart=False: a diagnostic only
+        return LearningRate(self.rules.eta0_for(self.dataset)).at(round_index=round_index, shift_round=shift)
 
     def open(self, round_index: int) -> RoundOpening:
         """Who trains in round `round_index` and at which rate."""

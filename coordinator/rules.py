@@ -71,6 +71,9 @@ class RulesConfig:
     threshold_k: float = THRESHOLD_K  # departure_policy = threshold: exclude when T - tau_0 >= threshold_k
     trace_sampling: Sampling = Sampling.IID
     s_rule: SRule = SRule.ROUND
+    # A diagnostic, never the paper's rule: False keeps eta_0 / tau after an objective shift instead of
+    # restarting at eta_0 / (tau - tau_0) (Table 4's "no restart" rows, results/README.md; issue 33 item 12).
+    lr_restart: bool = True
 
     def __post_init__(self) -> None:
         coerce_enums(self)

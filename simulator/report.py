@@ -12,6 +12,7 @@ import numpy as np
 
 from coordinator.strategies import title_of
 from flexfl.files import atomic_file
+from flexfl.markdown import table
 from simulator.paper import PAPER_TABLE3
 
 
@@ -116,15 +117,13 @@ def table3_cells(final: Iterable[dict], *, metric: str = "final_acc") -> dict[tu
 
 def table3_markdown(dataset: str, cells: dict[tuple[str, int], Cell], *, settings: Sequence[str]) -> str:
     """The paper's Table 3 layout: rows per setting (ours, paper), columns |T| = 1..8."""
-    header = "| data | " + " | ".join(f"\\|T\\|={j}" for j in range(1, 9)) + " |"
-    lines = [header, "|---" * 9 + "|"]
+    rows = []
     for setting in settings:
         label = f"{dataset.upper()} {setting.upper()}"
         ours = [cells[(setting, j)].text() if (setting, j) in cells else "not run" for j in range(1, 9)]
         paper = [f"{a}, {c}" for a, c in PAPER_TABLE3.get((dataset, setting), [])] or ["-"] * 8
-        lines.append(f"| {label} (FlexFL) | " + " | ".join(ours) + " |")
-        lines.append(f"| {label} (paper) | " + " | ".join(paper) + " |")
-    return "\n".join(lines) + "\n"
+        rows += [[f"{label} (FlexFL)", *ours], [f"{label} (paper)", *paper]]
+    return table(["data", *(f"\\|T\\|={j}" for j in range(1, 9))], rows)
 
 
 def plot_accuracy_curves(

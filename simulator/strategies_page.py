@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,7 @@ from coordinator.choices import Scheme
 from coordinator.strategies import MIFA, FedNova, FedProx
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
+from flexfl.markdown import fixed, table
 from simulator.choices_file import read_choices, write_choice
 from simulator.operating_point import PROTOCOL_SEEDS, horizon
 from simulator.regime import Regime
@@ -197,9 +198,11 @@ METRICS = (("final_acc", "final test accuracy (%)", 100.0), ("last20_acc", "mean
 def _median_range(values: Sequence[float], scale: float) -> str:
     if not values:
         return "not run"
-    v = scale * np.asarray(values, float)
-    digits = 1 if scale != 1.0 else 3
-    return f"{np.median(v):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
+    v = np.asarray(values, float)
+    digits, times = (1, int(scale)) if scale != 1.0 else (3, 1)
+    # fixed(): a figure of the runs CSV rounds on the page as a reader rounds the CSV's value, once.
+    return " ".join([fixed(float(np.median(v)), digits, scale=times),
+                     f"[{fixed(v.min(), digits, scale=times)}, {fixed(v.max(), digits, scale=times)}]"])
 
 
 def metric_table(summaries: Sequence[dict], metric: str, scale: float, *, settings: Sequence[str],
@@ -208,25 +211,54 @@ def metric_table(summaries: Sequence[dict], metric: str, scale: float, *, settin
     from coordinator.strategies import title_of
 
     cols = [(st, j) for st in settings for j in num_traces]
-    lines = ["| strategy | " + " | ".join(f"{st.upper()} \\|T\\|={j}" for st, j in cols) + " |",
-             "|---" * (1 + len(cols)) + "|"]
-    for name in STRATEGIES:
-        cells = [_median_range([s[metric] for s in summaries if (s["setting"], s["num_traces"], s["scheme"])
-                                == (st, j, name)], scale) for st, j in cols]
-        lines.append(f"| {title_of(name)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[title_of(name), *(_median_range([s[metric] for s in summaries if (s["setting"], s["num_traces"],
+                                                                               s["scheme"]) == (st, j, name)], scale)
+                                for st, j in cols)] for name in STRATEGIES]
+    return table(["strategy", *(f"{st.upper()} \\|T\\|={j}" for st, j in cols)], rows)
 
 
-def lowest_loss_counts(summaries: Sequence[dict]) -> dict[str, int]:
-    """Per strategy: in how many (setting, |T|, seed) groups run in full its final test loss is the lowest."""
+# Final test losses closer than this are a tie: half the last digit the loss table prints (3
+# decimals), so two losses it shows equal, or one apart in the last digit, are never ranked.
+# MIFA equals Scheme C in every round where every member sends an update, and on MNIST their
+# final losses differ by <= 2e-4 in most groups.
+TIE_TOLERANCE = 5e-4
+
+
+@dataclass(frozen=True)
+class LowestLoss:
+    """Per strategy, the complete (setting, |T|, seed) groups where its final test loss is the lowest
+    by more than TIE_TOLERANCE; the groups where several are within it of the lowest, per tied set."""
+
+    wins: dict[str, int]
+    ties: dict[tuple[str, ...], int]
+
+    @property
+    def groups(self) -> int:
+        return sum(self.wins.values()) + sum(self.ties.values())
+
+    def text(self) -> str:
+        ties = "; tied: " + ", ".join(f"{' = '.join(names)} {n}" for names, n in self.ties.items()) if self.ties else ""
+        return (f"Lowest final test loss, per (setting, |T|, seed) group (losses within {TIE_TOLERANCE:g} of the "
+                "lowest, half the last digit printed above, tie with it): "
+                + ", ".join(f"{n} {c}" for n, c in self.wins.items()) + f"{ties} (of {self.groups} complete groups).\n")
+
+
+def lowest_loss_counts(summaries: Sequence[dict]) -> LowestLoss:
+    """Which strategy has the lowest final test loss in each (setting, |T|, seed) group run in full."""
     by: dict[tuple, dict[str, float]] = {}
     for s in summaries:
         by.setdefault((s["setting"], s["num_traces"], s["seed"]), {})[s["scheme"]] = float(s["final_loss"])
-    counts = dict.fromkeys(STRATEGIES, 0)
+    wins = dict.fromkeys(STRATEGIES, 0)
+    ties: dict[tuple[str, ...], int] = {}
     for losses in by.values():
         if set(losses) >= set(STRATEGIES):
-            counts[min(STRATEGIES, key=lambda n: losses[n])] += 1
-    return counts
+            low = min(losses[n] for n in STRATEGIES)
+            best = tuple(n for n in STRATEGIES if losses[n] - low <= TIE_TOLERANCE)
+            if len(best) == 1:
+                wins[best[0]] += 1
+            else:
+                ties[best] = ties.get(best, 0) + 1
+    return LowestLoss(wins=wins, ties=dict(sorted(ties.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 def _plots(out_dir: Path, key: str, title: str, summaries: Sequence[dict], run_dir: Path,
@@ -259,8 +291,75 @@ def _mu_section(out_dir: Path, key: str) -> str:
     scores = entry["mean_final_test_loss"]
     return (f"FedProx's mu by the protocol: **mu = {entry['mu']:g}** (|T| = {entry['num_traces']}, seeds "
             f"{', '.join(map(str, entry['seeds']))}, {entry['rounds']} rounds; {entry['timing']}):\n\n"
-            "| mu | " + " | ".join(scores) + " |\n" + "|---" * (1 + len(scores)) + "|\n"
-            "| mean final test loss | " + " | ".join(f"{v:.4f}" for v in scores.values()) + " |\n")
+            + table(["mu", *scores], [["mean final test loss", *(f"{v:.4f}" for v in scores.values())]]))
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the page: a (dataset, regime) of the plan, its finished runs and its plots."""
+
+    key: str
+    title: str
+    entry: dict  # the plan's entry: commands, settings, num_traces, ...
+    planned: int  # runs the plan asks for
+    summaries: tuple[dict, ...]
+    timing: str
+    mu_text: str
+    plots: tuple[str, ...]  # file names beside the page
+
+
+def render_section(sec: Section) -> str:
+    seeds_done = sorted({s["seed"] for s in sec.summaries})
+    body = [f"## {sec.title}\n", f"Planned by {'; '.join(f'`{c}`' for c in sec.entry['commands'])}: "
+            f"**{len(sec.summaries)} of {sec.planned} runs finished** (seeds with runs: {seeds_done or 'none'}). "
+            f"Wall time: {sec.timing}.\n", sec.mu_text]
+    if sec.summaries:
+        for metric, text, scale in METRICS:
+            body.append(f"**{text}**, median [min, max] over seeds:\n\n" + metric_table(
+                sec.summaries, metric, scale, settings=sec.entry["settings"], num_traces=sec.entry["num_traces"]))
+        body.append(lowest_loss_counts(sec.summaries).text())
+        body += [f"![{Path(name).stem}]({name})" for name in sec.plots]
+    return "\n".join(body)
+
+
+def render(sections: Sequence[Section]) -> str:
+    """The Markdown of results/strategies.md."""
+    import simulator.strategies_page as me
+
+    protocol = "The protocol" + (me.__doc__ or "").split("FedProx's mu: the protocol", 1)[1]
+    return (PAGE_HEAD + f"\n## FedProx's mu: the protocol\n\n{protocol}\n"
+            + "\n\n".join(render_section(sec) for sec in sections) + "\n")
+
+
+def _plan(out_dir: Path) -> dict:
+    plan_path = Path(out_dir) / PLAN_FILE
+    if not plan_path.exists():
+        raise ConfigError(f"{plan_path} does not exist: no strategies section has run (run without --report-only)")
+    return json.loads(plan_path.read_text())
+
+
+def _sections(out_dir: Path, timing: dict[str, str], runs: Callable[[str, dict, Regime, list[Group]], list[dict]],
+              plots: Callable[[str, dict, Regime, list[dict]], list[str]]) -> list[Section]:
+    """Every section of the plan whose mu is chosen, with the runs `runs` finds and the plots `plots` names."""
+    sections = []
+    for key, entry in _plan(out_dir).items():
+        regime = Regime(unit=entry["unit"], eta0=entry["eta0"])
+        mu = chosen_mu(out_dir, entry["dataset"], regime)
+        if mu is None:
+            continue
+        groups = page_groups(entry["dataset"], regime, mu=mu, seeds=entry["seeds"], num_traces=entry["num_traces"],
+                             settings=entry["settings"])
+        summaries = runs(key, entry, regime, groups)
+        sections.append(Section(key=key, title=f"{entry['dataset'].upper()}, {regime.describe(entry['dataset'])}",
+                                entry=entry, planned=sum(len(g.runs) for g in groups), summaries=tuple(summaries),
+                                timing=timing.get(key, "not recorded"), mu_text=_mu_section(out_dir, key),
+                                plots=tuple(plots(key, entry, regime, summaries)) if summaries else ()))
+    return sections
+
+
+def _row(entry: dict, regime: Regime, s: dict) -> dict:
+    return {"dataset": entry["dataset"], "regime": regime.tag, **{k: s[k] for k in (
+        "setting", "num_traces", "seed", "scheme", "final_acc", "last20_acc", "final_loss", "wall_s")}}
 
 
 def write_page(out_dir: Path, *, timing: dict[str, str], replace_page: bool = False) -> Path:
@@ -268,53 +367,48 @@ def write_page(out_dir: Path, *, timing: dict[str, str], replace_page: bool = Fa
     from simulator.report import page_dir, write_csv_atomic
     from simulator.table3 import with_window
 
-    plan_path = Path(out_dir) / PLAN_FILE
-    if not plan_path.exists():
-        raise ConfigError(f"{plan_path} does not exist: no strategies section has run (run without --report-only)")
-    plan = json.loads(plan_path.read_text())
-    found: dict[str, tuple[dict, Regime, list[dict], int]] = {}
-    rows = []
-    for key, entry in plan.items():
-        regime = Regime(unit=entry["unit"], eta0=entry["eta0"])
-        mu = chosen_mu(out_dir, entry["dataset"], regime)
-        if mu is None:
-            continue
-        groups = page_groups(entry["dataset"], regime, mu=mu, seeds=entry["seeds"], num_traces=entry["num_traces"],
-                             settings=entry["settings"])
+    def runs(key: str, entry: dict, regime: Regime, groups: list[Group]) -> list[dict]:
         run_dir = work_dir(out_dir, entry["dataset"], regime)
-        summaries = with_window(finished(groups, work_dir=run_dir), run_dir) if run_dir.exists() else []
-        found[key] = (entry, regime, summaries, sum(len(g.runs) for g in groups))
-        rows += [{"dataset": entry["dataset"], "regime": regime.tag, **{k: s[k] for k in (
-            "setting", "num_traces", "seed", "scheme", "final_acc", "last20_acc", "final_loss", "wall_s")}}
-            for s in summaries]
-    out = page_dir(out_dir, RUNS_CSV, rows, RUN_KEY, replace=replace_page)
-    sections = []
-    for key, (entry, regime, summaries, planned) in found.items():
-        dataset = entry["dataset"]
-        title = f"{dataset.upper()}, {regime.describe(dataset)}"
-        settings, num_traces = entry["settings"], entry["num_traces"]
-        seeds_done = sorted({s["seed"] for s in summaries})
-        body = [f"## {title}\n", f"Planned by {'; '.join(f'`{c}`' for c in entry['commands'])}: **{len(summaries)} "
-                f"of {planned} runs finished** (seeds with runs: {seeds_done or 'none'}). Wall time: "
-                f"{timing.get(key, 'not recorded')}.\n", _mu_section(out_dir, key)]
-        if summaries:
-            for metric, text, scale in METRICS:
-                body.append(f"**{text}**, median [min, max] over seeds:\n\n"
-                            + metric_table(summaries, metric, scale, settings=settings, num_traces=num_traces))
-            counts = lowest_loss_counts(summaries)
-            body.append("Lowest final test loss, per (setting, |T|, seed) group: " + ", ".join(
-                f"{n} {c}" for n, c in counts.items()) + f" (of {sum(counts.values())} complete groups).\n")
-            body += [f"![{p.stem}]({p.name})" for p in _plots(out, key, dataset.upper(), summaries,
-                                                              work_dir(out_dir, dataset, regime), settings)]
-        sections.append("\n".join(body))
-    write_csv_atomic(out / RUNS_CSV, rows)
-    import simulator.strategies_page as me
+        return with_window(finished(groups, work_dir=run_dir), run_dir) if run_dir.exists() else []
 
-    protocol = "The protocol" + (me.__doc__ or "").split("FedProx's mu: the protocol", 1)[1]
+    found = _sections(out_dir, timing, runs, lambda *a: [])
+    rows = [_row(sec.entry, Regime(unit=sec.entry["unit"], eta0=sec.entry["eta0"]), s)
+            for sec in found for s in sec.summaries]
+    out = page_dir(out_dir, RUNS_CSV, rows, RUN_KEY, replace=replace_page)
+    sections = [replace(sec, plots=tuple(p.name for p in _plots(
+        out, sec.key, sec.entry["dataset"].upper(), sec.summaries,
+        work_dir(out_dir, sec.entry["dataset"], Regime(unit=sec.entry["unit"], eta0=sec.entry["eta0"])),
+        sec.entry["settings"]))) if sec.summaries else sec for sec in found]
+    write_csv_atomic(out / RUNS_CSV, rows)
+    return _write(out, sections)
+
+
+def _write(out: Path, sections: Sequence[Section]) -> Path:
     page = out / PAGE
     with atomic_file(page) as f:
-        f.write(PAGE_HEAD + f"\n## FedProx's mu: the protocol\n\n{protocol}\n" + "\n\n".join(sections) + "\n")
+        f.write(render(sections))
     return page
+
+
+def page_from_csv(out_dir: Path) -> Path:
+    """Render out_dir/strategies.md again from the strategies_runs.csv, plan, mu and timing files beside
+    it (the committed figures; the plots, which need every run's curves, are named as they are)."""
+    import csv
+
+    with open(Path(out_dir) / RUNS_CSV, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    timing_path = Path(out_dir) / TIMING_FILE
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    ints, floats = ("num_traces", "seed"), ("final_acc", "last20_acc", "final_loss", "wall_s")
+
+    def runs(key: str, entry: dict, regime: Regime, groups: list[Group]) -> list[dict]:
+        return [{**r, **{k: int(r[k]) for k in ints}, **{k: float(r[k]) for k in floats}} for r in rows
+                if (r["dataset"], r["regime"]) == (entry["dataset"], regime.tag)]
+
+    def plots(key: str, entry: dict, regime: Regime, summaries: list[dict]) -> list[str]:
+        return [f"strategies_{key}_{st}.png" for st in entry["settings"] if any(s["setting"] == st for s in summaries)]
+
+    return _write(Path(out_dir), _sections(out_dir, timing, runs, plots))
 
 
 PAGE_HEAD = """# Strategies beside Scheme C: FedNova, FedProx and MIFA on the paper's traces

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from flexfl.errors import ConfigError
+from flexfl.markdown import table
 from simulator.engine import SimConfig
 from simulator.paper import PAPER_DEVICES, PAPER_TABLE3
 from simulator.regime import Regime
@@ -102,13 +103,25 @@ def run_table3(dataset: str, readings: Sequence[str], *, seeds: Sequence[int], n
 PLAN_FILE = "table3_plan.json"
 
 
+def plan_path(out_dir: Path) -> Path:
+    """Where the plan of `out_dir`'s page lives: `out_dir`/table3_plan.json if it is there already or
+    `out_dir` holds no page's runs yet; else under `out_dir`/local (simulator.report.LOCAL_DIR), where
+    the page of a small trial beside a committed page goes too, so the trial leaves no stray file."""
+    from simulator.report import LOCAL_DIR
+
+    path = Path(out_dir) / PLAN_FILE
+    if path.exists() or not (Path(out_dir) / "table3_runs.csv").exists():
+        return path
+    return Path(out_dir) / LOCAL_DIR / PLAN_FILE
+
+
 def record_plan(out_dir: Path, dataset: str, groups: Sequence[Group], *, command: str) -> None:
-    """Add these groups (run names per group) and the command to `out_dir`/table3_plan.json."""
+    """Add these groups (run names per group) and the command to the page's plan (plan_path)."""
     import json
 
     from flexfl.files import atomic_file
 
-    path = Path(out_dir) / PLAN_FILE
+    path = plan_path(out_dir)
     plan = json.loads(path.read_text()) if path.exists() else {}
     entry = plan.setdefault(dataset, {"commands": [], "groups": []})
     known = {tuple(g) for g in entry["groups"]}
@@ -125,7 +138,7 @@ def progress(out_dir: Path, dataset: str, work_dir: Path, summaries: Sequence[di
     rest's time at the median wall time of a finished group; None without a plan."""
     import json
 
-    path = Path(out_dir) / PLAN_FILE
+    path = plan_path(out_dir)
     entry = json.loads(path.read_text()).get(dataset) if path.exists() else None
     if not entry:
         return None
@@ -187,12 +200,12 @@ def cells_by_reading(summaries: Sequence[dict], *, metric: str = "final_acc") ->
     return {name: table3_cells(rows, metric=metric) for name, rows in by.items()}
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     """Spearman's rank correlation (average ranks for ties); nan with fewer than 3 pairs."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 3:
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    if len(x) < 3:
         return float("nan")
-    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = _ranks(x), _ranks(y)
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
@@ -283,35 +296,156 @@ def _median_range(v: np.ndarray) -> str:
     return f"{np.median(v):.1f} [{np.min(v):.1f}, {np.max(v):.1f}]"
 
 
+def _agreement_row(label: list[str], a: Agreement) -> list[str]:
+    return [*label, f"{a.cells}/16", f"{a.sign_b_a:.0%}", f"{a.sign_c_b:.0%}", f"{a.rank_b_a:+.2f}",
+            f"{a.rank_c_b:+.2f}"]
+
+
 def metric_tables(dataset: str, summaries: Sequence[dict], reading: str) -> str:
     """One table per metric, then the sign and rank agreement of each metric with the paper's "% improvement"."""
     blocks, rows = [], []
     for metric, text in METRICS.items():
         cells = cells_by_reading(summaries, metric=metric).get(reading, {})
         blocks.append(f"**{text}**\n\n{cells_markdown(dataset, cells)}")
-        a = agreement(dataset, cells)
-        rows.append(f"| {text} | {a.cells}/16 | {a.sign_b_a:.0%} | {a.sign_c_b:.0%} | {a.rank_b_a:+.2f} | "
-                    f"{a.rank_c_b:+.2f} |")
+        rows.append(_agreement_row([text], agreement(dataset, cells)))
     return ("\n".join(blocks) + "\n**Agreement with the paper, per metric** (share of cells whose median has the "
             "paper's sign; Spearman's rank correlation of the medians with the paper's values):\n\n"
-            "| metric | cells | sign B/A | sign C/B | rank B/A | rank C/B |\n|---|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+            + table(["metric", "cells", "sign B/A", "sign C/B", "rank B/A", "rank C/B"], rows))
 
 
 def cells_markdown(dataset: str, cells: dict[tuple[str, int], Cell], *, settings: Sequence[str] = SETTINGS) -> str:
     """Rows per setting (FlexFL: median [min, max] over seeds; paper), columns |T| = 1..8, "B/A | C/B"."""
-    lines = ["| data | " + " | ".join(f"\\|T\\|={j}" for j in range(1, 9)) + " |", "|---" * 9 + "|"]
+    rows = []
     for setting in settings:
         label = f"{dataset.upper()} {setting.upper()}"
         ours = [f"{_median_range(cells[(setting, j)].b_over_a)} \\| {_median_range(cells[(setting, j)].c_over_b)}"
                 if (setting, j) in cells else "not run" for j in range(1, 9)]
         paper = [f"{a} \\| {c}" for a, c in PAPER_TABLE3.get((dataset, setting), [])] or ["-"] * 8
-        lines.append(f"| {label} (FlexFL) | " + " | ".join(ours) + " |")
-        lines.append(f"| {label} (paper) | " + " | ".join(paper) + " |")
-    return "\n".join(lines) + "\n"
+        rows += [[f"{label} (FlexFL)", *ours], [f"{label} (paper)", *paper]]
+    return table(["data", *(f"\\|T\\|={j}" for j in range(1, 9))], rows)
 
 
 RUN_KEY = ("dataset", "reading", "setting", "num_traces", "seed", "scheme")
+RUN_FIELDS = ("reading", "setting", "num_traces", "seed", "scheme", "final_acc", "last20_acc", "final_loss", "wall_s")
+
+
+@dataclass(frozen=True)
+class ReadingResult:
+    """One reading's cells on one dataset, its agreement with the paper and its largest device's share."""
+
+    dataset: str
+    reading: Reading
+    cells: dict[tuple[str, int], Cell]
+    agreement: Agreement
+    seeds: int  # seeds with runs
+    largest: dict[str, float]  # per setting: the largest device's share of the data (median over seeds)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The headline reading on one dataset: its table per metric and its plots (file names)."""
+
+    dataset: str
+    tables: str
+    plots: tuple[tuple[str, str], ...]  # (label, file name)
+
+
+@dataclass(frozen=True)
+class Table3Page:
+    """Everything results/table3.md says, computed; render() writes it out."""
+
+    seeds: tuple[int, ...]
+    timing: dict[str, str]
+    regime: str
+    progress: tuple[str, ...]
+    headlines: tuple[Headline, ...]
+    readings: tuple[ReadingResult, ...]
+
+
+def reading_results(dataset: str, summaries: Sequence[dict], *, seeds: Sequence[int]) -> list[ReadingResult]:
+    by_reading = cells_by_reading(summaries)
+    out = []
+    for name, reading in READINGS.items():
+        cells = by_reading.get(name, {})
+        if cells:
+            out.append(ReadingResult(
+                dataset=dataset, reading=reading, cells=cells, agreement=agreement(dataset, cells),
+                seeds=len({s["seed"] for s in summaries if s["reading"] == name}),
+                largest={st: largest_share(dataset, reading, setting=st, seeds=seeds[:3]) for st in SETTINGS}))
+    return out
+
+
+def _score_row(r: ReadingResult) -> list[str]:
+    label = [f"{r.reading.name}{' (headline)' if r.reading.name == HEADLINE else ''}", r.dataset.upper()]
+    row = _agreement_row(label, r.agreement)
+    return [*row[:3], str(r.seeds), *row[3:], f"{100 * r.largest['iid']:.1f} % / {100 * r.largest['niid']:.1f} %"]
+
+
+def _other_readings(page: Table3Page) -> str:
+    return "\n".join(f"### {r.reading.name}, {r.dataset.upper()}\n\n{r.reading.text}; E = {r.reading.E}.\n\n"
+                     f"{cells_markdown(r.dataset, r.cells)}" for r in page.readings if r.reading.name != HEADLINE)
+
+
+def render(page: Table3Page) -> str:
+    """The Markdown of results/table3.md; the "Every reading" section only when a reading beside the headline ran."""
+    readings_text = "\n".join(f"- **{r.name}**: {r.text}; E = {r.E}." for r in READINGS.values())
+    wall = "; ".join(f"{k}: {v}" for k, v in page.timing.items())
+    plan_text = (f"\nProgress of the planned sweeps (`{PLAN_FILE}`):\n\n" + "\n".join(page.progress) + "\n"
+                 if page.progress else "")
+    headline = "\n".join(f"### {h.dataset.upper()}\n\n{h.tables}" + "".join(
+        f"\n![{key}]({name})" for key, name in h.plots) for h in page.headlines)
+    scores = table(["reading", "data", "cells", "seeds", "sign B/A", "sign C/B", "rank B/A", "rank C/B",
+                    "largest device"], [_score_row(r) for r in page.readings])
+    others = _other_readings(page)
+    return PAGE.format(seeds=list(page.seeds), wall=wall, plan_text=plan_text, regime=page.regime,
+                       readings_text=readings_text, headline_name=HEADLINE, headline=headline,
+                       scores=scores, every=f"\n## Every reading\n\n{others}\n" if others else "")
+
+
+PAGE = """# Table 3 under several readings of the paper's setup
+
+Generated by `flexfl sim table3` (`make paper-table3`). % improvement, "B over A \\| C over B",
+of the final test accuracy after round 200 (the paper's metric: "the differences in the test
+accuracies ... after 200 global epochs"); the headline table also gives the mean accuracy
+over the last 20 rounds and the final test loss (relative reduction), which do not flip on
+the argmax margins of an under-trained model. FlexFL's cells give the median and the
+[min, max] of per-seed improvements over the seeds of {seeds} that have finished (the
+agreement table gives how many per dataset; the three schemes of a seed share data, initial
+model, trace assignment, s draws and minibatches; they train together).
+Rows marked (paper) are the published values; every run's final accuracy is in
+`table3_runs.csv`. The paper's EMNIST rows are not run: EMNIST cannot be downloaded on this
+machine (`--emnist-root DIR` loads a local copy; the loader is tested on files the tests write). Wall time: {wall}
+(2-core machine, shared with other work).
+{plan_text}
+Regime: {regime}.
+
+## The readings
+
+The paper fixes schemes, traces, rounds, devices and data, not how Pareto(0.5) sample
+counts become counts, nor how often a loaded device completes all E updates:
+
+{readings_text}
+
+**Headline: {headline_name}.** It is what the text supports best: sample counts follow
+Type-I Pareto(0.5) shares; non-IID MNIST gives each device one label and the text says
+nothing of shrinking devices to fit (the scaled reading must shrink them: one label has at
+most 6,742 images, 11 %); and the paper explains Scheme A's failure by few complete devices
+(E[1/K_tau]), not by one device holding most of the data, which is what the scaled reading
+produces (its largest device holds a median of ~67 % of MNIST). E = 20 local updates, counted as the
+regime above says (results/README.md). It was chosen before its results were seen;
+the agreement scores below are reported, not optimised.
+
+## Headline table ({headline_name})
+
+{headline}
+
+## Agreement with the paper, per reading
+
+Share of cells whose median has the paper's sign ("B over A", "C over B"), Spearman's rank
+correlation of the medians with the paper's values over the cells run, and the largest
+device's share of the data (median over the first seeds, IID / non-IID).
+
+{scores}{every}"""
 
 
 def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int], timing: dict[str, str],
@@ -325,102 +459,35 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
     from flexfl.files import atomic_file
     from simulator.report import page_dir, write_csv_atomic
 
-    sections, score_rows, headline_tables, run_rows, progress_lines = [], [], [], [], []
-    found = {}
-    for dataset, work_dir in work_dirs.items():
-        found[dataset] = with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
-                                                        work_dir=work_dir, regime=regime), work_dir)
-        run_rows += [{"dataset": dataset, **{k: s[k] for k in ("reading", "setting", "num_traces", "seed", "scheme",
-                                                                "final_acc", "last20_acc", "final_loss", "wall_s")}}
-                     for s in found[dataset]]
+    found = {dataset: with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
+                                                     work_dir=work_dir, regime=regime), work_dir)
+             for dataset, work_dir in work_dirs.items()}
+    run_rows = [{"dataset": dataset, **{k: s[k] for k in RUN_FIELDS}} for dataset, found_ in found.items()
+                for s in found_]
     if not run_rows:
         raise ConfigError(f"no finished Table 3 runs in {', '.join(map(str, work_dirs.values())) or 'no folder'} "
                           f"for seeds {list(seeds)}: nothing to write (run without --report-only)")
     plan_dir = Path(out_dir)
     out_dir = page_dir(out_dir, "table3_runs.csv", run_rows, RUN_KEY, replace=replace_page)
+    progress_lines, headlines, readings = [], [], []
     for dataset, work_dir in work_dirs.items():
         summaries = found[dataset]
         line = progress(plan_dir, dataset, work_dir, summaries)
         if line is not None:
             progress_lines.append(f"- {line}")
-        by_reading = cells_by_reading(summaries)
-        for name, reading in READINGS.items():
-            cells = by_reading.get(name, {})
-            if not cells:
-                continue
-            a = agreement(dataset, cells)
-            shares = {st: largest_share(dataset, reading, setting=st, seeds=seeds[:3]) for st in SETTINGS}
-            n_seeds = len({s["seed"] for s in summaries if s["reading"] == name})
-            score_rows.append(f"| {name}{' (headline)' if name == HEADLINE else ''} | {dataset.upper()} | {a.cells}/16 "
-                              f"| {n_seeds} | {a.sign_b_a:.0%} | {a.sign_c_b:.0%} | {a.rank_b_a:+.2f} "
-                              f"| {a.rank_c_b:+.2f} "
-                              f"| {100 * shares['iid']:.1f} % / {100 * shares['niid']:.1f} % |")
-            table = cells_markdown(dataset, cells)
-            if name == HEADLINE:
-                headline_tables.append(f"### {dataset.upper()}\n\n" + metric_tables(dataset, summaries, name))
-                if plots is not None:
-                    for key, path in plots(dataset, {"work_dir": work_dir, "out_dir": out_dir, "summaries": [
-                            s for s in summaries if s["reading"] == name]}).items():
-                        headline_tables.append(f"![{key}]({path.name})")
-            else:
-                sections.append(f"### {name}, {dataset.upper()}\n\n{reading.text}; E = {reading.E}.\n\n{table}")
-    readings_text = "\n".join(f"- **{r.name}**: {r.text}; E = {r.E}." for r in READINGS.values())
-    wall = "; ".join(f"{k}: {v}" for k, v in timing.items())
-    plan_text = (f"\nProgress of the planned sweeps (`{PLAN_FILE}`):\n\n" + "\n".join(progress_lines) + "\n"
-                if progress_lines else "")
-    page = f"""# Table 3 under several readings of the paper's setup
-
-Generated by `flexfl sim table3` (`make paper-table3`). % improvement, "B over A \\| C over B",
-of the final test accuracy after round 200 (the paper's metric: "the differences in the test
-accuracies ... after 200 global epochs"); the headline table also gives the mean accuracy
-over the last 20 rounds and the final test loss (relative reduction), which do not flip on
-the argmax margins of an under-trained model. FlexFL's cells give the median and the
-[min, max] of per-seed improvements over the seeds of {list(seeds)} that have finished (the
-agreement table gives how many per dataset; the three schemes of a seed share data, initial
-model, trace assignment, s draws and minibatches; they train together).
-Rows marked (paper) are the published values; every run's final accuracy is in
-`table3_runs.csv`. The paper's EMNIST rows are not run: EMNIST cannot be downloaded on this
-machine (`--emnist-root DIR` loads a local copy; the loader is tested on files the tests write). Wall time: {wall}
-(2-core machine, shared with other work).
-{plan_text}
-Regime: {'; '.join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs)} ({regime.headline_note}).
-
-## The readings
-
-The paper fixes schemes, traces, rounds, devices and data, not how Pareto(0.5) sample
-counts become counts, nor how often a loaded device completes all E updates:
-
-{readings_text}
-
-**Headline: {HEADLINE}.** It is what the text supports best: sample counts follow
-Type-I Pareto(0.5) shares; non-IID MNIST gives each device one label and the text says
-nothing of shrinking devices to fit (the scaled reading must shrink them: one label has at
-most 6,742 images, 11 %); and the paper explains Scheme A's failure by few complete devices
-(E[1/K_tau]), not by one device holding most of the data, which is what the scaled reading
-produces (its largest device holds a median of ~67 % of MNIST). E = 20 local updates, counted as the
-regime above says (results/README.md). It was chosen before its results were seen;
-the agreement scores below are reported, not optimised.
-
-## Headline table ({HEADLINE})
-
-{chr(10).join(headline_tables)}
-
-## Agreement with the paper, per reading
-
-Share of cells whose median has the paper's sign ("B over A", "C over B"), Spearman's rank
-correlation of the medians with the paper's values over the cells run, and the largest
-device's share of the data (median over the first seeds, IID / non-IID).
-
-| reading | data | cells | seeds | sign B/A | sign C/B | rank B/A | rank C/B | largest device |
-|---|---|---|---|---|---|---|---|---|
-{chr(10).join(score_rows)}
-
-## Every reading
-
-{chr(10).join(sections)}
-"""
+        results = reading_results(dataset, summaries, seeds=seeds)
+        readings += results
+        if any(r.reading.name == HEADLINE for r in results):
+            drawn = {} if plots is None else plots(dataset, {"work_dir": work_dir, "out_dir": out_dir, "summaries": [
+                s for s in summaries if s["reading"] == HEADLINE]})
+            headlines.append(Headline(dataset=dataset, tables=metric_tables(dataset, summaries, HEADLINE),
+                                      plots=tuple((key, path.name) for key, path in drawn.items())))
+    page = Table3Page(seeds=tuple(seeds), timing=dict(timing), progress=tuple(progress_lines),
+                      regime=(f"{'; '.join(f'{d.upper()} {regime.describe(d)}' for d in work_dirs)} "
+                              f"({regime.headline_note})"),
+                      headlines=tuple(headlines), readings=tuple(readings))
     write_csv_atomic(out_dir / "table3_runs.csv", run_rows)
     path = out_dir / "table3.md"
     with atomic_file(path) as f:
-        f.write(page)
+        f.write(render(page))
     return path

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from coordinator.aggregation import Scheme
 from coordinator.gamma import GAMMA_ROUNDS
 from coordinator.objective import AutoDeparture, DeparturePolicy, ThresholdDeparture
-from coordinator.round import AUTO_C, RulesConfig
+from coordinator.rules import AUTO_C, RulesConfig
 from flexfl.errors import ConfigError
+from flexfl.markdown import ranges, table
 from simulator.curves import rounds_until_cross
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from simulator.regime import Regime
@@ -80,6 +82,18 @@ def groups(*, seeds: Sequence[int], alpha_beta: Sequence[tuple[float, float]] = 
 
 
 
+class Decided(Protocol):
+    """A departure as the rules are scored on it: a Departure (with its curves) or a Crossing (a CSV row)."""
+
+    @property
+    def tau0(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def gamma(self) -> float | None: ...
+    def better(self, horizon: int) -> str: ...
+
+
 @dataclass(frozen=True)
 class Departure:
     """One (alpha, beta, tau_0, seed): the paired include/exclude curves and what auto did."""
@@ -123,33 +137,33 @@ def collect(*, seeds: Sequence[int], work_dir, regime: Regime = Regime()) -> lis
     return out
 
 
-def auto_accuracy(departures: Sequence[Departure], c: float) -> float:
+def auto_accuracy(departures: Sequence[Decided], c: float) -> float:
     """Share of (departure, horizon) cases where the rule with constant c picks the better policy."""
     hits = [AutoDeparture(c=c).decide(tau0=d.tau0, horizon=d.tau0 + h, gamma=d.gamma) == d.better(h)
             for d in departures for h in HORIZONS if d.tau0 + h <= ROUNDS]
     return float(np.mean(hits)) if hits else float("nan")
 
 
-def threshold_accuracy(departures: Sequence[Departure], k: float) -> float:
+def threshold_accuracy(departures: Sequence[Decided], k: float) -> float:
     """Share of (departure, horizon) cases where "exclude iff T - tau_0 >= k" picks the better policy."""
     hits = [ThresholdDeparture(k=k).decide(tau0=d.tau0, horizon=d.tau0 + h) == d.better(h)
             for d in departures for h in HORIZONS if d.tau0 + h <= ROUNDS]
     return float(np.mean(hits)) if hits else float("nan")
 
 
-def baseline_accuracy(departures: Sequence[Departure], policy: str) -> float:
+def baseline_accuracy(departures: Sequence[Decided], policy: str) -> float:
     hits = [d.better(h) == policy for d in departures for h in HORIZONS if d.tau0 + h <= ROUNDS]
     return float(np.mean(hits)) if hits else float("nan")
 
 
-def choose_c(departures: Sequence[Departure]) -> tuple[float, float]:
+def choose_c(departures: Sequence[Decided]) -> tuple[float, float]:
     """The c of C_GRID with the best accuracy on `departures` (the smallest of equals) and that accuracy."""
     scored = [(auto_accuracy(departures, c), -c) for c in C_GRID]
     best, neg_c = max(scored)
     return -neg_c, best
 
 
-def choose_k(departures: Sequence[Departure]) -> tuple[float, float]:
+def choose_k(departures: Sequence[Decided]) -> tuple[float, float]:
     """The k of K_GRID with the best threshold accuracy on `departures` (the smallest of equals) and that accuracy."""
     scored = [(threshold_accuracy(departures, k), -k) for k in K_GRID]
     best, neg_k = max(scored)
@@ -169,7 +183,7 @@ class Fold:
     exclude: float
 
 
-def leave_one_seed_out(departures: Sequence[Departure]) -> list[Fold]:
+def leave_one_seed_out(departures: Sequence[Decided]) -> list[Fold]:
     """Per seed: auto's c and threshold's k chosen on the other seeds' departures, both scored on this seed's."""
     seeds = sorted({d.seed for d in departures})
     if len(seeds) < 2:
@@ -185,7 +199,7 @@ def leave_one_seed_out(departures: Sequence[Departure]) -> list[Fold]:
     return folds
 
 
-def loso_section(departures: Sequence[Departure]) -> str:
+def loso_section(departures: Sequence[Decided]) -> str:
     """The page's "auto vs threshold, leave-one-seed-out" section (Markdown)."""
     folds = leave_one_seed_out(departures)
     lines = ["| held-out seed | auto: c | auto right | threshold: k | threshold right | always include "
@@ -213,89 +227,202 @@ Mean over the {len(folds)} folds: {verdict}.
 
 RUNS_CSV = "table5_runs.csv"  # beside the page: one row per departure
 RUN_KEY = ("alpha", "beta", "tau0", "seed")
+NEVER = "never"
 
 
-def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: Regime = Regime(),
-               replace_page: bool = False):
-    """results/table5.md: crossing rounds per (alpha, beta, tau_0) beside the paper's, and the auto rule.
+@dataclass(frozen=True)
+class Crossing:
+    """What the page says of one departure, and its row of table5_runs.csv: the crossings, the
+    Gamma estimate, what auto decided and the better policy per horizon. The page is rendered
+    from these alone, so it can be rendered again from the committed CSV."""
 
-    If the committed table5_runs.csv lists departures not finished here, everything goes to
-    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
-    from flexfl.files import atomic_file
-    from simulator.report import page_dir, write_csv_atomic
+    ab: tuple[float, float]
+    tau0: int
+    seed: int
+    gamma: float | None
+    cross: int | None  # None: never within the run
+    cross_same_test_set: int | None
+    auto_choice: str
+    better_at: tuple[tuple[int, str], ...]  # (T - tau_0, the policy with the lower test loss at T)
 
-    deps = collect(seeds=seeds, work_dir=work_dir, regime=regime)
-    if not deps:
-        raise ConfigError(f"no finished Table 5 runs in {work_dir} (run without --report-only)")
-    rows = [{"alpha": d.ab[0], "beta": d.ab[1], "tau0": d.tau0, "seed": d.seed, "gamma": d.gamma,
-             "cross": d.cross() or "never", "cross_same_test_set": d.cross(same_test_set=True) or "never",
-             "auto_choice_T200": d.auto_choice, **{f"better_at_T-tau0={h}": d.better(h) for h in HORIZONS
-                                                   if d.tau0 + h <= ROUNDS}} for d in deps]
-    out_dir = page_dir(out_dir, RUNS_CSV, rows, RUN_KEY, replace=replace_page)
-    n_seeds = len({d.seed for d in deps})
+    def better(self, horizon: int) -> str:
+        return dict(self.better_at)[horizon]
 
-    def table(same_test_set: bool) -> str:
-        lines = ["| (alpha, beta) | " + " | ".join(f"{t}" for t in TAU0) + " |", "|---" * (len(TAU0) + 1) + "|"]
-        for ab in ALPHA_BETA:
-            cells = []
-            for t in TAU0:
-                v = [d.cross(same_test_set=same_test_set) for d in deps if d.ab == ab and d.tau0 == t]
-                got = [x for x in v if x is not None]
-                never = len(v) - len(got)
-                arr = [x if x is not None else ROUNDS - t + 1 for x in v]
-                cells.append("n/a" if not v else (f"{np.median(arr):g} [{min(got)}, {max(got)}]" if got else "never")
-                             + (f" ({never}× never)" if never and got else ""))
-            lines.append(f"| ({ab[0]:g}, {ab[1]:g}) FlexFL | " + " | ".join(cells) + " |")
-            lines.append(f"| ({ab[0]:g}, {ab[1]:g}) paper | " + " | ".join(str(x) for x in PAPER_TABLE5[ab]) + " |")
-        return "\n".join(lines) + "\n"
+    def to_row(self) -> dict:
+        return {"alpha": self.ab[0], "beta": self.ab[1], "tau0": self.tau0, "seed": self.seed, "gamma": self.gamma,
+                "cross": NEVER if self.cross is None else self.cross,
+                "cross_same_test_set": NEVER if self.cross_same_test_set is None else self.cross_same_test_set,
+                "auto_choice_T200": self.auto_choice, **{f"better_at_T-tau0={h}": p for h, p in self.better_at}}
 
-    tune = [d for d in deps if d.seed in TUNE_SEEDS]
-    held = [d for d in deps if d.seed not in TUNE_SEEDS]
-    c, tune_acc = choose_c(tune) if tune else (float("nan"), float("nan"))
-    if tune:
-        chosen = (f"- c chosen on seeds {list(TUNE_SEEDS)} (the grid C_GRID, {len(C_GRID)} values from 0.01 to 100): "
-                  f"**c = {c:g}**\n  (right in {tune_acc:.1%} of their cases); the default `rules.auto_c` is AUTO_C = "
-                  f"{AUTO_C:g} in coordinator/round.py, changed only by a commit that cites this page.")
-    else:
-        chosen = f"- c not chosen: none of the seeds it is chosen on, {list(TUNE_SEEDS)}, has finished here."
-    if held and tune:
-        held_acc = auto_accuracy(held, c)
-        base = {p: baseline_accuracy(held, p) for p in ("include", "exclude")}
-        oracle_by_h = {h: np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS])
-                       for h in HORIZONS}
+    @classmethod
+    def from_row(cls, row: dict[str, str]) -> Crossing:
+        def rounds(text: str) -> int | None:
+            return None if text == NEVER else int(text)
+
+        prefix = "better_at_T-tau0="
+        return cls(ab=(float(row["alpha"]), float(row["beta"])), tau0=int(row["tau0"]), seed=int(row["seed"]),
+                   gamma=float(row["gamma"]) if row["gamma"] else None, cross=rounds(row["cross"]),
+                   cross_same_test_set=rounds(row["cross_same_test_set"]), auto_choice=row["auto_choice_T200"],
+                   better_at=tuple((int(k.removeprefix(prefix)), v) for k, v in row.items()
+                                   if k.startswith(prefix) and v))
+
+
+def summarise(d: Departure) -> Crossing:
+    return Crossing(ab=d.ab, tau0=d.tau0, seed=d.seed, gamma=d.gamma, cross=d.cross(),
+                    cross_same_test_set=d.cross(same_test_set=True), auto_choice=d.auto_choice,
+                    better_at=tuple((h, d.better(h)) for h in HORIZONS if d.tau0 + h <= ROUNDS))
+
+
+def crossing_cell(rounds: Sequence[int | None]) -> str:
+    """Median [min, max] over seeds of the rounds until the crossing; a seed that never crosses
+    counts as later than any round. Where the median is such a seed the cell says "never" and how
+    many seeds crossed: a median read off a run that ended before it is no figure."""
+    got = sorted(x for x in rounds if x is not None)
+    never = len(rounds) - len(got)
+    if not rounds:
+        return "n/a"
+    if not got:
+        return NEVER
+    median = float(np.median([*got, *[np.inf] * never]))
+    span = f"{got[0]}" if len(got) == 1 else f"{got[0]}-{got[-1]}"
+    if not np.isfinite(median):
+        return f"{NEVER} ({len(got)} of {len(rounds)} seeds crossed: {span})"
+    return f"{median:g} [{got[0]}, {got[-1]}]" + (f" ({never}× never)" if never else "")
+
+
+def crossing_table(crossings: Sequence[Crossing], *, same_test_set: bool) -> str:
+    """FlexFL's row (crossing_cell per tau_0) and the paper's per (alpha, beta), then the medians' range."""
+    rows: list[list[object]] = []
+    medians: list[float] = []
+    never = 0
+    for ab in ALPHA_BETA:
+        cells = []
+        for t in TAU0:
+            v = [d.cross_same_test_set if same_test_set else d.cross for d in crossings if d.ab == ab and d.tau0 == t]
+            cells.append(crossing_cell(v))
+            if cells[-1].startswith(NEVER):
+                never += 1
+            elif v:
+                medians.append(float(cells[-1].split()[0]))
+        rows += [[f"({ab[0]:g}, {ab[1]:g}) FlexFL", *cells], [f"({ab[0]:g}, {ab[1]:g}) paper", *PAPER_TABLE5[ab]]]
+    n_cells = len(ALPHA_BETA) * len(TAU0)
+    summary = (f"No cell's median seed crossed within the {ROUNDS}-round run.\n" if not medians else
+               f"Medians of the cells: {ranges(medians)} rounds after tau_0"
+               + (f"; never at the median in {never} of {n_cells} cells" if never else "") + ".\n")
+    return table(["(alpha, beta)", *map(str, TAU0)], rows) + "\n" + summary
+
+
+def _words(items: Sequence[object]) -> str:
+    """'0', '0 and 1', '0, 1 and 2'."""
+    text = [str(x) for x in items]
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} and {text[-1]}"
+
+
+def _seeds(items: Sequence[int]) -> str:
+    return f"seed{'s' if len(items) > 1 else ''} {_words(items)}"
+
+
+C_GRID_TEXT = f"{len(C_GRID)} values log-spaced from {C_GRID[0]:g} to {C_GRID[-1]:g}"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """auto's constant c chosen on the tuning seeds that finished, scored on the other seeds."""
+
+    tuned_on: tuple[int, ...]
+    c: float
+    tune_acc: float
+    held: int  # departures scored
+    held_acc: float
+    base: dict[str, float]  # always include / always exclude on the held-out departures
+    exclude_better: dict[int, float]  # per horizon, share of held-out cases where excluding was better
+
+    @classmethod
+    def of(cls, crossings: Sequence[Crossing]) -> Tuning:
+        tune = [d for d in crossings if d.seed in TUNE_SEEDS]
+        held = [d for d in crossings if d.seed not in TUNE_SEEDS]
+        c, tune_acc = choose_c(tune) if tune else (float("nan"), float("nan"))
+        scored = bool(tune and held)
+        return cls(tuned_on=tuple(sorted({d.seed for d in tune})), c=c, tune_acc=tune_acc, held=len(held),
+                   held_acc=auto_accuracy(held, c) if scored else float("nan"),
+                   base={p: baseline_accuracy(held, p) for p in ("include", "exclude")} if scored else {},
+                   exclude_better={h: float(np.mean([d.better(h) == "exclude" for d in held if d.tau0 + h <= ROUNDS]))
+                                   for h in HORIZONS} if scored else {})
+
+    def text(self, seeds: Sequence[int]) -> str:
+        missing = [s for s in TUNE_SEEDS if s not in self.tuned_on]
+        if not self.tuned_on:
+            return (f"- c not chosen: none of the tuning seeds ({_words(TUNE_SEEDS)}) has finished here.")
+        lines = [f"- c chosen on {_seeds(self.tuned_on)} (of {C_GRID_TEXT}): **c = {self.c:g}**"
+                 + (f"; the other tuning {_seeds(missing)} ha{'ve' if len(missing) > 1 else 's'} not finished here"
+                    if missing else "")
+                 + f"\n  (right in {self.tune_acc:.1%} of their cases); the default `rules.auto_c` is {AUTO_C:g} "
+                 "(AUTO_C in coordinator/rules.py), changed only by a commit that cites this page."]
+        if not self.held:
+            lines.append(f"- Not evaluated yet: no seed outside the tuning seeds ({_words(TUNE_SEEDS)}) has finished "
+                         f"(this page's seeds: {_words(seeds)}); rerun the sweep with them to score c on held-out "
+                         "seeds.")
+            return "\n".join(lines)
         horizons = list(HORIZONS)
-        evaluated = f"""- Evaluated on the other seeds ({len(held)} departures x horizons T - tau_0 in {horizons}):
-  auto picks the policy with the lower final test loss in **{held_acc:.1%}** of cases;
-  always include: {base['include']:.1%}; always exclude: {base['exclude']:.1%}.
+        lines.append(f"""- Evaluated on the other seeds ({self.held} departures x horizons T - tau_0 in {horizons}):
+  auto picks the policy with the lower final test loss in **{self.held_acc:.1%}** of cases;
+  always include: {self.base['include']:.1%}; always exclude: {self.base['exclude']:.1%}.
 - Share of held-out cases where excluding was better, per remaining horizon:
-  {", ".join(f"{h}: {v:.0%}" for h, v in oracle_by_h.items())}."""
-    else:
-        held_acc = float("nan")
-        evaluated = ("- Not evaluated yet: " + (f"no seed outside {list(TUNE_SEEDS)} has finished (this page's seeds: "
-                                                 f"{list(seeds)}); rerun the sweep with them to score c on held-out "
-                                                 f"seeds." if tune else "no c to score."))
+  {", ".join(f"{h}: {v:.0%}" for h, v in self.exclude_better.items())}.""")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Table5Page:
+    """Everything results/table5.md says, computed; render() writes it out."""
+
+    crossings: tuple[Crossing, ...]
+    seeds: tuple[int, ...]
+    timing: str
+    regime: str  # the regime in words, with its note
+    plot: str  # the loss plot's file name, beside the page
+
+    @property
+    def n_seeds(self) -> int:
+        return len({d.seed for d in self.crossings})
+
+    @property
+    def tuning(self) -> Tuning:
+        return Tuning.of(self.crossings)
+
+
+def _setup_text() -> str:
+    """The setup paragraphs of the page: the module's docstring with its constants said in words."""
+    doc = (__doc__ or "").split(chr(10), 2)[2]
+    return (doc.replace("seeds TUNE_SEEDS", _seeds(TUNE_SEEDS))
+            .replace("horizon T - tau_0 in HORIZONS", f"horizon T - tau_0 in {{{', '.join(map(str, HORIZONS))}}}"))
+
+
+def render(page: Table5Page) -> str:
+    """The Markdown of results/table5.md."""
+    deps = page.crossings
     gammas = {ab: [d.gamma for d in deps if d.ab == ab and d.gamma is not None] for ab in ALPHA_BETA}
     auto_runs = {ab: sum(d.auto_choice == "exclude" for d in deps if d.ab == ab) for ab in ALPHA_BETA}
-    plot = _plot_losses(out_dir / "table5_losses.png", deps)
-    page = f"""# Table 5: rounds until the include and exclude losses cross, and the `auto` rule
+    return f"""# Table 5: rounds until the include and exclude losses cross, and the `auto` rule
 
-Generated by `flexfl sim table5` (`make paper-table5`); {n_seeds} seeds per cell. Wall time: {timing}.
+Generated by `flexfl sim table5` (`make paper-table5`); {page.n_seeds} seeds per cell. Wall time: {page.timing}.
 
-Regime: {regime.describe("synthetic")} ({regime.headline_note}).
+Regime: {page.regime}.
 Every departure's figures (crossings, Gamma estimate, the better policy per horizon): `table5_runs.csv`.
 
-![include vs exclude after a departure]({plot.name})
+![include vs exclude after a departure]({page.plot})
 
-{__doc__.split(chr(10), 2)[2]}
+{_setup_text()}
 ## Crossing, the paper's protocol (include on its own test set)
 
 Median [min, max] over seeds of the rounds after tau_0 until exclude's test loss is at or
-below include's (1 = one round after the shift); "never" = not within the {ROUNDS}-round run.
+below include's (1 = one round after the shift); "never" = not within the {ROUNDS}-round run
+(where the median seed never crosses, the cell says never and how many seeds crossed).
 
-{table(False)}
+{crossing_table(deps, same_test_set=False)}
 ## Crossing with both tested without the departed device
 
-{table(True)}
+{crossing_table(deps, same_test_set=True)}
 ## The auto departure rule (Corollary 4.3)
 
 `departure_policy = "auto"` (coordinator/objective.py AutoDeparture): exclude when
@@ -308,17 +435,60 @@ which unlike the square has no minibatch-noise floor (it would grow as 1/s), ave
 the device's last {GAMMA_ROUNDS} pairs. Median Gamma estimate at the departure:
 {", ".join(f"({ab[0]:g},{ab[1]:g}): {np.median(g):.3f}" for ab, g in gammas.items() if g)}.
 
-{chosen}
-{evaluated}
+{page.tuning.text(page.seeds)}
 - The auto runs of the grid (T = {ROUNDS}, so T - tau_0 >= 150): excluded in
   {", ".join(f"({ab[0]:g},{ab[1]:g}): {auto_runs[ab]}/{sum(1 for d in deps if d.ab == ab)}" for ab in ALPHA_BETA)}.
 
-{loso_section(deps) if n_seeds > 1 else ""}"""
-    write_csv_atomic(out_dir / RUNS_CSV, rows)
-    path = out_dir / "table5.md"
+{loso_section(deps) if page.n_seeds > 1 else ""}"""
+
+
+def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: Regime = Regime(),
+               replace_page: bool = False):
+    """results/table5.md: crossing rounds per (alpha, beta, tau_0) beside the paper's, and the auto rule.
+
+    If the committed table5_runs.csv lists departures not finished here, everything goes to
+    <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`."""
+    from simulator.report import page_dir
+
+    deps = collect(seeds=seeds, work_dir=work_dir, regime=regime)
+    if not deps:
+        raise ConfigError(f"no finished Table 5 runs in {work_dir} (run without --report-only)")
+    crossings = tuple(summarise(d) for d in deps)
+    out_dir = page_dir(out_dir, RUNS_CSV, [d.to_row() for d in crossings], RUN_KEY, replace=replace_page)
+    plot = _plot_losses(out_dir / "table5_losses.png", deps)
+    page = Table5Page(crossings=crossings, seeds=tuple(seeds), timing=timing, plot=plot.name,
+                      regime=f"{regime.describe('synthetic')} ({regime.headline_note})")
+    path = _write(out_dir, page)
+    return path, page.tuning.c, page.tuning.held_acc
+
+
+def _write(out_dir, page: Table5Page):
+    from pathlib import Path
+
+    from flexfl.files import atomic_file
+    from simulator.report import write_csv_atomic
+
+    write_csv_atomic(Path(out_dir) / RUNS_CSV, [d.to_row() for d in page.crossings])
+    path = Path(out_dir) / "table5.md"
     with atomic_file(path) as f:
-        f.write(page)
-    return path, c, held_acc
+        f.write(render(page))
+    return path
+
+
+def page_from_csv(out_dir, *, regime: Regime):
+    """Render out_dir/table5.md again from the table5_runs.csv and table5_timing.json beside it (the
+    committed figures; the loss plot, which needs every run's curves, is left as it is)."""
+    import csv
+    import json
+    from pathlib import Path
+
+    with open(Path(out_dir) / RUNS_CSV, newline="", encoding="utf-8") as f:
+        crossings = tuple(Crossing.from_row(r) for r in csv.DictReader(f))
+    timing = json.loads((Path(out_dir) / "table5_timing.json").read_text())
+    page = Table5Page(crossings=crossings, seeds=tuple(sorted({d.seed for d in crossings})),
+                      timing="; ".join(timing.values()), plot="table5_losses.png",
+                      regime=f"{regime.describe('synthetic')} ({regime.headline_note})")
+    return _write(out_dir, page)
 
 
 PLOT_TAU0 = (10, 30, 50)

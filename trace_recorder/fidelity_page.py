@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from flexfl.files import atomic_file
+from flexfl.markdown import table
 from trace_recorder.fidelity_stats import (
     band_share,
     exchangeable_inside_share,
@@ -180,13 +181,16 @@ def correlations(inputs: FidelityInputs) -> dict[str, float]:
 
 
 def write_page(inputs: FidelityInputs, page: Path) -> dict[str, Any]:
-    """Write PAGE (markdown), PAGE_devices.csv, PAGE_curves.csv, PAGE_ecdf.png, PAGE_curves.png; return the figures."""
+    """Write PAGE (markdown), PAGE_devices.csv, PAGE_curves.csv, PAGE_s.csv, PAGE_ecdf.png, PAGE_curves.png;
+    return the figures."""
     page = Path(page)
     stem = page.with_suffix("")
     devs, curves, corr = device_figures(inputs), curve_figures(inputs), correlations(inputs)
     files = {"devices_csv": Path(f"{stem}_devices.csv"), "curves_csv": Path(f"{stem}_curves.csv"),
-             "ecdf_png": Path(f"{stem}_ecdf.png"), "curves_png": Path(f"{stem}_curves.png")}
+             "s_csv": Path(f"{stem}_s.csv"), "ecdf_png": Path(f"{stem}_ecdf.png"),
+             "curves_png": Path(f"{stem}_curves.png")}
     _write_devices_csv(files["devices_csv"], devs)
+    _write_s_csv(files["s_csv"], inputs)
     _write_curves_csv(files["curves_csv"], inputs)
     plot_ecdfs(inputs, files["ecdf_png"])
     plot_curves(inputs, files["curves_png"])
@@ -203,6 +207,30 @@ def _write_devices_csv(path: Path, devs: Sequence[DeviceFigures]) -> None:
         w.writerow(fields)
         for d in devs:
             w.writerow([_csv(getattr(d, k)) for k in fields])
+
+
+S_SOURCES = ("recorded", "live", "live_start")  # the trace; the live rounds kept; the live rounds dropped as settling
+
+
+def _write_s_csv(path: Path, inputs: FidelityInputs) -> None:
+    """Each device's s/E per round, recorded and live (a few kB): what the KS distances and lag-1
+    autocorrelations are computed from, so that anyone can recompute them from the committed page."""
+    series = {"recorded": inputs.recorded, "live": inputs.live, "live_start": inputs.live_start}
+    with atomic_file(path) as f:
+        w = csv.writer(f)
+        w.writerow(["device", "source", "index", "s_over_E"])
+        for d in inputs.devices:
+            for source in S_SOURCES:
+                w.writerows([d, source, i, _csv(float(v))] for i, v in enumerate(series[source][d], 1))
+
+
+def read_s_csv(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """{source: {device: s/E per round}} from a PAGE_s.csv."""
+    out: dict[str, dict[str, list[float]]] = {source: {} for source in S_SOURCES}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            out[row["source"]].setdefault(row["device"], []).append(float(row["s_over_E"]))
+    return {source: {d: np.array(v) for d, v in by.items()} for source, by in out.items()}
 
 
 def _write_curves_csv(path: Path, inputs: FidelityInputs) -> None:
@@ -306,11 +334,13 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.0f} %"
 
 
-def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures],
-           corr: dict[str, float], files: dict[str, Path]) -> str:
+def _scale(metric: str) -> tuple[float, str]:
+    """Accuracy in percentage points, loss as it is."""
+    return (100.0, " pp") if metric == "test_acc" else (1.0, "")
+
+
+def _head(inputs: FidelityInputs) -> list[str]:
     fx = inputs.facts
-    k = len(inputs.band)
-    acc = next(c for c in curves if c.metric == "test_acc")
     lines = [
         "# Trace fidelity: do traces recorded on the emulated fleet predict live FL there?",
         "",
@@ -325,7 +355,12 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
                   f"{fx.get('load_max', 0):.1f} on {fx.get('cpus', '?')} cores). Each device's s depends on timing, so "
                   "these are figures from a busy machine, not a quiet one; the recording and the live run were "
                   "exposed alike only as far as that other work stayed alike.", ""]
-    lines += [
+    return lines
+
+
+def _setup(inputs: FidelityInputs, devs: Sequence[DeviceFigures]) -> list[str]:
+    fx = inputs.facts
+    return [
         "## Setup",
         "",
         f"- Emulated fleet: one network namespace per device with a tc tbf upload limit and a cgroup v1 CPU quota of "
@@ -341,23 +376,32 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
         f"{fx.get('rules', '')}. The s comparison uses the {devs[0].live_rounds if devs else 0} rounds the "
         "recorder's rule keeps (after the first round every device received the model, with a successor).",
         f"- Simulations: the simulator replays the recorded set, device k drawing s from its own trace "
-        f"(iid per round, the sampler's default), at the live run's seed {inputs.live_seed} and {k} others "
-        f"({', '.join(str(s) for s in sorted(inputs.band))}); and at the same seeds with the live run's own s "
+        f"(iid per round, the sampler's default), at the live run's seed {inputs.live_seed} and {len(inputs.band)} "
+        f"others ({', '.join(str(s) for s in sorted(inputs.band))}); and at the same seeds with the live run's own s "
         "per device and round. A seed fixes the initial model and the minibatches.",
         "",
+    ]
+
+
+def _devices_section(inputs: FidelityInputs, devs: Sequence[DeviceFigures], corr: dict[str, float],
+                     files: dict[str, Path]) -> list[str]:
+    cpu_rec, cpu_live = inputs.facts.get("cpu_recorded", {}), inputs.facts.get("cpu_live", {})
+    rows = [[d.device, d.condition, f"{d.recorded_rounds} / {d.live_rounds}", _f(d.recorded_mean), _f(d.live_mean),
+             f"{d.mean_diff:+.3f}", f"**{_f(d.ks)}**", _f(d.ks_critical_5pct),
+             f"{_f(d.lag1_recorded, 2)} / {_f(d.lag1_live, 2)}",
+             f"{_opt(cpu_rec.get(d.device))} / {_opt(cpu_live.get(d.device))}", _f(d.live_start_mean)] for d in devs]
+    devices = table(["device", "load", "rounds rec / live", "mean s/E rec", "mean s/E live", "live - rec", "KS D",
+                     "D at 5 %", "lag-1 autocorr. rec / live", "competitor CPU % rec / live",
+                     f"live, first {inputs.start_rounds} round(s)"], rows)
+    carried = table(["", "recorded", "live", "simulated"], [
+        ["mean correlation of s/E between devices in the same round", _f(corr["recorded"], 2), _f(corr["live"], 2),
+         "0 (independent draws)"],
+        ["mean lag-1 autocorrelation of a device's s/E", _f(_nanmean([d.lag1_recorded for d in devs]), 2),
+         _f(_nanmean([d.lag1_live for d in devs]), 2), "0 (independent draws)"]])
+    return [
         "## (a) s/E per device: live vs recorded",
         "",
-        "| device | load | rounds rec / live | mean s/E rec | mean s/E live | live - rec | KS D | D at 5 % | "
-        f"lag-1 autocorr. rec / live | competitor CPU % rec / live | live, first {inputs.start_rounds} round(s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    cpu_rec, cpu_live = fx.get("cpu_recorded", {}), fx.get("cpu_live", {})
-    for d in devs:
-        cpu = f"{_opt(cpu_rec.get(d.device))} / {_opt(cpu_live.get(d.device))}"
-        lines.append(f"| {d.device} | {d.condition} | {d.recorded_rounds} / {d.live_rounds} | {_f(d.recorded_mean)} | "
-                     f"{_f(d.live_mean)} | {d.mean_diff:+.3f} | **{_f(d.ks)}** | {_f(d.ks_critical_5pct)} | "
-                     f"{_f(d.lag1_recorded, 2)} / {_f(d.lag1_live, 2)} | {cpu} | {_f(d.live_start_mean)} |")
-    lines += [
+        *devices.splitlines(),
         "",
         f"![ECDFs of s/E per device, recorded and live]({files['ecdf_png'].name})",
         "",
@@ -369,13 +413,23 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
         "",
         "What a per-device trace cannot carry, the simulator's iid draws set to zero:",
         "",
-        "| | recorded | live | simulated |",
-        "|---|---|---|---|",
-        f"| mean correlation of s/E between devices in the same round | {_f(corr['recorded'], 2)} | "
-        f"{_f(corr['live'], 2)} | 0 (independent draws) |",
-        f"| mean lag-1 autocorrelation of a device's s/E | {_f(_nanmean([d.lag1_recorded for d in devs]), 2)} | "
-        f"{_f(_nanmean([d.lag1_live for d in devs]), 2)} | 0 (independent draws) |",
+        *carried.splitlines(),
         "",
+    ]
+
+
+def _seed_section(inputs: FidelityInputs, curves: Sequence[CurveFigures], files: dict[str, Path]) -> list[str]:
+    rows = []
+    for c in curves:
+        sc, unit = _scale(c.metric)
+        for seed, mean_d, final_d, start_d in zip(c.paired_seeds, c.paired_mean_diffs, c.paired_final_diffs,
+                                                   c.start_mean_diffs):
+            live = " (live seed)" if seed == inputs.live_seed else ""
+            rows.append([LABEL[c.metric], f"{seed}{live}", f"{sc * mean_d:+.3f}{unit}", f"{sc * final_d:+.3f}{unit}",
+                         f"{sc * start_d:+.3f}{unit}"])
+    pairs = table(["metric", "seed", "mean difference over rounds", "difference in the last round",
+                   f"mean difference, the traces after the live run's first {inputs.start_rounds} round(s)"], rows)
+    return [
         "## (b) Live accuracy and loss vs simulations replaying the recorded traces",
         "",
         f"![live curves against the simulated bands]({files['curves_png'].name})",
@@ -384,44 +438,37 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
         "run's own s: the pair differs only in where s comes from. Differences are traces - live s; accuracy in "
         "percentage points.",
         "",
-        "| metric | seed | mean difference over rounds | difference in the last round | "
-        f"mean difference, the traces after the live run's first {inputs.start_rounds} round(s) |",
-        "|---|---|---|---|---|",
-    ]
-    for c in curves:
-        sc, unit = (100.0, " pp") if c.metric == "test_acc" else (1.0, "")
-        for seed, mean_d, final_d, start_d in zip(c.paired_seeds, c.paired_mean_diffs, c.paired_final_diffs,
-                                                   c.start_mean_diffs):
-            live = " (live seed)" if seed == inputs.live_seed else ""
-            lines.append(f"| {LABEL[c.metric]} | {seed}{live} | {sc * mean_d:+.3f}{unit} | {sc * final_d:+.3f}{unit} | "
-                         f"{sc * start_d:+.3f}{unit} |")
-    lines += [
+        *pairs.splitlines(),
         "",
         "For scale: the seeds' own spread (mean over rounds of max - min of the traces' simulations) is "
-        + ", ".join(f"{(100.0 if c.metric == 'test_acc' else 1.0) * c.seed_spread:.3f}"
-                    f"{' pp' if c.metric == 'test_acc' else ''} in {LABEL[c.metric]}" for c in curves)
+        + ", ".join(f"{_scale(c.metric)[0] * c.seed_spread:.3f}{_scale(c.metric)[1]} in {LABEL[c.metric]}"
+                    for c in curves)
         + ". At the live seed the live run's own s reproduces the live curve within "
-        + ", ".join(f"{(100.0 if c.metric == 'test_acc' else 1.0) * c.replay_max_gap:.4f}"
-                    f"{' pp' if c.metric == 'test_acc' else ''} ({LABEL[c.metric]}, largest gap)" for c in curves)
+        + ", ".join(f"{_scale(c.metric)[0] * c.replay_max_gap:.4f}{_scale(c.metric)[1]} ({LABEL[c.metric]}, largest "
+                    "gap)" for c in curves)
         + ": the agents and the simulator's row trainer differ in float rounding only, so the simulator fed the same "
         "s is the live run.",
         "",
+    ]
+
+
+def _band_section(inputs: FidelityInputs, curves: Sequence[CurveFigures]) -> list[str]:
+    k = len(inputs.band)
+    rows = []
+    for c in curves:
+        sc, unit = _scale(c.metric)
+        rows.append([LABEL[c.metric], f"**{_pct(c.inside_share)}**", _pct(c.independent_share),
+                     _pct(c.live_loo_share), ", ".join(_pct(s) for s in c.sim_loo_shares) or "n/a",
+                     f"{sc * c.live_final:.3f}", f"{sc * c.band_final[0]:.3f}-{sc * c.band_final[1]:.3f}",
+                     f"{sc * c.mean_gap_to_band_mean:.3f}{unit}"])
+    band = table(["metric", f"live inside the {k}-seed band", "for independent rounds",
+                  f"live inside a {k - 1}-seed band", "each simulation inside the others' band", "live final",
+                  "simulated final (min-max)", "mean abs(live - simulated mean)"], rows)
+    return [
         f"**The band.** The live curve against the min-max of the {k} simulations replaying the traces at seeds other "
         "than its own:",
         "",
-        f"| metric | live inside the {k}-seed band | for independent rounds | live inside a {k - 1}-seed band | "
-        f"each simulation inside the others' band | live final | simulated final (min-max) | "
-        "mean abs(live - simulated mean) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in curves:
-        sc = 100.0 if c.metric == "test_acc" else 1.0
-        unit = " pp" if c.metric == "test_acc" else ""
-        lines.append(f"| {LABEL[c.metric]} | **{_pct(c.inside_share)}** | {_pct(c.independent_share)} | "
-                     f"{_pct(c.live_loo_share)} | {', '.join(_pct(s) for s in c.sim_loo_shares) or 'n/a'} | "
-                     f"{sc * c.live_final:.3f} | {sc * c.band_final[0]:.3f}-{sc * c.band_final[1]:.3f} | "
-                     f"{sc * c.mean_gap_to_band_mean:.3f}{unit} |")
-    lines += [
+        *band.splitlines(),
         "",
         "A live run that were one more draw of the simulation would lie inside a "
         f"{k}-seed band in (K - 1) / (K + 1) = {_pct(exchangeable_inside_share(k))} of rounds if rounds were "
@@ -431,81 +478,94 @@ def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequen
         f"outside the band in every round is what one seed in {k + 1} does. The seed-for-seed comparison above "
         "removes the seed's effect and is the one the verdict uses for the curves.",
         "",
-        "## Does the loop close?",
-        "",
     ]
-    lines += verdict(devs, curves, corr, acc, start_rounds=inputs.start_rounds, cpu=(cpu_rec, cpu_live))
-    lines += ["", f"Data: `{files['devices_csv'].name}` (per device), `{files['curves_csv'].name}` (per round); "
-              f"work folder `{fx.get('work', '?')}`.", ""]
+
+
+def render(inputs: FidelityInputs, devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures],
+           corr: dict[str, float], files: dict[str, Path]) -> str:
+    fx = inputs.facts
+    acc = next(c for c in curves if c.metric == "test_acc")
+    cpu = (fx.get("cpu_recorded", {}), fx.get("cpu_live", {}))
+    lines = [*_head(inputs), *_setup(inputs, devs), *_devices_section(inputs, devs, corr, files),
+             *_seed_section(inputs, curves, files), *_band_section(inputs, curves), "## Does the loop close?", "",
+             *verdict(devs, curves, corr, acc, start_rounds=inputs.start_rounds, cpu=cpu)]
+    s_file = f", `{files['s_csv'].name}` (each device's s/E per round, recorded and live: the KS distances' inputs)" \
+        if "s_csv" in files else ""
+    lines += ["", f"Data: `{files['devices_csv'].name}` (per device), `{files['curves_csv'].name}` (per round)"
+              f"{s_file}; work folder `{fx.get('work', '?')}`.", ""]
     return "\n".join(lines)
 
 
-def verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], corr: dict[str, float],
-            acc: CurveFigures, *, start_rounds: int, cpu: tuple[dict, dict] = ({}, {})) -> list[str]:
-    differ = [d for d in devs if d.differs]
-    out = []
-
+def _s_verdict(devs: Sequence[DeviceFigures], cpu: tuple[dict, dict]) -> str:
     def competitor(d: DeviceFigures) -> str:
         rec, live = cpu[0].get(d.device), cpu[1].get(d.device)
         if rec is None or live is None:
             return ""
         return f"; its competitor took {rec:.0f} % of the device's CPU budget recording, {live:.0f} % live"
 
+    differ = [d for d in devs if d.differs]
     if differ:
-        out.append(f"- **s: no, for {len(differ)} of {len(devs)} devices.** The live distribution of s/E differs from "
-                   "the recorded one beyond the 5 % critical KS distance for "
-                   + ", ".join(f"{d.device} (D = {d.ks:.3f} > {d.ks_critical_5pct:.3f}, mean {d.mean_diff:+.3f}"
-                               f"{competitor(d)})" for d in differ) + ".")
-    else:
-        out.append(f"- **s: yes.** For every device the live distribution of s/E is within the 5 % critical KS "
-                   f"distance of its recorded trace (largest D = {max(d.ks for d in devs):.3f}, largest mean "
-                   f"difference {max((d.mean_diff for d in devs), key=abs):+.3f}).")
+        return (f"- **s: no, for {len(differ)} of {len(devs)} devices.** The live distribution of s/E differs from "
+                "the recorded one beyond the 5 % critical KS distance for "
+                + ", ".join(f"{d.device} (D = {d.ks:.3f} > {d.ks_critical_5pct:.3f}, mean {d.mean_diff:+.3f}"
+                            f"{competitor(d)})" for d in differ) + ".")
+    return (f"- **s: yes.** For every device the live distribution of s/E is within the 5 % critical KS "
+            f"distance of its recorded trace (largest D = {max(d.ks for d in devs):.3f}, largest mean "
+            f"difference {max((d.mean_diff for d in devs), key=abs):+.3f}).")
+
+
+def _diffs(c: CurveFigures, *, start: bool = False) -> str:
+    sc, unit = _scale(c.metric)
+    d = np.array(c.start_mean_diffs if start else c.paired_mean_diffs) * sc
+    return (f"{LABEL[c.metric]}: traces - live s {d.mean():+.3f}{unit} on average over rounds and seeds "
+            f"({d.min():+.3f} to {d.max():+.3f}; the seeds' own spread {sc * c.seed_spread:.3f}{unit})")
+
+
+def _curves_verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], acc: CurveFigures, *,
+                    start_rounds: int) -> list[str]:
     one_sided = [c for c in curves if c.one_sign]
-
-    def diffs(c: CurveFigures, *, start: bool = False) -> str:
-        sc, unit = (100.0, " pp") if c.metric == "test_acc" else (1.0, "")
-        d = np.array(c.start_mean_diffs if start else c.paired_mean_diffs) * sc
-        return (f"{LABEL[c.metric]}: traces - live s {d.mean():+.3f}{unit} on average over rounds and seeds "
-                f"({d.min():+.3f} to {d.max():+.3f}; the seeds' own spread {sc * c.seed_spread:.3f}{unit})")
-
-    k = len(acc.paired_seeds)
     if not one_sided:
-        out.append("- **Curves: yes.** Seed for seed, the traces' curves lie on either side of the live s's: "
-                   + "; ".join(diffs(c) for c in curves) + ".")
-    else:
-        chance = _pct(one_sided[0].one_sign_chance)
-        out.append(f"- **Curves: no.** At every one of the {k} seeds the traces give a curve on the same side of the "
-                   "live run's s: " + "; ".join(diffs(c) for c in one_sided)
-                   + f". Were the source of s irrelevant, all signs would agree with probability {chance}.")
-        if not any(c.one_sign_after_start for c in curves):
-            out.append(f"- **The start explains it.** Given the live run's own s in its first {start_rounds} "
-                       "round(s), which the recorder drops as settling rounds so that no trace holds them, the "
-                       "traces' curves lie on either side of the live s's: "
-                       + "; ".join(diffs(c, start=True) for c in curves)
-                       + ". In those rounds the live devices did "
-                       + ", ".join(f"{d.device} {_f(d.live_start_mean, 2)}" for d in devs)
-                       + " of E (their traces' means: " + ", ".join(f"{_f(d.recorded_mean, 2)}" for d in devs)
-                       + "): in its first round an agent has measured no upload or update time yet, so its budget "
-                       "(edge_agent.deadline) lets it train as if the upload took no time. Under eta_0 / tau the "
-                       "first round has the largest learning rate, so its extra work shows for many rounds.")
-        else:
-            out.append(f"- Giving the traces the live run's first {start_rounds} round(s) (which the recorder drops) "
-                       "does not remove the gap: " + "; ".join(diffs(c, start=True) for c in curves) + ".")
-    out.append(f"- The band alone: the live accuracy is inside the {len(acc.sim_loo_shares) or '?'}-seed band in "
-               f"{_pct(acc.inside_share)} of rounds"
-               + (f"; against bands of K - 1 seeds {_pct(acc.live_loo_share)}, where the simulations themselves are "
-                  f"inside in {_pct(min(acc.sim_loo_shares))}-{_pct(max(acc.sim_loo_shares))}"
-                  + ("" if acc.inside_as_often else ", so the live curve is the least inside of the "
-                     f"{len(acc.sim_loo_shares) + 1} curves (chance {_pct(1 / (len(acc.sim_loo_shares) + 1))} "
-                     "with one live run)") if acc.sim_loo_shares else "") + ".")
+        return ["- **Curves: yes.** Seed for seed, the traces' curves lie on either side of the live s's: "
+                + "; ".join(_diffs(c) for c in curves) + "."]
+    chance = _pct(one_sided[0].one_sign_chance)
+    out = [f"- **Curves: no.** At every one of the {len(acc.paired_seeds)} seeds the traces give a curve on the same "
+           "side of the live run's s: " + "; ".join(_diffs(c) for c in one_sided)
+           + f". Were the source of s irrelevant, all signs would agree with probability {chance}."]
+    if any(c.one_sign_after_start for c in curves):
+        return [*out, f"- Giving the traces the live run's first {start_rounds} round(s) (which the recorder drops) "
+                "does not remove the gap: " + "; ".join(_diffs(c, start=True) for c in curves) + "."]
+    return [*out, f"- **The start explains it.** Given the live run's own s in its first {start_rounds} "
+            "round(s), which the recorder drops as settling rounds so that no trace holds them, the "
+            "traces' curves lie on either side of the live s's: "
+            + "; ".join(_diffs(c, start=True) for c in curves)
+            + ". In those rounds the live devices did "
+            + ", ".join(f"{d.device} {_f(d.live_start_mean, 2)}" for d in devs)
+            + " of E (their traces' means: " + ", ".join(f"{_f(d.recorded_mean, 2)}" for d in devs)
+            + "): in its first round an agent has measured no upload or update time yet, so its budget "
+            "(edge_agent.deadline) lets it train as if the upload took no time. Under eta_0 / tau the "
+            "first round has the largest learning rate, so its extra work shows for many rounds."]
+
+
+def _band_verdict(acc: CurveFigures) -> str:
+    loo = acc.sim_loo_shares
+    return (f"- The band alone: the live accuracy is inside the {len(loo) or '?'}-seed band in "
+            f"{_pct(acc.inside_share)} of rounds"
+            + (f"; against bands of K - 1 seeds {_pct(acc.live_loo_share)}, where the simulations themselves are "
+               f"inside in {_pct(min(loo))}-{_pct(max(loo))}"
+               + ("" if acc.inside_as_often else ", so the live curve is the least inside of the "
+                  f"{len(loo) + 1} curves (chance {_pct(1 / (len(loo) + 1))} with one live run)") if loo else "")
+            + ".")
+
+
+def _between_devices_verdict(devs: Sequence[DeviceFigures], corr: dict[str, float]) -> list[str]:
     r_rec, r_live = corr["recorded"], corr["live"]
     if any(not math.isnan(r) and r > 0.1 for r in (r_rec, r_live)):
-        out.append(f"- **Contention between devices**: s/E of different devices in the same round correlate "
-                   f"(mean r = {_f(r_rec, 2)} recorded, {_f(r_live, 2)} live): devices were slowed together, which "
-                   "a per-device trace replayed with independent draws cannot reproduce.")
+        out = [f"- **Contention between devices**: s/E of different devices in the same round correlate "
+               f"(mean r = {_f(r_rec, 2)} recorded, {_f(r_live, 2)} live): devices were slowed together, which "
+               "a per-device trace replayed with independent draws cannot reproduce."]
     else:
-        out.append(f"- Devices' s/E in the same round hardly correlate (mean r = {_f(r_rec, 2)} recorded, "
-                   f"{_f(r_live, 2)} live): no sign of contention between devices that the per-device replay misses.")
+        out = [f"- Devices' s/E in the same round hardly correlate (mean r = {_f(r_rec, 2)} recorded, "
+               f"{_f(r_live, 2)} live): no sign of contention between devices that the per-device replay misses."]
     patterned = [d for d in devs if abs(d.lag1_recorded) > 0.3 and abs(d.lag1_live) > 0.3]
     if patterned:
         out.append("- **Order within a device's trace**: " + ", ".join(
@@ -517,6 +577,13 @@ def verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], corr:
             "round halves the unmeasured estimate (edge_agent.deadline) until the device trains again, measures a "
             "slow upload again, and idles again.")
     return out
+
+
+def verdict(devs: Sequence[DeviceFigures], curves: Sequence[CurveFigures], corr: dict[str, float],
+            acc: CurveFigures, *, start_rounds: int, cpu: tuple[dict, dict] = ({}, {})) -> list[str]:
+    """The page's answers, one bullet each: s per device, the curves seed for seed, the band, between devices."""
+    return [_s_verdict(devs, cpu), *_curves_verdict(devs, curves, acc, start_rounds=start_rounds),
+            _band_verdict(acc), *_between_devices_verdict(devs, corr)]
 
 
 def _opt(x: float | None) -> str:

@@ -196,22 +196,28 @@ def parse_manifest(text: str, *, path: Path | str) -> tuple[TraceManifest, dict[
 def _top_level_key_lines(text: str, *, path: Path | str) -> dict[str, int]:
     """Line of each top-level key of a JSON object already known to parse; rejects duplicates."""
     decoder = json.JSONDecoder()
-    idx = _JSON_WS.match(text, 0).end() + 1  # past "{"
-    idx = _JSON_WS.match(text, idx).end()
+    idx = _skip_ws(text, 0) + 1  # past "{"
+    idx = _skip_ws(text, idx)
     lines: dict[str, int] = {}
     while text.startswith('"', idx):
         line = text.count("\n", 0, idx) + 1
-        key, idx = json.decoder.scanstring(text, idx + 1)
+        key, idx = decoder.raw_decode(text, idx)  # a JSON string: the key
         if key in lines:
             # json.loads silently keeps the last one; a hand-edited duplicate is a mistake.
             raise format_error(path, line, key, f"duplicate key (first on line {lines[key]})")
         lines[key] = line
-        idx = _JSON_WS.match(text, idx).end() + 1  # past ":"
-        _, idx = decoder.raw_decode(text, _JSON_WS.match(text, idx).end())
-        idx = _JSON_WS.match(text, idx).end()
+        idx = _skip_ws(text, idx) + 1  # past ":"
+        _, idx = decoder.raw_decode(text, _skip_ws(text, idx))
+        idx = _skip_ws(text, idx)
         if text.startswith(",", idx):
-            idx = _JSON_WS.match(text, idx + 1).end()
+            idx = _skip_ws(text, idx + 1)
     return lines
+
+
+def _skip_ws(text: str, idx: int) -> int:
+    """The index of the first non-whitespace character at or after `idx` (_JSON_WS matches the empty string too)."""
+    match = _JSON_WS.match(text, idx)
+    return match.end() if match else idx
 
 
 def _json_type(value: Any) -> str:

@@ -30,6 +30,7 @@ import secrets
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,10 @@ class EmulatedBackend:
         self.profile = profile
         self.work = work
         self.port = opts.port
-        self.fleet = None
+        self.fleet: Any = None  # a loadgen.fleet.EmulatedFleet once start() ran
         self.agents: dict[int, str] = {}  # device index -> harness process name
         self.devices: list[DeviceRun] = []
-        self.loadgen_auth = None  # CURVE keys the fleet makes for this run
+        self.loadgen_auth: Any = None  # CURVE keys the fleet makes for this run
 
     def start(self) -> None:
         from loadgen.fleet import EmulatedFleet
@@ -278,8 +279,10 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
     if not samples:
         raise RecordError(f"no unloaded device ({', '.join(reference)}) completed all {E} updates in the "
                           f"warm-up rounds after round {skip_rounds}; nothing to calibrate the deadline on")
-    value = {"max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
-             "p95": lambda x: float(np.percentile(x, 95))}[statistic](samples)
+    statistics: dict[str, Callable[[list[float]], float]] = {
+        "max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
+        "p95": lambda x: float(np.percentile(x, 95))}
+    value = statistics[statistic](samples)
     deadline = round(factor * value + margin_s, 3)
     return deadline, {"reference_traces": reference, "samples": len(samples), "statistic": statistic,
                       "statistic_s": round(value, 4), "factor": factor, "agent_margin_s": margin_s,
@@ -370,8 +373,9 @@ def apply_loads(profile: Profile, backend: Any) -> None:
         messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
     with FleetClient([d.loadgen for d in backend.devices], timeout_s=10, auth=backend.loadgen_auth) as fleet:
         fleet.call_each(messages)
-        shaped = {d.loadgen: bandwidth_message(profile.rate_kbit(conditions[d.trace]), iface=d.iface)
-                  for d in backend.devices if conditions[d.trace].bandwidth}
+        rates = {d.loadgen: (profile.rate_kbit(conditions[d.trace]), d.iface) for d in backend.devices}
+        shaped = {endpoint: bandwidth_message(kbit, iface=iface) for endpoint, (kbit, iface) in rates.items()
+                  if kbit is not None}
         if shaped:
             fleet.call_each(shaped)
     log.info("loads set: %s", ", ".join(f"{d.trace}: cpu {conditions[d.trace].cpu_load_pct:g}%"

@@ -143,7 +143,7 @@ def _write(args: argparse.Namespace, result, *, command: str, argv: list[str]) -
 
 def _summary(t) -> str:
     """One line per device (the first few) and a total: online share of time, mean cpu_share and rates."""
-    lines = []
+    lines: list[str] = []
     total_on = total = 0.0
     for name, rows in t.devices.items():
         on = sum(r.end - r.start for r in rows if r.conditions.online)

@@ -40,3 +40,22 @@ def test_synthetic_figure_pairs_runs_and_every_page_number_is_in_its_csv(tmp_pat
 def test_unknown_dataset_is_refused():
     with pytest.raises(ConfigError, match="dataset must be one of synthetic, mnist"):
         figure_arrivals.groups(seeds=[0], dataset="emnist")
+
+
+def test_the_page_renders_from_its_runs_csv_alone(tmp_path):
+    """The committed <stem>_runs.csv holds every figure of the page (the plot aside)."""
+    import json
+
+    from simulator.regime import Regime
+
+    rows = [{"seed": s, "reboot": rb, "first_round": r, "mean_acc_20": 50 + s + (2 if rb == "fast" else 0) + r / 100,
+             "final_acc": 60} for s in (0, 1, 2) for rb in ("fast", "vanilla") for r in figure_arrivals.FIRST_ROUNDS]
+    with open(tmp_path / "figure_arrivals_synthetic_runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "figure_arrivals_synthetic_timing.json").write_text(json.dumps({"c": "1 min for `c`"}))
+    page = figure_arrivals.page_from_csv(tmp_path, dataset="synthetic", seeds=[0, 1, 2], regime=Regime()).read_text()
+    assert "| 100 | 54.0 | 52.0 | +2.0 [+2.0, +2.0] |" in page and "| 200 | 55.0 | 53.0 | +2.0 [+2.0, +2.0] |" in page
+    assert "seeds [0, 1, 2]. Wall time: 1 min for `c`." in page
+    assert "![multi-arrival](figure_arrivals_synthetic.png)" in page

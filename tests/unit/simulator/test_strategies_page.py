@@ -68,8 +68,55 @@ def test_tables_give_median_and_range_and_count_complete_groups_only():
     table = metric_table(rows, "final_loss", 1.0, settings=["iid"], num_traces=[2, 5])
     assert "| Scheme C | 2.000 [1.500, 2.500] | not run |" in table
     assert "| Scheme A | 1.000 [0.000, 2.000] | not run |" in table
-    counts = lowest_loss_counts(rows)
-    assert counts["mifa"] == 1 and counts["A"] == 1 and sum(counts.values()) == 2
+    lowest = lowest_loss_counts(rows)
+    # Seed 0: every strategy but C at 1.0, a tie of five; seed 1: MIFA alone; seed 2 is incomplete.
+    assert lowest.wins["mifa"] == 1 and sum(lowest.wins.values()) == 1
+    assert lowest.ties == {("A", "B", "fednova", "fedprox", "mifa"): 1} and lowest.groups == 2
+
+
+def test_losses_within_the_tolerance_are_a_tie_not_a_ranking():
+    """Issue 33 item 11: the page ranked C against MIFA where their final losses differ by <= 2e-4."""
+    from simulator.strategies_page import TIE_TOLERANCE
+
+    def group(seed, **losses):
+        return [{"setting": "iid", "num_traces": 2, "seed": seed, "scheme": n, "final_loss": losses.get(n, 1.0)}
+                for n in STRATEGIES]
+
+    rows = [*group(0, C=0.2343734, mifa=0.2343817), *group(1, C=0.2290, mifa=0.2290 + 2 * TIE_TOLERANCE),
+            *group(2, A=0.5, C=0.5 + TIE_TOLERANCE)]
+    lowest = lowest_loss_counts(rows)
+    assert lowest.wins["C"] == 1 and lowest.wins["mifa"] == 0
+    assert lowest.ties == {("A", "C"): 1, ("C", "mifa"): 1}
+    assert lowest.text() == (
+        "Lowest final test loss, per (setting, |T|, seed) group (losses within 0.0005 of the lowest, half the last "
+        "digit printed above, tie with it): A 0, B 0, C 1, fednova 0, fedprox 0, mifa 0; tied: A = C 1, C = mifa 1 "
+        "(of 3 complete groups).\n")
+
+
+def test_the_page_renders_again_from_its_committed_files(tmp_path):
+    """strategies_runs.csv, the plan, mu and timing files hold every figure of the page."""
+    import csv
+
+    from simulator.choices_file import write_choice
+    from simulator.strategies_page import MU_FILE, RUNS_CSV, page_from_csv, record_plan, section_key
+
+    record_plan(tmp_path, "synthetic", REGIME, seeds=[0], num_traces=[2], settings=["iid"], command="cmd")
+    write_choice(tmp_path / MU_FILE, (section_key("synthetic", REGIME),), {
+        "mu": 0.01, "mean_final_test_loss": {"0.01": 0.5}, "seeds": [100], "num_traces": 5, "rounds": 200,
+        "timing": "1 min"})
+    with open(tmp_path / RUNS_CSV, "w", newline="") as f:
+        w = csv.DictWriter(f, ["dataset", "regime", "setting", "num_traces", "seed", "scheme", "final_acc",
+                               "last20_acc", "final_loss", "wall_s"])
+        w.writeheader()
+        w.writerows({"dataset": "synthetic", "regime": REGIME.tag, "setting": "iid", "num_traces": 2, "seed": 0,
+                     "scheme": n, "final_acc": 0.5 + i / 100, "last20_acc": 0.5, "final_loss": 1 - i / 10,
+                     "wall_s": 1.0} for i, n in enumerate(STRATEGIES))
+    page = page_from_csv(tmp_path).read_text()
+    assert "**6 of 6 runs finished** (seeds with runs: [0]). Wall time: not recorded." in page
+    assert "| MIFA | 55.0 [55.0, 55.0] |" in page and "| MIFA | 0.500 [0.500, 0.500] |" in page
+    assert "A 0, B 0, C 0, fednova 0, fedprox 0, mifa 1 (of 1 complete groups)" in page
+    stem = f"strategies_{section_key('synthetic', REGIME)}_iid"
+    assert f"![{stem}]({stem}.png)" in page
 
 
 def test_a_page_without_a_plan_and_a_bad_mu_file_are_clear_errors(tmp_path):

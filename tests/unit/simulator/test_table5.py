@@ -82,10 +82,73 @@ def test_the_page_of_tuning_seeds_only_says_it_is_not_evaluated_yet(tmp_path, mo
     monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(0,)))
     path, c, held = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[0], timing="t")
     page = path.read_text()
-    assert "Not evaluated yet: no seed outside [0, 1, 2] has finished" in page
+    assert "Not evaluated yet: no seed outside the tuning seeds (0, 1 and 2) has finished" in page
     assert "nan" not in page and held != held  # NaN: nothing held out
     monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(3, 4)))
     path, c, held = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[3, 4], timing="t")
     page = path.read_text()
-    assert "c not chosen: none of the seeds it is chosen on, [0, 1, 2], has finished here." in page
+    assert "c not chosen: none of the tuning seeds (0, 1 and 2) has finished here." in page
     assert "nan" not in page and c != c
+
+
+def test_a_page_from_one_seed_names_the_seed_it_tuned_on_and_no_constant_names(tmp_path, monkeypatch):
+    """Issue 33 item 13: the page said "c chosen on seeds [0, 1, 2]" from seed 0 alone, and printed
+    TUNE_SEEDS, HORIZONS, C_GRID and AUTO_C (in the wrong module) as prose."""
+    from simulator import table5
+
+    monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(0,)))
+    page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[0], timing="t")[0].read_text()
+    assert "- c chosen on seed 0 (of 33 values log-spaced from 0.01 to 100)" in page
+    assert "the other tuning seeds 1 and 2 have not finished here" in page
+    assert "chosen on seeds 0, 1 and 2 of this" in page and "T - tau_0 in {2, 5, 10, 20, 40, 80, 150}" in page
+    assert "the default `rules.auto_c` is 4.217 (AUTO_C in coordinator/rules.py)" in page
+    for name in ("TUNE_SEEDS", "HORIZONS", "C_GRID", "round.py"):
+        assert name not in page, name
+
+
+def _never(*, seed, tau0=20):
+    """Exclude stays worse than include to the end of the run: it never crosses."""
+    return Departure(ab=(1.0, 1.0), tau0=tau0, seed=seed, include=dict.fromkeys(range(1, ROUNDS + 1), 1.0),
+                     exclude=dict.fromkeys(range(1, ROUNDS + 1), 1.5), include_active=dict.fromkeys(
+                         range(1, ROUNDS + 1), 1.0), gamma=1.0, auto_choice="exclude")
+
+
+def test_a_cell_whose_median_seed_never_crosses_says_never_and_how_many_crossed(tmp_path, monkeypatch):
+    """Issue 33 item 11: 4 of 5 seeds never crossing printed a median of 181 rounds (the imputed
+    end of the run, ROUNDS - tau_0 + 1) for a 200-round run; the median there is 'never'."""
+    from simulator import table5
+
+    deps = [_dep(1.0, crossing_after=40, seed=0), *(_never(seed=s) for s in (1, 2, 3, 4))]
+    monkeypatch.setattr(table5, "collect", lambda **kw: deps)
+    page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(5), timing="t")[0].read_text()
+    assert "| (1, 1) FlexFL | n/a | n/a | never (1 of 5 seeds crossed: 40) |" in page
+    assert "181" not in page
+    assert "No cell's median seed crossed within the 200-round run." in page
+    assert table5.crossing_cell([30, 40, None]) == "40 [30, 40] (1× never)"
+    assert table5.crossing_cell([30, 50, None, None]) == "never (2 of 4 seeds crossed: 30-50)"
+    assert (table5.crossing_cell([]), table5.crossing_cell([None])) == ("n/a", "never")
+
+
+def test_each_crossing_table_states_the_range_of_its_medians(tmp_path, monkeypatch):
+    """Issue 33 item 11: results/README quoted 28-143 rounds, mixing the two crossing tables' medians."""
+    from simulator import table5
+
+    deps = [_dep(1.0, crossing_after=c, seed=s, tau0=t) for s in (0, 1, 2) for t, c in ((10, 28), (50, 96))]
+    monkeypatch.setattr(table5, "collect", lambda **kw: deps)
+    page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(3), timing="t")[0].read_text()
+    assert page.count("Medians of the cells: 28-96 rounds after tau_0.") == 2
+
+
+def test_the_page_renders_again_from_its_runs_csv(tmp_path, monkeypatch):
+    """The committed table5_runs.csv holds every figure of the page: rendering from it gives the same page."""
+    import json
+
+    from simulator import table5
+
+    deps = [_dep(0.01, crossing_after=5, seed=s) for s in range(5)] + [_never(seed=s, tau0=30) for s in range(5)]
+    monkeypatch.setattr(table5, "collect", lambda **kw: deps)
+    path, _, _ = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(5), timing="2 min for `x`")
+    (tmp_path / "table5_timing.json").write_text(json.dumps({"x": "2 min for `x`"}))
+    first, csv_text = path.read_text(), (tmp_path / table5.RUNS_CSV).read_text()
+    assert table5.page_from_csv(tmp_path, regime=table5.Regime()) == path
+    assert path.read_text() == first and (tmp_path / table5.RUNS_CSV).read_text() == csv_text
