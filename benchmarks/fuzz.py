@@ -96,7 +96,7 @@ def expected_model(cfg: CoordinatorConfig, updates: dict[str, tuple[int, dict[st
     for d, (s_d, delta) in updates.items():
         if s_d > 0:
             summed.add(d, s=s_d, delta=delta)
-    return by_hand, fed.close(fed.weigh(1, summed.s), summed=summed).params
+    return by_hand, fed.close_summed(fed.weigh(1, summed.s), summed=summed).params
 
 
 def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: float = 64.0,

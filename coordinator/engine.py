@@ -338,7 +338,7 @@ class RoundEngine:
         """Aggregate and apply the round's events (under the lock); the rest goes to the finisher."""
         weighing = self.federation.weigh(r.round_id, r.summed.s)
         arrivals, departures = self.membership.take_events()
-        outcome = self.federation.close(weighing, summed=r.summed, arrivals=arrivals, departures=departures)
+        outcome = self.federation.close_summed(weighing, summed=r.summed, arrivals=arrivals, departures=departures)
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
         shards = [self.registry.record(d).shard_index for d in self.objective.members()]

@@ -8,23 +8,38 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, ClassVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from coordinator.strategies import STRATEGIES, Strategy
 from flexfl.plugins import STRATEGY, Plugin, kind_of
 
+if TYPE_CHECKING:
+    import torch
+
+    from coordinator.memory import StrategyMemory
+
+# Attributes that once asked FlexFL to run a rule for the plug-in, and the hook that is its own rule now.
+_OLD_FLAGS = {"memory": "new_memory(*, like) returning a coordinator.memory.StrategyMemory (MIFA's own: "
+                        "coordinator.memory.MIFAMemory)",
+              "needs_steps": "counts_per_update(*, steps_per_update, n_samples) returning steps_per_update "
+                             "(FedNova's)"}
+
 
 class PluginStrategy(Strategy):
     """A user's strategy (a plug-in) behind checks that name it: FlexFL calls only this wrapper.
 
     The plug-in gives arrival_weights(*, s, E, p) and round_scale(*, s, E, p) as Strategy
-    does (they get copies of the round's arrays), and may set label, title, memory,
-    needs_steps, proximal_mu and parameters (defaults: its class's name lowercased, its
-    class's name, False, False, 0, none). Its name is the one [rules] strategy gives. A
-    weight must be a finite number >= 0 per device, a scale a finite number >= 0 or None
-    (discard the round); anything else, or an exception in its code, is one PluginError line.
+    does (they get copies of the round's arrays), and may set label, title, proximal_mu and
+    parameters (defaults: its class's name lowercased, its class's name, 0, none) and give
+    Strategy's hooks new_memory (its own state between rounds, which makes each round's
+    model) and counts_per_update (its own count of a device's work). Its name is the one
+    [rules] strategy gives. A weight must be a finite number >= 0 per device, a scale a
+    finite number >= 0 or None (discard the round), a count an integer >= 1 per device, a
+    memory's model finite and shaped like the model; anything else, or an exception in its
+    code, is one PluginError line.
     """
 
     # The round a plug-in is first called on, before any run: devices that did nothing, part and all of E.
@@ -55,9 +70,11 @@ class PluginStrategy(Strategy):
             raise plugin.error(f"has label {label!r}, a built-in strategy's; give it a label of its own")
         self._label = label
         self._title = str(getattr(impl, "title", None) or plugin.short_name)
-        with plugin.calling("its attributes (memory, needs_steps, proximal_mu, parameters: {name: number})"):
-            self._memory = bool(getattr(impl, "memory", False))
-            self._needs_steps = bool(getattr(impl, "needs_steps", False))
+        for flag, hook in _OLD_FLAGS.items():
+            if getattr(impl, flag, None) is not None and not callable(getattr(impl, flag)):
+                raise plugin.error(f"sets {flag} = {getattr(impl, flag)!r}, which FlexFL no longer reads: a strategy "
+                                   f"runs its own rule; give it {hook}")
+        with plugin.calling("its attributes (proximal_mu, parameters: {name: number})"):
             mu = getattr(impl, "proximal_mu", 0.0)
             self._parameters = {str(k): float(v) for k, v in dict(getattr(impl, "parameters", {}) or {}).items()}
         if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not (np.isfinite(mu) and mu >= 0):
@@ -79,14 +96,6 @@ class PluginStrategy(Strategy):
         return self._title
 
     @property
-    def memory(self) -> bool:  # type: ignore[override]
-        return self._memory
-
-    @property
-    def needs_steps(self) -> bool:  # type: ignore[override]
-        return self._needs_steps
-
-    @property
     def proximal_mu(self) -> float:
         return self._mu
 
@@ -94,7 +103,36 @@ class PluginStrategy(Strategy):
     def parameters(self) -> dict[str, float]:
         return dict(self._parameters)
 
+    def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
+        if not callable(getattr(self.impl, "new_memory", None)):
+            return None
+        with self.plugin.calling("new_memory"):
+            memory = self.impl.new_memory(like=like)
+        if memory is None:
+            return None
+        from coordinator.plugin_memory import PluginMemory  # torch: only once a run starts
+
+        return PluginMemory(self.plugin, memory, like=like)
+
+    def counts_per_update(self, *, steps_per_update: np.ndarray, n_samples: np.ndarray) -> np.ndarray | None:
+        if not callable(getattr(self.impl, "counts_per_update", None)):
+            return None
+        with self.plugin.calling("counts_per_update"):
+            got = self.impl.counts_per_update(steps_per_update=steps_per_update.copy(), n_samples=n_samples.copy())
+        if got is None:
+            return None
+        counts = np.asarray(got)
+        if (counts.shape != steps_per_update.shape or not np.issubdtype(counts.dtype, np.integer)
+                or (counts < 1).any()):
+            raise self.plugin.error(f"returned {kind_of(got)} {np.asarray(got).tolist()!r} from counts_per_update for "
+                                    f"{len(n_samples)} devices; expected one integer >= 1 per device, or None")
+        return counts.astype(np.int64)
+
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        return self.weights_for(s=s, E=E, p=p)
+
+    def weights_for(self, *, s: np.ndarray, E: int, p: np.ndarray,
+                    devices: Sequence[Hashable] | None = None) -> np.ndarray:
         with self.plugin.calling("arrival_weights"):
             got = self.impl.arrival_weights(s=s.copy(), E=E, p=p.copy())
         try:
@@ -108,7 +146,8 @@ class PluginStrategy(Strategy):
         bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
         if bad.size:
             k = int(bad[0])
-            raise self.plugin.error(f"returned arrival weight {weights[k]:g} for device {k} (s = {int(s[k])}, "
+            device = f"{devices[k]!r}" if devices is not None else k
+            raise self.plugin.error(f"returned arrival weight {weights[k]:g} for device {device} (s = {int(s[k])}, "
                                     f"p = {float(p[k]):g}); a weight must be a finite number >= 0")
         return weights
 

@@ -15,9 +15,11 @@ Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "s
 FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
 "fedprox"; MIFA (Gu et al., NeurIPS 2021) is "mifa". A strategy may also add a term to each
 device's local objective (FedProx's mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers
-run it, edge_agent.trainer and the simulator's row trainers alike) or need a per-device
-memory (Strategy.memory, MIFA's latest update of each device: coordinator.memory, kept by
-coordinator.round.Federation for both engines).
+run it, edge_agent.trainer and the simulator's row trainers alike), keep a memory between
+rounds that makes the round's model (Strategy.new_memory: MIFA's latest update of each
+device, coordinator.memory), or count a device's work in its own unit (Strategy.counts_per_update:
+FedNova's SGD steps). coordinator.round.Federation calls these hooks for both engines; a
+plug-in has the same ones.
 
 A user's strategy is a plug-in ([rules] strategy = "mypkg.strategies:Mine", or an entry point
 of `flexfl.strategies`, flexfl.plugins): a class (or an instance of one) with the two factors'
@@ -29,15 +31,20 @@ into one PluginError line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from coordinator.choices import Scheme  # its owner: light, for parsers
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms, resolve
+
+if TYPE_CHECKING:  # torch is imported where a round runs, not where a config names a strategy
+    import torch
+
+    from coordinator.memory import StrategyMemory
 
 
 def checked_round(s: Sequence[int] | np.ndarray, E: int,
@@ -77,12 +84,6 @@ class Strategy(ABC):
     name: ClassVar[str]  # its value of [rules].strategy
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
-    # A per-device memory: the round keeps each device's latest update between rounds and
-    # applies them all every round (MIFA; coordinator.round.Federation runs it).
-    memory: ClassVar[bool] = False
-    # Its formula reads s_k as SGD steps: under unit = "epoch" the round gives it s_k ceil(n_k / B)
-    # for s_k and E times the largest ceil(n_k / B) for E (coordinator.round.Federation.steps_per_update).
-    needs_steps: ClassVar[bool] = False
 
     @property
     def proximal_mu(self) -> float:
@@ -100,9 +101,30 @@ class Strategy(ABC):
         params = ", ".join(f"{key} = {value:g}" for key, value in self.parameters.items())
         return f"{self.title} ({params})" if params else self.title
 
+    def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
+        """This strategy's state between rounds for a new run of a model shaped like `like` (MIFA's
+        updates: coordinator.memory); None (the default): the round's model is its plain aggregate."""
+        return None
+
+    def counts_per_update(self, *, steps_per_update: np.ndarray, n_samples: np.ndarray) -> np.ndarray | None:
+        """What one local update of each device counts as in this strategy's s and E, int64 [N]; None (the
+        default): one, as the rules count it.
+
+        steps_per_update[k] is device k's SGD steps in one of its updates (1 under unit = "step",
+        ceil(n_k / B) under "epoch"), n_samples[k] its n_k. With counts m the strategy's two
+        factors get s_k m_k for s_k and E max_k m_k for E (the bound every s_k m_k stays within),
+        in both forms of the round (coordinator.round.Federation): FedNova counts SGD steps."""
+        return None
+
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         """Each device's factor known at its update's arrival, float64 [N]."""
+
+    def weights_for(self, *, s: np.ndarray, E: int, p: np.ndarray,
+                    devices: Sequence[Hashable] | None = None) -> np.ndarray:
+        """arrival_weights, for callers that know the devices: an error names devices[k], not index k
+        (PluginStrategy's checks; the live coordinator calls it for one device at a time)."""
+        return self.arrival_weights(s=s, E=E, p=p)
 
     @abstractmethod
     def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
@@ -171,7 +193,7 @@ class FedNova(Strategy):
     tau_i counts local SGD steps, so s does too: under [rules].unit = "epoch" the round gives
     FedNova s_k ceil(n_k / B), device k's steps (its s_k epochs of ceil(n_k / B) batches), which
     is the heterogeneity FedNova was made for: devices of different sizes take different numbers
-    of steps in E epochs (coordinator.round.Federation.steps_per_update).
+    of steps in E epochs (counts_per_update).
 
     When every device completes E steps, tau_eff = E and c_k = q_k: FedAvg, as Schemes A, B
     and C give when p sums to 1. It factors as arrival weight p_k / s_k and round scale
@@ -182,7 +204,9 @@ class FedNova(Strategy):
     name: ClassVar[str] = "fednova"
     label: ClassVar[str] = "fednova"
     title: ClassVar[str] = "FedNova"
-    needs_steps: ClassVar[bool] = True
+
+    def counts_per_update(self, *, steps_per_update: np.ndarray, n_samples: np.ndarray) -> np.ndarray | None:
+        return steps_per_update  # tau_k counts SGD steps (class docstring)
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return p * np.divide(1.0, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0)
@@ -242,7 +266,7 @@ class MIFA(Strategy):
     of the K gradients device k took from w in the round t it last trained, and the server
     steps w <- w - eta_tau (1/N) sum_k G^k with the *current* rate eta_tau.
 
-    What FlexFL keeps (coordinator.memory.UpdateMemory, run by coordinator.round.Federation):
+    What FlexFL keeps (coordinator.memory.MIFAMemory, its new_memory, run by coordinator.round.Federation):
     m_k = (E / s_k) delta_k / eta_t, delta_k = w_k - w the update of s_k steps made at rate
     eta_t, i.e. -G^k scaled to E steps: MIFA assumes every active device completes its K = E
     steps; an incomplete update (0 < s_k < E) is scaled up by E / s_k as Scheme C scales it, so
@@ -271,7 +295,11 @@ class MIFA(Strategy):
     name: ClassVar[str] = "mifa"
     label: ClassVar[str] = "mifa"
     title: ClassVar[str] = "MIFA"
-    memory: ClassVar[bool] = True
+
+    def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
+        from coordinator.memory import MIFAMemory
+
+        return MIFAMemory(like=like)
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.C](s, E, p)

@@ -530,7 +530,7 @@ class _Run:
         t0 = time.perf_counter()
         cfg, fed, s, weighing, rows = self.cfg, self.fed, work.s, work.weighing, work.rows
         tau = work.opening.round_index
-        outcome = fed.close(
+        outcome = fed.close_stacked(
             weighing, deltas=deltas, rows=rows,
             arrivals=[Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
                       for a in cfg.schedule.arrivals if a.round == tau],

@@ -64,7 +64,7 @@ def _run(devices: list[ArrayDataset], s: dict[str, int]) -> tuple[dict[str, floa
             deltas.append(delta)
             earlier[d].append(sum(float(v.double().square().sum()) for v in delta.values()) / (lr * s[d]) ** 2 / 2)
         stacked = {name: torch.stack([delta[name] for delta in deltas]) for name in fed.params}
-        fed.close(fed.weigh(tau, s), deltas=stacked, rows=list(s))
+        fed.close_stacked(fed.weigh(tau, s), deltas=stacked, rows=list(s))
     return {d: fed.objective.gamma(d) for d in s}, {d: float(np.mean(v[-5:])) for d, v in earlier.items()}
 
 
