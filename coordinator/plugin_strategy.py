@@ -6,6 +6,7 @@ and the one-line PluginError for an exception in its code, are not part of any r
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Hashable, Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from coordinator.strategies import STRATEGIES, Strategy
+from flexfl.config import replace_from_table
 from flexfl.plugins import STRATEGY, Plugin, kind_of
 
 if TYPE_CHECKING:
@@ -76,7 +78,11 @@ class PluginStrategy(Strategy):
                                    f"runs its own rule; give it {hook}")
         with plugin.calling("its attributes (proximal_mu, parameters: {name: number})"):
             mu = getattr(impl, "proximal_mu", 0.0)
-            self._parameters = {str(k): float(v) for k, v in dict(getattr(impl, "parameters", {}) or {}).items()}
+            own = getattr(impl, "parameters", None)
+            if own is None and dataclasses.is_dataclass(impl):  # its fields are its parameters ([rules.strategy])
+                own = {f.name: getattr(impl, f.name) for f in dataclasses.fields(impl)
+                       if f.metadata.get("in_file", True)}
+            self._parameters = {str(k): v if isinstance(v, str) else float(v) for k, v in dict(own or {}).items()}
         if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not (np.isfinite(mu) and mu >= 0):
             raise plugin.error(f"has proximal_mu = {mu!r}; it should be a number >= 0")
         self._mu = float(mu)
@@ -100,8 +106,19 @@ class PluginStrategy(Strategy):
         return self._mu
 
     @property
-    def parameters(self) -> dict[str, float]:
+    def parameters(self) -> dict[str, Any]:
         return dict(self._parameters)
+
+    def configure(self, params: Mapping[str, Any], *, where: str = "config", table: str = "rules.strategy",
+                  check_required: bool = True) -> Strategy:
+        """The plug-in with [rules.strategy]'s parameters: the fields of its frozen dataclass, as a built-in's."""
+        if dataclasses.is_dataclass(self.impl) and not isinstance(self.impl, type):
+            impl = replace_from_table(self.impl, params, where=where, table=table, check_required=check_required)
+            return self if impl == self.impl else PluginStrategy(dataclasses.replace(self.plugin, obj=impl))
+        if params:
+            raise self.plugin.error(f"has no parameters, but [{table}] gives {', '.join(params)}; a strategy's "
+                                    "parameters are the fields of its (frozen) dataclass")
+        return self
 
     def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
         if not callable(getattr(self.impl, "new_memory", None)):

@@ -30,14 +30,16 @@ into one PluginError line.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from coordinator.choices import Scheme  # its owner: light, for parsers
+from flexfl.config import replace_from_table
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms, resolve
 
@@ -91,15 +93,28 @@ class Strategy(ABC):
         return 0.0
 
     @property
-    def parameters(self) -> dict[str, float]:
-        """The strategy's own settings, by their [rules] key (FedProx: mu); empty when it has none."""
-        return {}
+    def parameters(self) -> dict[str, Any]:
+        """The strategy's own settings by their [rules.strategy] key (FedProx: mu): its dataclass fields; empty when
+        it has none."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("in_file", True)}
 
     @property
     def description(self) -> str:
         """Its title with its parameters, as reports and printed lines name a run's strategy: "FedProx (mu = 0.01)"."""
-        params = ", ".join(f"{key} = {value:g}" for key, value in self.parameters.items())
+        params = ", ".join(f"{key} = {_shown(value)}" for key, value in self.parameters.items())
         return f"{self.title} ({params})" if params else self.title
+
+    def configure(self, params: Mapping[str, Any], *, where: str = "config", table: str = "rules.strategy",
+                  check_required: bool = True) -> Strategy:
+        """This strategy with the parameters `params` ([rules.strategy]'s keys beside name), checked as config keys
+        are: a strategy's parameters are the fields of its frozen dataclass (FedProx: mu)."""
+        if dataclasses.is_dataclass(self):
+            return replace_from_table(self, params, where=where, table=table, check_required=check_required)
+        if params:
+            raise ConfigError(f"{where}: [{table}].{next(iter(params))}: unknown key; {self.title} has no parameters")
+        return self
 
     def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
         """This strategy's state between rounds for a new run of a model shaped like `like` (MIFA's
@@ -147,7 +162,7 @@ class SchemeStrategy(Strategy):
     B and C accept incomplete work, C rescaling it by E/s_k; an inactive device gets 0 in each.
     """
 
-    scheme: Scheme
+    scheme: Scheme = field(metadata={"in_file": False})  # its name says it: not a parameter
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -229,13 +244,14 @@ class FedProx(Strategy):
     simulator's row trainers). The server accepts partial work as Scheme B does: c_k = p_k
     for every device with s_k > 0 (FedProx's "variable amounts of work" from stragglers,
     averaged at their base weights), 0 for an inactive one. mu = 0 is Scheme B. `mu` is
-    [rules].mu; the registry's instance has mu = 0 and RulesConfig.aggregation sets it.
+    [rules.strategy] mu, required there; the registry's instance has mu = 0.
     """
 
     name: ClassVar[str] = "fedprox"
     label: ClassVar[str] = "fedprox"
     title: ClassVar[str] = "FedProx"
-    mu: float = 0.0
+    mu: float = field(default=0.0, metadata={"required": "the weight of its proximal term mu/2 ||w - w_G||^2 "
+                                                          "(FedProx's grid: 0.001, 0.01, 0.1, 1)"})
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.mu) and self.mu >= 0):
@@ -244,10 +260,6 @@ class FedProx(Strategy):
     @property
     def proximal_mu(self) -> float:
         return float(self.mu)
-
-    @property
-    def parameters(self) -> dict[str, float]:
-        return {"mu": float(self.mu)}
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.B](s, E, p)
@@ -321,10 +333,86 @@ def strategy_names() -> list[str]:
     return list(STRATEGIES)
 
 
-def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
-    """The strategy `name` with its [rules] parameters (FedProx's mu; None there: 0), as a run uses it."""
+@dataclass(frozen=True)
+class StrategyTable:
+    """[rules.strategy]: the strategy's `name` and its own parameters, the table's other keys (FedProx: mu).
+
+    The older form, a name alone ([rules] strategy = "fedprox"), reads as a table without
+    parameters (coordinator.rules.RulesConfig takes the older [rules] mu into it)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()  # (key, value), sorted: rules are compared and hashed
+
+    @classmethod
+    def of(cls, value: StrategyTable | Mapping[str, Any] | str) -> StrategyTable:
+        """A table, a {name: ..., key: value} mapping, or a name alone."""
+        if isinstance(value, StrategyTable):
+            return value
+        if isinstance(value, str):
+            return cls(name=value)
+        params = {str(k): v for k, v in value.items() if k != "name"}
+        return cls(name=value.get("name"), params=tuple(sorted(params.items())))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, value: Any, *, where: str, table: str) -> StrategyTable:
+        """Read from a config file (flexfl.config): its parameters checked against its strategy's fields."""
+        if isinstance(value, str):
+            return cls(name=value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: [{table}]: expected a table (name = \"fedprox\", mu = 0.01: the strategy and "
+                              f"its parameters) or a strategy's name, got {value!r}")
+        name = value.get("name")
+        if not isinstance(name, str):
+            problem = "missing (required)" if name is None else f"expected a string, got {name!r}"
+            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {', '.join(STRATEGIES)}, "
+                              f"{plugin_forms(STRATEGY)}")
+        read = cls.of(value)
+        configured(read.name, dict(read.params), where=where, table=table)  # types, unknown and missing keys
+        return read
+
+    def to_config(self) -> dict[str, Any]:
+        return {"name": self.name, **dict(self.params)}
+
+
+# Strategies with parameters made so far, by name and parameters: RulesConfig.aggregation is read every round.
+_CONFIGURED: dict[tuple[str, str], Strategy] = {}
+
+
+def configured(name: str | Scheme | Strategy, params: Mapping[str, Any] | None = None, *, where: str = "config",
+               table: str = "rules.strategy", check_required: bool = True) -> Strategy:
+    """The strategy `name` (get_strategy) with its parameters `params` (Strategy.configure), as a run uses it."""
     rule = get_strategy(name)
-    return FedProx(mu=mu or 0.0) if isinstance(rule, FedProx) else rule
+    key = (rule.name, repr(sorted((params or {}).items())))
+    if key not in _CONFIGURED or not check_required:
+        made = rule.configure(dict(params or {}), where=where, table=table, check_required=check_required)
+        if not check_required:
+            return made
+        _CONFIGURED[key] = made
+    return _CONFIGURED[key]
+
+
+def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
+    """The strategy `name` with FedProx's mu (None: its registry value), not checking that mu is given."""
+    return configured(name, {"mu": mu} if mu is not None else {}, check_required=False)
+
+
+def described_rules(rules: Mapping[str, Any]) -> str | None:
+    """How a saved run's [rules] (a dict, either form) names its strategy: "FedProx (mu = 0.01)"; None when it
+    names none; the run's own words when this FlexFL does not know the strategy (or a parameter is bad)."""
+    strategy = rules.get("strategy") or rules.get("scheme")
+    if isinstance(strategy, str):
+        strategy = {"name": strategy, **({"mu": rules["mu"]} if rules.get("mu") is not None else {})}
+    if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
+        return None
+    table = StrategyTable.of(strategy)
+    try:
+        return configured(table.name, dict(table.params), check_required=False).description
+    except ConfigError:
+        return table.name
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 # Plug-in strategies resolved so far, by name: a plug-in is imported, instantiated and probed once per process.

@@ -216,7 +216,7 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
     np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
                                   coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
     assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
-    with pytest.raises(ConfigError, match=r"'fedprox' needs rules.mu"):
+    with pytest.raises(ConfigError, match=r"^\[rules.strategy\].mu: missing \(required\): the weight of its proximal"):
         RulesConfig(strategy="fedprox")
     with pytest.raises(ConfigError,
                        match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
@@ -281,3 +281,77 @@ def test_a_device_that_leaves_under_include_and_rejoins_before_round_1_trains_ag
     fed.apply_events(arrivals=[Arrival("b", 30)])
     assert fed.objective.departed_included == set() and fed.objective.active_members() == ["a", "b"]
     assert fed.objective.sample_counts == {"a": 10, "b": 30}
+
+
+@pytest.mark.parametrize(("text", "description"), [
+    ('[rules.strategy]\nname = "fedprox"\nmu = 0.01\n', "FedProx (mu = 0.01)"),
+    ('[rules]\nstrategy = "fedprox"\nmu = 0.01\n', "FedProx (mu = 0.01)"),  # the older form
+    ('[rules]\nscheme = "A"\n', "Scheme A"),  # older still
+    ('[rules.strategy]\nname = "scheme-a"\n', "Scheme A"),
+    ('[rules.strategy]\nname = "mifa"\n', "MIFA"),
+])
+def test_a_strategy_and_its_parameters_are_read_from_rules_strategy_and_from_the_older_forms(tmp_path, text,
+                                                                                               description):
+    from coordinator.config import load_coordinator_config
+    from flexfl.config import dump_toml, from_dict
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    rules = load_coordinator_config(path).rules
+    assert rules.aggregation.description == description
+    assert from_dict(RulesConfig, to_dict(rules)) == rules  # written back in one form, the table's
+    if "mu" in text:
+        assert rules == RulesConfig(strategy={"name": "fedprox", "mu": 0.01}) and "mu =" not in dump_toml(rules).split(
+            "[strategy]")[0]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('[rules.strategy]\nname = "fedprox"\n', "c.toml: [rules.strategy].mu: missing (required): the weight of its "
+                                              "proximal term mu/2 ||w - w_G||^2 (FedProx's grid: 0.001, 0.01, 0.1, 1)"),
+    ('[rules.strategy]\nname = "fedprox"\nmu = "x"\n',
+     "c.toml: [rules.strategy].mu: expected a finite number, got 'x'"),
+    ('[rules.strategy]\nname = "fedprox"\nmuu = 1\n', "c.toml: [rules.strategy].muu: unknown key; did you mean 'mu'? "
+                                                       "valid keys: mu"),
+    ('[rules.strategy]\nname = "mifa"\nmu = 1\n', "c.toml: [rules.strategy].mu: unknown key; it has no parameters"),
+    ('[rules.strategy]\nmu = 1\n', "c.toml: [rules.strategy].name: missing (required); choose one of scheme-a, "),
+    ('[rules]\nstrategy = "fedprox"\n', "c.toml: [rules] [rules.strategy].mu: missing (required)"),
+    ('[rules]\nmu = 0.1\n', "c.toml: [rules] rules.mu = 0.1 is FedProx's proximal weight, but the strategy is "
+                            "'scheme-c'; leave mu out, or write [rules.strategy] name = 'fedprox', mu = ..."),
+])
+def test_a_wrong_strategy_table_is_one_line_naming_file_table_and_key(tmp_path, text, error):
+    from coordinator.config import load_coordinator_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_coordinator_config(path)
+    assert str(exc.value).startswith(str(tmp_path / error) if error.startswith("c.toml") else error), str(exc.value)
+
+
+def test_a_plug_in_strategy_takes_its_parameters_from_the_same_table(tmp_path, plugin_module):
+    name = plugin_module("""
+        from dataclasses import dataclass
+        import numpy as np
+        from coordinator.strategies import Strategy
+
+        @dataclass(frozen=True)
+        class Damped(Strategy):
+            label = "damped"
+            factor: float = 1.0
+
+            def arrival_weights(self, *, s, E, p):
+                return np.where(s > 0, self.factor * p, 0.0)
+
+            def round_scale(self, *, s, E, p):
+                return 1.0
+    """)
+    from coordinator.config import load_coordinator_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(f'[rules.strategy]\nname = "{name}:Damped"\nfactor = 0.5\n')
+    rule = load_coordinator_config(path).rules.aggregation
+    assert rule.description == "Damped (factor = 0.5)" and rule.parameters == {"factor": 0.5}
+    np.testing.assert_allclose(coefficients(rule, s=[0, 2], E=4, p=[0.5, 0.5]).values, [0.0, 0.25])
+    path.write_text(f'[rules.strategy]\nname = "{name}:Damped"\nfactr = 0.5\n')
+    with pytest.raises(ConfigError, match=r"\[rules.strategy\].factr: unknown key; did you mean 'factor'\?"):
+        load_coordinator_config(path)
