@@ -37,7 +37,8 @@ from benchmarks.fuzz_grpc import EVIL, HONEST, SAMPLES, Client, Target, fuzz_grp
 from coordinator.checkpoint import load_checkpoint
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round import Arrival, Federation, RulesConfig
+from coordinator.round import Arrival, Federation
+from coordinator.rules import RulesConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port

@@ -37,9 +37,7 @@ from coordinator.aggregation import Coefficients, RunningAggregate, apply_update
 from coordinator.gamma import UpdateSketch, dissimilarities
 from coordinator.memory import ClosingRound, StrategyMemory
 from coordinator.objective import AutoDeparture, DeparturePolicy, LearningRate, Objective, ThresholdDeparture
-
-# The rules a Federation runs under; importers of RulesConfig and AUTO_C from here predate coordinator/rules.py.
-from coordinator.rules import AUTO_C, THRESHOLD_K, RulesConfig  # noqa: F401
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import steps_per_update
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
 from workloads.partition_spec import Dataset

@@ -31,7 +31,8 @@ import torch
 from coordinator.aggregation import stack_deltas
 from coordinator.metrics import round_row
 from coordinator.objective import DeparturePolicy
-from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
+from coordinator.round import Arrival, Departure, Federation, RoundOpening, Weighing
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError, DivergenceError

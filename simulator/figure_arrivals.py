@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from coordinator.aggregation import Scheme
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.errors import ConfigError
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, TracesConfig
 from simulator.paper import SWEEP_DATASETS

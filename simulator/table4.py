@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coordinator.aggregation import Scheme
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.errors import ConfigError
 from simulator.curves import rounds_to_recover
 from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig

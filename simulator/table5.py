@@ -30,7 +30,7 @@ import numpy as np
 from coordinator.aggregation import Scheme
 from coordinator.gamma import GAMMA_ROUNDS
 from coordinator.objective import AutoDeparture, DeparturePolicy, ThresholdDeparture
-from coordinator.round import AUTO_C, RulesConfig
+from coordinator.rules import AUTO_C, RulesConfig
 from flexfl.errors import ConfigError
 from simulator.curves import rounds_until_cross
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig

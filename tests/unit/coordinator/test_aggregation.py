@@ -281,7 +281,8 @@ SAMPLE_NOVA = """
 def test_a_plug_in_strategy_counts_a_devices_work_its_own_way_in_both_forms_of_the_round(plugin_module):
     """Federation hands a plug-in's counts_per_update the same s and E in the stacked and the summed round: its
     coefficients are FedNova's formula (the oracle) with tau_k = s_k n_k, and the two forms make the same model."""
-    from coordinator.round import Arrival, Federation, RulesConfig
+    from coordinator.round import Arrival, Federation
+    from coordinator.rules import RulesConfig
     from flexfl.errors import PluginError
 
     name = plugin_module(SAMPLE_NOVA)

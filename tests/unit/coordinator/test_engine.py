@@ -14,7 +14,7 @@ from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
 from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.deadline import StopReason
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec

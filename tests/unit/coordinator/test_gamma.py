@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from coordinator.gamma import UpdateSketch, dissimilarities
-from coordinator.round import Arrival, Federation, RulesConfig
+from coordinator.round import Arrival, Federation
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import AggregationError
 from workloads.datasets import ArrayDataset

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from coordinator.aggregation import coefficients
-from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.round import Arrival, Departure, Federation
+from coordinator.rules import RulesConfig
 from coordinator.strategies import FedNova, strategy_names
 from flexfl.config import to_dict
 from flexfl.errors import AggregationError, ConfigError, RoundStateError

@@ -9,7 +9,7 @@ import torch
 
 from coordinator.aggregation import RunningAggregate, apply_update, coefficients
 from coordinator.plugin_strategy import PluginStrategy
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from coordinator.strategies import get_strategy, title_of
 from flexfl.errors import ConfigError, PluginError
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.cli import main
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.engine import (

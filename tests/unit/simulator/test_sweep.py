@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
