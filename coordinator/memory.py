@@ -39,7 +39,7 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class ClosingRound:
-    """What a strategy's memory is given of a closing round (Federation.close builds it, from either form)."""
+    """What a strategy's memory is given of a closing round (Federation.close_stacked and close_summed alike)."""
 
     round_index: int
     lr: float  # eta_tau, the round's learning rate

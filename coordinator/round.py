@@ -276,7 +276,7 @@ class Federation:
 
     def apply_between_rounds(self, *, arrivals: Sequence[Arrival] = (),
                              departures: Sequence[Departure] = ()) -> dict:
-        """Apply membership events after round `completed_round` (close() does, at each close).
+        """Apply membership events after round `completed_round` (close_stacked and close_summed do, at each close).
 
         Called on its own by a live coordinator whose objective emptied (every device left):
         no round can run, so a device that joins then takes effect without one. Returns the
