@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot
-from coordinator.strategies import FedProx, Scheme, SchemeStrategy, Strategy, StrategyTable, configured, get_strategy
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, configured, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
+from flexfl.plugins import STRATEGY, plugin_forms
 from trace_recorder.sampler import Sampling, SRule
 from workloads.federated import DEFAULTS
 from workloads.models import MODEL_NAMES, model_plugin
@@ -36,6 +37,47 @@ THRESHOLD_K = 80.0
 
 
 @dataclass(frozen=True)
+class StrategyTable:
+    """[rules.strategy]: the strategy's `name` and its own parameters, the table's other keys (FedProx: mu).
+
+    The older form, a name alone ([rules] strategy = "fedprox"), reads as a table without
+    parameters (coordinator.rules.RulesConfig takes the older [rules] mu into it)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()  # (key, value), sorted: rules are compared and hashed
+
+    @classmethod
+    def of(cls, value: StrategyTable | Mapping[str, Any] | str) -> StrategyTable:
+        """A table, a {name: ..., key: value} mapping, or a name alone."""
+        if isinstance(value, StrategyTable):
+            return value
+        if isinstance(value, str):
+            return cls(name=value)
+        params = {str(k): v for k, v in value.items() if k != "name"}
+        return cls(name=value.get("name"), params=tuple(sorted(params.items())))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, value: Any, *, where: str, table: str) -> StrategyTable:
+        """Read from a config file (flexfl.config): its parameters checked against its strategy's fields."""
+        if isinstance(value, str):
+            return cls(name=value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: [{table}]: expected a table (name = \"fedprox\", mu = 0.01: the strategy and "
+                              f"its parameters) or a strategy's name, got {value!r}")
+        name = value.get("name")
+        if not isinstance(name, str):
+            problem = "missing (required)" if name is None else f"expected a string, got {name!r}"
+            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {', '.join(STRATEGIES)}, "
+                              f"{plugin_forms(STRATEGY)}")
+        read = cls.of(value)
+        configured(read.name, dict(read.params), where=where, table=table)  # types, unknown and missing keys
+        return read
+
+    def to_config(self) -> dict[str, Any]:
+        return {"name": self.name, **dict(self.params)}
+
+
+@dataclass(frozen=True)
 class RulesConfig:
     """The experiment's rules, the `[rules]` table of coordinator, simulator and live configs.
 
@@ -43,7 +85,7 @@ class RulesConfig:
     s_rule say how a device that follows a trace turns it into s (trace_recorder.sampler);
     the coordinator sends them to its agents with every round.
 
-    The aggregation rule is the table [rules.strategy] (coordinator.strategies.StrategyTable):
+    The aggregation rule is the table [rules.strategy] (StrategyTable):
     its `name` and the strategy's own parameters (name = "fedprox", mu = 0.01), which are the
     fields of the strategy's frozen dataclass. Older forms still read: [rules] strategy =
     "fedprox" with [rules] mu = 0.01 (mu goes into the table), and `scheme`, the older
@@ -179,3 +221,18 @@ class RulesConfig:
         so changing AUTO_C or THRESHOLD_K leaves runs that never use them the same runs."""
         return replace(self, auto_c=self.auto_c if DeparturePolicy.AUTO in policies else 1.0,
                        threshold_k=self.threshold_k if DeparturePolicy.THRESHOLD in policies else 0.0)
+
+
+def described_rules(rules: Mapping[str, Any]) -> str | None:
+    """How a saved run's [rules] (a dict, either form) names its strategy: "FedProx (mu = 0.01)"; None when it
+    names none; the run's own words when this FlexFL does not know the strategy (or a parameter is bad)."""
+    strategy = rules.get("strategy") or rules.get("scheme")
+    if isinstance(strategy, str):
+        strategy = {"name": strategy, **({"mu": rules["mu"]} if rules.get("mu") is not None else {})}
+    if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
+        return None
+    table = StrategyTable.of(strategy)
+    try:
+        return configured(table.name, dict(table.params), check_required=False).description
+    except ConfigError:
+        return table.name

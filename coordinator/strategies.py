@@ -333,47 +333,6 @@ def strategy_names() -> list[str]:
     return list(STRATEGIES)
 
 
-@dataclass(frozen=True)
-class StrategyTable:
-    """[rules.strategy]: the strategy's `name` and its own parameters, the table's other keys (FedProx: mu).
-
-    The older form, a name alone ([rules] strategy = "fedprox"), reads as a table without
-    parameters (coordinator.rules.RulesConfig takes the older [rules] mu into it)."""
-
-    name: str
-    params: tuple[tuple[str, Any], ...] = ()  # (key, value), sorted: rules are compared and hashed
-
-    @classmethod
-    def of(cls, value: StrategyTable | Mapping[str, Any] | str) -> StrategyTable:
-        """A table, a {name: ..., key: value} mapping, or a name alone."""
-        if isinstance(value, StrategyTable):
-            return value
-        if isinstance(value, str):
-            return cls(name=value)
-        params = {str(k): v for k, v in value.items() if k != "name"}
-        return cls(name=value.get("name"), params=tuple(sorted(params.items())))  # type: ignore[arg-type]
-
-    @classmethod
-    def from_config(cls, value: Any, *, where: str, table: str) -> StrategyTable:
-        """Read from a config file (flexfl.config): its parameters checked against its strategy's fields."""
-        if isinstance(value, str):
-            return cls(name=value)
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: [{table}]: expected a table (name = \"fedprox\", mu = 0.01: the strategy and "
-                              f"its parameters) or a strategy's name, got {value!r}")
-        name = value.get("name")
-        if not isinstance(name, str):
-            problem = "missing (required)" if name is None else f"expected a string, got {name!r}"
-            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {', '.join(STRATEGIES)}, "
-                              f"{plugin_forms(STRATEGY)}")
-        read = cls.of(value)
-        configured(read.name, dict(read.params), where=where, table=table)  # types, unknown and missing keys
-        return read
-
-    def to_config(self) -> dict[str, Any]:
-        return {"name": self.name, **dict(self.params)}
-
-
 # Strategies with parameters made so far, by name and parameters: RulesConfig.aggregation is read every round.
 _CONFIGURED: dict[tuple[str, str], Strategy] = {}
 
@@ -394,21 +353,6 @@ def configured(name: str | Scheme | Strategy, params: Mapping[str, Any] | None =
 def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
     """The strategy `name` with FedProx's mu (None: its registry value), not checking that mu is given."""
     return configured(name, {"mu": mu} if mu is not None else {}, check_required=False)
-
-
-def described_rules(rules: Mapping[str, Any]) -> str | None:
-    """How a saved run's [rules] (a dict, either form) names its strategy: "FedProx (mu = 0.01)"; None when it
-    names none; the run's own words when this FlexFL does not know the strategy (or a parameter is bad)."""
-    strategy = rules.get("strategy") or rules.get("scheme")
-    if isinstance(strategy, str):
-        strategy = {"name": strategy, **({"mu": rules["mu"]} if rules.get("mu") is not None else {})}
-    if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
-        return None
-    table = StrategyTable.of(strategy)
-    try:
-        return configured(table.name, dict(table.params), check_required=False).description
-    except ConfigError:
-        return table.name
 
 
 def _shown(value: Any) -> str:

@@ -114,7 +114,7 @@ class Run:
 def strategy_description(config: dict[str, Any]) -> str | None:
     """The strategy a run's config ([rules.strategy], or the older strategy or scheme and mu) names, with its
     parameters."""
-    from coordinator.strategies import described_rules
+    from coordinator.rules import described_rules
 
     rules = config.get("rules")
     return described_rules(rules) if isinstance(rules, dict) else None
