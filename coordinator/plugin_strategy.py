@@ -38,7 +38,7 @@ class PluginStrategy(Strategy):
     parameters (defaults: its class's name lowercased, its class's name, 0, none) and give
     Strategy's hooks new_memory (its own state between rounds, which makes each round's
     model) and counts_per_update (its own count of a device's work). Its name is the one
-    [rules] strategy gives. A weight must be a finite number >= 0 per device, a scale a
+    [rules.strategy] gives. A weight must be a finite number >= 0 per device, a scale a
     finite number >= 0 or None (discard the round), a count an integer >= 1 per device, a
     memory's model finite and shaped like the model; anything else, or an exception in its
     code, is one PluginError line.

@@ -21,11 +21,14 @@ device, coordinator.memory), or count a device's work in its own unit (Strategy.
 FedNova's SGD steps). coordinator.round.Federation calls these hooks for both engines; a
 plug-in has the same ones.
 
-A user's strategy is a plug-in ([rules] strategy = "mypkg.strategies:Mine", or an entry point
-of `flexfl.strategies`, flexfl.plugins): a class (or an instance of one) with the two factors'
-methods, ideally a Strategy subclass. get_strategy resolves it and wraps it in PluginStrategy
-(coordinator.plugin_strategy), which checks what each call returns and turns an exception in it
-into one PluginError line.
+A strategy's parameters are the fields of its frozen dataclass (FedProx's mu), given beside its
+name in [rules.strategy] (coordinator.rules.StrategyTable; Strategy.configure checks them).
+
+A user's strategy is a plug-in ([rules.strategy] name = "mypkg.strategies:Mine", or an entry
+point of `flexfl.strategies`, flexfl.plugins): a class (or an instance of one) with the two
+factors' methods, ideally a Strategy subclass, with the same hooks and parameters.
+get_strategy resolves it and wraps it in PluginStrategy (coordinator.plugin_strategy), which
+checks what each call returns and turns an exception in it into one PluginError line.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class Strategy(ABC):
     fast-reboot boost). A weight of 0 keeps a device's update out of the round.
     """
 
-    name: ClassVar[str]  # its value of [rules].strategy
+    name: ClassVar[str]  # its value of [rules.strategy] name
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
 
@@ -329,7 +332,7 @@ STRATEGIES: dict[str, Strategy] = {
 
 
 def strategy_names() -> list[str]:
-    """The registered strategies' names ([rules].strategy values, CLI choices; plug-ins aside)."""
+    """The registered strategies' names ([rules.strategy] names, CLI choices; plug-ins aside)."""
     return list(STRATEGIES)
 
 
@@ -348,11 +351,6 @@ def configured(name: str | Scheme | Strategy, params: Mapping[str, Any] | None =
             return made
         _CONFIGURED[key] = made
     return _CONFIGURED[key]
-
-
-def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
-    """The strategy `name` with FedProx's mu (None: its registry value), not checking that mu is given."""
-    return configured(name, {"mu": mu} if mu is not None else {}, check_required=False)
 
 
 def _shown(value: Any) -> str:
