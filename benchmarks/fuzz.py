@@ -37,7 +37,8 @@ from benchmarks.fuzz_grpc import EVIL, HONEST, SAMPLES, Client, Target, fuzz_grp
 from coordinator.checkpoint import load_checkpoint
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round import Arrival, Federation, RulesConfig
+from coordinator.round import Arrival, Federation
+from coordinator.rules import RulesConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, free_port
@@ -96,7 +97,7 @@ def expected_model(cfg: CoordinatorConfig, updates: dict[str, tuple[int, dict[st
     for d, (s_d, delta) in updates.items():
         if s_d > 0:
             summed.add(d, s=s_d, delta=delta)
-    return by_hand, fed.close(fed.weigh(1, summed.s), summed=summed).params
+    return by_hand, fed.close_summed(fed.weigh(1, summed.s), summed=summed).params
 
 
 def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: float = 64.0,

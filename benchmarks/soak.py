@@ -42,7 +42,7 @@ import torch
 from coordinator.checkpoint import load_checkpoint
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file

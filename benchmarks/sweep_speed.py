@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from simulator.engine import DEFAULT_TRACE_SET, SimConfig, TracesConfig, load_data, run_paired, run_simulation
 from simulator.paper import PAPER_DEVICES
 from trace_recorder.format import read_trace_set

@@ -1,6 +1,7 @@
 """A round's coefficients and the update w <- w + sum_k c_k (w_k - w), stacked or summed as updates arrive.
 
-The coefficients are a strategy's (coordinator.strategies: Schemes A, B, C, FedNova), pure
+The coefficients are a strategy's (coordinator.strategies: Schemes A, B, C, FedNova, FedProx,
+MIFA, or a plug-in's), pure
 functions of the round's participation: s_k (local updates device k completed, 0..E), E
 (updates required) and p_k (the device's base weight in the objective, after any
 fast-reboot boost). Applying them to model deltas is a separate step, in two forms built
@@ -45,12 +46,14 @@ StrategyLike = Strategy | Scheme | str  # a Strategy, or a name get_strategy kno
 
 
 def coefficients(strategy: StrategyLike, *, s: Sequence[int] | np.ndarray, E: int,
-                 p: Sequence[float] | np.ndarray) -> Coefficients:
-    """c_k = arrival weight x round scale of `strategy` (coordinator.strategies) for one round."""
+                 p: Sequence[float] | np.ndarray, devices: Sequence[Hashable] | None = None) -> Coefficients:
+    """c_k = arrival weight x round scale of `strategy` (coordinator.strategies) for one round.
+
+    `devices` names the round's devices in order, for errors (a plug-in's bad weight); default: their index."""
     rule = get_strategy(strategy)
     s_arr, p_arr = checked_round(s, E, p)
     scale = rule.round_scale(s=s_arr, E=E, p=p_arr)
-    weights = rule.arrival_weights(s=s_arr, E=E, p=p_arr)
+    weights = rule.weights_for(s=s_arr, E=E, p=p_arr, devices=devices)
     if scale is None:
         return Coefficients(values=np.zeros_like(weights), discarded=True)
     return Coefficients(values=weights * scale)
@@ -140,7 +143,7 @@ class RunningAggregate:
         if key not in self.p:
             raise AggregationError(f"an update from {key!r}, which is not a device of this round")
         s_arr, p_arr = checked_round([s], self.E, [self.p[key]])
-        weight = float(self.strategy.arrival_weights(s=s_arr, E=self.E, p=p_arr)[0])
+        weight = float(self.strategy.weights_for(s=s_arr, E=self.E, p=p_arr, devices=[key])[0])
         if weight > 0:
             if set(delta) != set(self._sum):
                 raise AggregationError(f"update from {key!r} has tensors {sorted(delta)}, expected {sorted(self._sum)}")

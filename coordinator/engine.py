@@ -51,7 +51,7 @@ from coordinator.records import (
 from coordinator.registry import Registry
 from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
 from coordinator.round import Federation
-from flexfl.errors import UpdateRejected
+from flexfl.errors import PluginError, UpdateRejected
 from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class RoundEngine:
         self._cond = threading.Condition(self._lock)  # the engine thread waits here
         self._parked = ParkedPulls()
         self._stop = threading.Event()
+        self.failure: PluginError | None = None  # a plug-in's fault met while taking an update (push)
         self._closed: list[ClosedRound] = []  # closed, not yet handed to the finisher (engine thread only)
         self._last_close: float | None = None
         self.out_dir = out = Path(cfg.output.dir)
@@ -214,7 +215,12 @@ class RoundEngine:
                                  "a device that trained must send its delta, one that did not must send s = 0")
         with self._lock:
             r = self._round_taking(device_id, report.round_id)  # again: the round may have moved meanwhile
-            r.take(device_id, report, delta, bytes_in=bytes_in, now=time.monotonic())
+            try:
+                r.take(device_id, report, delta, bytes_in=bytes_in, now=time.monotonic())
+            except PluginError as exc:  # the run's strategy failed, not this update: the run stops (run() raises it)
+                self.failure = exc
+                self.stop()
+                raise
             self._answered(r, device_id)
             return Accepted(round_id=r.round_id, message=f"s = {s} accepted")
 
@@ -288,6 +294,8 @@ class RoundEngine:
             finally:
                 self.folder.release()  # (a dead process releases it too: the kernel drops the flock)
         self.finisher.raise_error()
+        if self.failure is not None:
+            raise self.failure
 
     def _wait_for_members(self) -> bool:
         """True when the objective has a device to train; else pause until one joins (run.on_empty)."""
@@ -338,7 +346,7 @@ class RoundEngine:
         """Aggregate and apply the round's events (under the lock); the rest goes to the finisher."""
         weighing = self.federation.weigh(r.round_id, r.summed.s)
         arrivals, departures = self.membership.take_events()
-        outcome = self.federation.close(weighing, summed=r.summed, arrivals=arrivals, departures=departures)
+        outcome = self.federation.close_summed(weighing, summed=r.summed, arrivals=arrivals, departures=departures)
         # Overhead of the next round = its opening time minus this close (deadline or all answered).
         self._last_close = closed_at
         shards = [self.registry.record(d).shard_index for d in self.objective.members()]

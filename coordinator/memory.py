@@ -1,4 +1,14 @@
-"""Per-device update memory (MIFA): each device's latest update, and their running sum.
+"""A strategy's memory between rounds: the hooks Federation calls, and MIFA's per-device update memory.
+
+StrategyMemory is what a strategy with state between rounds gives (Strategy.new_memory):
+coordinator.round.Federation hands it every closing round (ClosingRound: the contributors'
+updates, s, p, the rate, the model before and after the plain aggregate) and takes the model
+it returns; it is told who is still in the objective after the membership events, and its
+snapshot() goes into the live coordinator's checkpoints. The live coordinator (updates
+summed as they arrive) and the simulator (updates stacked) build the same ClosingRound, so
+a memory, built in or a plug-in's, cannot tell them apart.
+
+MIFA's memory (MIFAMemory) is an UpdateMemory:
 
 A memory m_k is one model-sized set of float32 tensors per device that has sent an update
 and is still in the objective (MNIST's MLP: 199,210 parameters, 0.8 MB a device; 100
@@ -14,7 +24,10 @@ consistent state for a checkpoint written while the next round runs.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +35,56 @@ import torch
 from flexfl.errors import AggregationError
 
 Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClosingRound:
+    """What a strategy's memory is given of a closing round (Federation.close_stacked and close_summed alike)."""
+
+    round_index: int
+    lr: float  # eta_tau, the round's learning rate
+    E: int  # the rules' E (updates required), not a strategy's own count
+    devices: tuple[str, ...]  # the objective's members, in order
+    s: np.ndarray  # int64 [N]: updates completed, as the rules count them (0: sent nothing)
+    p: np.ndarray  # float64 [N]: base weights, fast-reboot boost included
+    coefficients: np.ndarray  # float64 [N]: c_k of this round's own updates
+    n_samples: Mapping[str, int]  # every member's n_k
+    # Each contributor's (c_k > 0) update delta_k, in `devices` order. Views of the caller's
+    # buffers: a memory copies what it keeps.
+    updates: Mapping[str, Mapping[str, torch.Tensor]]
+    params: Mapping[str, torch.Tensor]  # w before the round
+    aggregated: Mapping[str, torch.Tensor]  # w + sum_k c_k delta_k: the round's model without a memory
+
+
+class StrategyMemory(ABC):
+    """A strategy's state between rounds (MIFA's updates, a plug-in's own): one per run, from Strategy.new_memory.
+
+    close() is called once per round, after the round's updates are in (summed or stacked),
+    and returns the new global model; keep_only() after each close's membership events;
+    snapshot() must return plain data (dicts, lists, numbers, strings, tensors) that later
+    closes do not change: the live coordinator writes it to its checkpoint on another thread,
+    and restore() gets it back in a resumed run.
+    """
+
+    @abstractmethod
+    def close(self, round: ClosingRound) -> dict[str, torch.Tensor]:
+        """The global model after round `round`: each tensor shaped like round.params'."""
+
+    def keep_only(self, devices: set[str]) -> None:  # noqa: B027 - optional: a memory of every device ever seen
+        """The objective's members after the close's membership events (a device left under exclude is gone)."""
+
+    @property
+    def remembered(self) -> tuple[str, ...]:
+        """The devices whose state entered this close's model (recorded in each round's row)."""
+        return ()
+
+    @abstractmethod
+    def snapshot(self) -> dict:
+        """The state after the last close, for a checkpoint."""
+
+    @abstractmethod
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Back to a snapshot() (a resumed coordinator)."""
 
 
 class UpdateMemory:
@@ -102,3 +165,20 @@ class UpdateMemory:
         self._sum = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in self.shapes.items()}
         for device, m in dict(state.get("memories", {})).items():
             self.replace(str(device), n_samples=int(state["samples"][device]), update=m, scale=1.0)
+
+
+class MIFAMemory(UpdateMemory, StrategyMemory):
+    """MIFA's close (coordinator.strategies.MIFA): each contributor's m_k <- (E / s_k) delta_k / eta_tau, then
+    w + eta_tau sum_k p_k m_k over every memory, from the memories' running sum."""
+
+    def close(self, round: ClosingRound) -> dict[str, torch.Tensor]:
+        s = dict(zip(round.devices, round.s.tolist()))
+        for device, update in round.updates.items():
+            self.replace(device, n_samples=round.n_samples[device], update=update,
+                         scale=round.E / (s[device] * round.lr))
+        term = self.term(p=dict(zip(round.devices, round.p.tolist())), n_total=sum(round.n_samples.values()))
+        return {name: w.detach() + (term[name] * round.lr).to(w.dtype) for name, w in round.params.items()}
+
+    @property
+    def remembered(self) -> tuple[str, ...]:
+        return tuple(self.memories)

@@ -7,10 +7,12 @@ Round tau under the rules (paper Sections 4.1-4.3):
     ...     each participant k trains s_k local updates from w and returns delta_k
             (live: over gRPC until its deadline; simulated: s from the trace sampler)
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
-            c_k   = strategy(s, E, p): Scheme A/B/C, FedNova, ...  (coordinator.strategies)
+            c_k   = strategy(s m, E max m, p): Scheme A/B/C, FedNova, ...  (coordinator.strategies;
+                    m_k = 1, or what the strategy counts an update as: FedNova's SGD steps)
             w    <- w + sum_k c_k delta_k
-                    (MIFA instead: each contributor's memory m_k <- (E/s_k) delta_k / eta_tau,
-                     then w <- w + eta_tau sum_k p_k m_k over every member with a memory)
+                    (a strategy with a memory makes w itself from the round and its memory:
+                     MIFA's m_k <- (E/s_k) delta_k / eta_tau for each contributor, then
+                     w <- w + eta_tau sum_k p_k m_k over every member with a memory)
             the contributors' (c_k > 0) updates feed the Gamma estimate (coordinator.gamma)
             then the membership events that took effect during tau change the objective:
             arrivals join it, departures leave it under their policy (include / exclude);
@@ -33,13 +35,10 @@ import torch
 
 from coordinator.aggregation import Coefficients, RunningAggregate, apply_update, coefficients
 from coordinator.gamma import UpdateSketch, dissimilarities
-from coordinator.memory import UpdateMemory
+from coordinator.memory import ClosingRound, StrategyMemory
 from coordinator.objective import AutoDeparture, DeparturePolicy, LearningRate, Objective, ThresholdDeparture
-
-# The rules a Federation runs under; importers of RulesConfig and AUTO_C from here predate coordinator/rules.py.
-from coordinator.rules import AUTO_C, THRESHOLD_K, RulesConfig  # noqa: F401
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import steps_per_update
-from edge_agent.units import Unit
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
 from workloads.partition_spec import Dataset
 
@@ -117,19 +116,20 @@ class RoundSum:
     sketch: UpdateSketch
     s: dict[str, int] = field(default_factory=dict)
     sketches: dict[str, np.ndarray] = field(default_factory=dict)  # contributor -> C delta, float64 [m]
-    # A strategy with a memory (MIFA): each contributor's update, copied (float32), for the close to remember
+    # A strategy with a memory (MIFA): each contributor's update, copied (float32), for the close to hand it
+    keep: bool = False
     kept: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    # SGD steps per local update of each device, for a strategy that counts steps (Federation.counted)
-    steps_per_update: Mapping[str, int] | None = None
+    # What one local update of each device counts as for the strategy (Strategy.counts_per_update); None: one
+    counts: Mapping[str, int] | None = None
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
         if device not in self.running.p:
             raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
-        counted = s if self.steps_per_update is None else s * self.steps_per_update[device]
+        counted = s if self.counts is None else s * self.counts[device]
         if self.running.add(device, s=counted, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
-            if self.running.strategy.memory:  # the caller may reuse its buffers: a copy
+            if self.keep:  # the caller may reuse its buffers: a copy
                 self.kept[device] = {name: np.array(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d,
                                                     dtype=np.float32) for name, d in delta.items()}
         self.s[device] = int(s)
@@ -145,7 +145,8 @@ class Federation:
     objective: Objective = field(default_factory=Objective)
     completed_round: int = 0
     horizon: int | None = None  # T, the run's last round (the auto departure rule needs it)
-    memory: UpdateMemory | None = field(default=None, init=False)
+    # The strategy's state between rounds (Strategy.new_memory: MIFA's updates); None without one
+    memory: StrategyMemory | None = field(default=None, init=False)
 
     @property
     def E(self) -> int:
@@ -157,8 +158,7 @@ class Federation:
         return UpdateSketch(self.params)
 
     def __post_init__(self) -> None:
-        # Each device's latest update, for a strategy that applies them every round (MIFA)
-        self.memory = UpdateMemory(like=self.params) if self.rules.aggregation.memory else None
+        self.memory = self.rules.aggregation.new_memory(like=self.params)
 
     def learning_rate(self, round_index: int) -> float:
         shift = self.objective.shift_round if self.rules.lr_restart else 0  # lr_restart=False: a diagnostic only
@@ -171,30 +171,33 @@ class Federation:
         return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
                             lr=self.learning_rate(round_index))
 
-    def steps_per_update(self, devices: Sequence[str]) -> dict[str, int] | None:
-        """SGD steps in one local update of each device, when the strategy counts steps (FedNova) and an
-        update is an epoch (ceil(n_k / B) steps); None when the strategy reads s as the rules count it.
-
-        Such a strategy gets s_k x ceil(n_k / B) for s_k and E x the largest ceil(n_k / B) for E
-        (the bound every s_k stays within: FedNova's formula does not read E)."""
-        if not self.rules.aggregation.needs_steps or self.rules.unit is Unit.STEP:
+    def counts(self, devices: Sequence[str]) -> dict[str, int] | None:
+        """What one local update of each device counts as in the strategy's s and E
+        (Strategy.counts_per_update: FedNova's SGD steps); None: one, as the rules count it."""
+        n = [self.objective.sample_counts[d] for d in devices]
+        batch = self.rules.batch_size_for(self.dataset) if n else 1
+        steps = np.array([steps_per_update(n_k, batch_size=batch, unit=self.rules.unit) for n_k in n], dtype=np.int64)
+        counts = self.rules.aggregation.counts_per_update(steps_per_update=steps, n_samples=np.array(n, dtype=np.int64))
+        if counts is None:
             return None
-        batch = self.rules.batch_size_for(self.dataset)
-        return {d: steps_per_update(self.objective.sample_counts[d], batch_size=batch, unit=self.rules.unit)
-                for d in devices}
+        counts = np.asarray(counts)
+        if counts.shape != steps.shape or not np.issubdtype(counts.dtype, np.integer) or (counts < 1).any():
+            raise AggregationError(f"strategy {self.rules.aggregation.name!r}: counts_per_update gave "
+                                   f"{counts.tolist()} for {len(n)} devices; expected one integer >= 1 per device")
+        return dict(zip(devices, counts.tolist()))
 
-    def _counted_E(self, steps: Mapping[str, int] | None) -> int:
-        return self.E if steps is None else self.E * max(steps.values(), default=1)
+    def _counted_E(self, counts: Mapping[str, int] | None) -> int:
+        return self.E if counts is None else self.E * max(counts.values(), default=1)
 
     def start_sum(self, opening: RoundOpening) -> RoundSum:
-        """An empty RoundSum for the round `opening` opened; pass it to close() as `summed`."""
+        """An empty RoundSum for the round `opening` opened; pass it to close_summed()."""
         devices = self.objective.members()
         p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
-        steps = self.steps_per_update(devices)
+        counts = self.counts(devices)
         return RoundSum(round_index=opening.round_index,
-                        running=RunningAggregate(strategy=self.rules.aggregation, E=self._counted_E(steps),
+                        running=RunningAggregate(strategy=self.rules.aggregation, E=self._counted_E(counts),
                                                  p=dict(zip(devices, p.tolist())), like=self.params),
-                        sketch=self.sketch, steps_per_update=steps)
+                        sketch=self.sketch, keep=self.memory is not None, counts=counts)
 
     def weigh(self, round_index: int, s: Mapping[str, int]) -> Weighing:
         """p and the strategy's coefficients for the updates counts `s` (a member not in `s`: 0)."""
@@ -204,65 +207,76 @@ class Federation:
         devices = tuple(self.objective.members())
         s_arr = np.array([int(s.get(d, 0)) for d in devices], dtype=np.int64)
         p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
-        steps = self.steps_per_update(devices)
-        counted = s_arr if steps is None else s_arr * np.array([steps[d] for d in devices], dtype=np.int64)
-        coef = coefficients(self.rules.aggregation, s=counted, E=self._counted_E(steps), p=p)
+        counts = self.counts(devices)
+        counted = s_arr if counts is None else s_arr * np.array([counts[d] for d in devices], dtype=np.int64)
+        coef = coefficients(self.rules.aggregation, s=counted, E=self._counted_E(counts), p=p, devices=devices)
         return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
 
-    def close(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor] | None = None,
-              rows: Sequence[str] = (), summed: RoundSum | None = None,
-              arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
-        """Aggregate, then apply the membership events; returns what happened.
+    def close_stacked(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
+                      arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
+        """Aggregate the round's updates stacked (the simulator), then apply the membership events.
 
-        The updates come either stacked or summed. Stacked: `deltas[name]` is [K, *shape]
-        with row i the update of device rows[i]; it must hold (at least) every contributor of
-        `weighing` (with none, pass rows=() and deltas={}: the model stays). Summed: a
-        RoundSum of this round, whose s `weighing` was made from. The contributors' updates
-        also feed Objective.gamma (how non-IID a device is: the auto departure rule), the
-        same ones either way (other rows are ignored).
+        `deltas[name]` is [K, *shape] with row i the update of device rows[i]; it must hold (at
+        least) every contributor of `weighing` (with none, pass rows=() and deltas={}: the
+        model stays); other rows are ignored.
         """
         tau = weighing.round_index
-        lr = self.learning_rate(tau)
         contributors = weighing.contributors
-        if summed is not None:
-            if deltas is not None or rows:
-                raise TypeError(f"round {tau}: give the updates stacked (deltas, rows) or summed, not both")
-            self._check_sum(weighing, summed)
-            sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
-            if self.memory is not None:
-                self.params = self._remember(weighing, {d: summed.kept[d] for d in contributors}, lr=lr)
-            else:
-                self.params = summed.running.apply(global_state=self.params)
+        index = {d: i for i, d in enumerate(weighing.devices)}
+        missing = set(contributors) - set(rows)
+        if missing:
+            raise AggregationError(f"round {tau}: no update given for contributors {sorted(missing)}")
+        try:
+            device_rows = [index[d] for d in rows]
+        except KeyError as exc:
+            raise RoundStateError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the "
+                                  "objective") from None
+        if device_rows:  # apply_update checks the deltas before they are sketched
+            aggregated = apply_update(global_state=self.params, deltas=deltas, coefficients=weighing.coefficients,
+                                      rows=device_rows)
         else:
-            index = {d: i for i, d in enumerate(weighing.devices)}
-            missing = set(contributors) - set(rows)
-            if missing:
-                raise AggregationError(f"round {tau}: no update given for contributors {sorted(missing)}")
-            try:
-                device_rows = [index[d] for d in rows]
-            except KeyError as exc:
-                raise RoundStateError(f"round {tau}: an update from {exc.args[0]!r}, which is not in the "
-                                      "objective") from None
-            params = self.params
-            row_of = {d: i for i, d in enumerate(rows)}
-            if self.memory is not None:
-                params = self._remember(weighing, {c: {name: d[row_of[c]] for name, d in (deltas or {}).items()}
-                                                   for c in contributors}, lr=lr)
-            elif device_rows:  # apply_update checks the deltas before they are sketched
-                params = apply_update(global_state=self.params, deltas=deltas or {},
-                                      coefficients=weighing.coefficients, rows=device_rows)
-            sketches = np.array([self.sketch.of({name: d[row_of[c]] for name, d in (deltas or {}).items()})
-                                 for c in contributors], dtype=np.float64)
-            self.params = params
-        self._note_gamma(weighing, contributors, sketches, lr=lr)
+            aggregated = {name: w.detach().clone() for name, w in self.params.items()}
+        row_of = {d: i for i, d in enumerate(rows)}
+        updates = {c: {name: d[row_of[c]] for name, d in deltas.items()} for c in contributors}
+        sketches = np.array([self.sketch.of(updates[c]) for c in contributors], dtype=np.float64)
+        return self._close(weighing, aggregated=aggregated, updates=updates, sketches=sketches,
+                           arrivals=arrivals, departures=departures)
+
+    def close_summed(self, weighing: Weighing, *, summed: RoundSum, arrivals: Sequence[Arrival] = (),
+                     departures: Sequence[Departure] = ()) -> RoundOutcome:
+        """Aggregate the round's updates summed as they arrived (the live coordinator: a RoundSum of this
+        round, whose s `weighing` was made from), then apply the membership events."""
+        self._check_sum(weighing, summed)
+        contributors = weighing.contributors
+        sketches = np.array([summed.sketches[d] for d in contributors], dtype=np.float64)
+        updates = ({d: {name: torch.from_numpy(a) for name, a in summed.kept[d].items()} for d in contributors}
+                   if self.memory is not None else {})
+        return self._close(weighing, aggregated=summed.running.apply(global_state=self.params), updates=updates,
+                           sketches=sketches, arrivals=arrivals, departures=departures)
+
+    def _close(self, weighing: Weighing, *, aggregated: dict[str, torch.Tensor],
+               updates: Mapping[str, Mapping[str, torch.Tensor]], sketches: np.ndarray,
+               arrivals: Sequence[Arrival], departures: Sequence[Departure]) -> RoundOutcome:
+        """Both forms from here on: the strategy's memory (if any) makes the model, the contributors'
+        updates (sketches: row i contributors[i]) feed Objective.gamma, then the membership events."""
+        tau = weighing.round_index
+        lr = self.learning_rate(tau)
+        if self.memory is not None:
+            self.params = self.memory.close(ClosingRound(
+                round_index=tau, lr=lr, E=self.E, devices=weighing.devices, s=weighing.s, p=weighing.p,
+                coefficients=weighing.coefficients.values, n_samples=dict(self.objective.sample_counts),
+                updates=updates, params=self.params, aggregated=aggregated))
+        else:
+            self.params = aggregated
+        self._note_gamma(weighing, weighing.contributors, sketches, lr=lr)
         self.completed_round = tau
-        remembered = tuple(self.memory.memories) if self.memory is not None else ()
+        remembered = self.memory.remembered if self.memory is not None else ()
         return RoundOutcome(weighing=weighing, lr=lr, params=self.params, remembered=remembered,
                             **self.apply_between_rounds(arrivals=arrivals, departures=departures))
 
     def apply_between_rounds(self, *, arrivals: Sequence[Arrival] = (),
                              departures: Sequence[Departure] = ()) -> dict:
-        """Apply membership events after round `completed_round` (close() does, at each close).
+        """Apply membership events after round `completed_round` (close_stacked and close_summed do, at each close).
 
         Called on its own by a live coordinator whose objective emptied (every device left):
         no round can run, so a device that joins then takes effect without one. Returns the
@@ -293,21 +307,6 @@ class Federation:
             self.memory.keep_only(set(self.objective.sample_counts))
         return {"arrivals": tuple(arrived), "founded": tuple(founded), "departures": tuple(applied),
                 "shifted": self.objective.shift_round != shifted_before, "departure_gammas": gammas}
-
-    def _remember(self, weighing: Weighing, updates: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]], *,
-                  lr: float) -> dict[str, torch.Tensor]:
-        """MIFA's close (coordinator.strategies.MIFA): each contributor's m_k <- (E / s_k) delta_k / lr, then
-        w + lr sum_k p_k m_k over every memory, from the memories' running sum."""
-        memory = self.memory
-        if memory is None:
-            raise RoundStateError(f"strategy {self.rules.aggregation.name!r} keeps no update memory")
-        s = {d: int(v) for d, v in zip(weighing.devices, weighing.s)}
-        for device, update in updates.items():
-            memory.replace(device, n_samples=self.objective.sample_counts[device], update=update,
-                                scale=self.E / (s[device] * lr))
-        term = memory.term(p=dict(zip(weighing.devices, weighing.p.tolist())),
-                                n_total=sum(self.objective.sample_counts.values()))
-        return {name: w.detach() + (term[name] * lr).to(w.dtype) for name, w in self.params.items()}
 
     def _note_gamma(self, weighing: Weighing, contributors: list[str], sketches: np.ndarray, *, lr: float) -> None:
         """Feed the contributors' update sketches (row i: contributors[i]) to the Gamma estimate."""

@@ -7,16 +7,18 @@ under them, live and simulated alike.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from coordinator.objective import AutoDeparture, DeparturePolicy, FastReboot
-from coordinator.strategies import FedProx, Scheme, SchemeStrategy, Strategy, configured_strategy, get_strategy
+from coordinator.strategies import STRATEGIES, FedProx, Scheme, SchemeStrategy, Strategy, configured, get_strategy
 from edge_agent.trainer import Unit
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
+from flexfl.plugins import STRATEGY, plugin_forms
 from trace_recorder.sampler import Sampling, SRule
 from workloads.federated import DEFAULTS
 from workloads.models import MODEL_NAMES, model_plugin
@@ -35,6 +37,47 @@ THRESHOLD_K = 80.0
 
 
 @dataclass(frozen=True)
+class StrategyTable:
+    """[rules.strategy]: the strategy's `name` and its own parameters, the table's other keys (FedProx: mu).
+
+    The older form, a name alone ([rules] strategy = "fedprox"), reads as a table without
+    parameters (coordinator.rules.RulesConfig takes the older [rules] mu into it)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()  # (key, value), sorted: rules are compared and hashed
+
+    @classmethod
+    def of(cls, value: StrategyTable | Mapping[str, Any] | str) -> StrategyTable:
+        """A table, a {name: ..., key: value} mapping, or a name alone."""
+        if isinstance(value, StrategyTable):
+            return value
+        if isinstance(value, str):
+            return cls(name=value)
+        params = {str(k): v for k, v in value.items() if k != "name"}
+        return cls(name=value.get("name"), params=tuple(sorted(params.items())))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, value: Any, *, where: str, table: str) -> StrategyTable:
+        """Read from a config file (flexfl.config): its parameters checked against its strategy's fields."""
+        if isinstance(value, str):
+            return cls(name=value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: [{table}]: expected a table (name = \"fedprox\", mu = 0.01: the strategy and "
+                              f"its parameters) or a strategy's name, got {value!r}")
+        name = value.get("name")
+        if not isinstance(name, str):
+            problem = "missing (required)" if name is None else f"expected a string, got {name!r}"
+            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {', '.join(STRATEGIES)}, "
+                              f"{plugin_forms(STRATEGY)}")
+        read = cls.of(value)
+        configured(read.name, dict(read.params), where=where, table=table)  # types, unknown and missing keys
+        return read
+
+    def to_config(self) -> dict[str, Any]:
+        return {"name": self.name, **dict(self.params)}
+
+
+@dataclass(frozen=True)
 class RulesConfig:
     """The experiment's rules, the `[rules]` table of coordinator, simulator and live configs.
 
@@ -42,12 +85,14 @@ class RulesConfig:
     s_rule say how a device that follows a trace turns it into s (trace_recorder.sampler);
     the coordinator sends them to its agents with every round.
 
-    The aggregation rule is `strategy` (coordinator.strategies), or when it is left out
-    `scheme`, its older spelling for the paper's three: scheme = "A" is strategy =
-    "scheme-a". A scheme strategy is kept as its `scheme` (strategy left out), so a config
-    means one thing, written one way, and runs saved before strategies existed (whose files
-    say scheme = "C") are the same runs (simulator.engine.runs_alike). With another
-    strategy, `scheme` must stay at its default.
+    The aggregation rule is the table [rules.strategy] (StrategyTable):
+    its `name` and the strategy's own parameters (name = "fedprox", mu = 0.01), which are the
+    fields of the strategy's frozen dataclass. Older forms still read: [rules] strategy =
+    "fedprox" with [rules] mu = 0.01 (mu goes into the table), and `scheme`, the older
+    spelling for the paper's three: scheme = "A" is name = "scheme-a". A scheme strategy is
+    kept as its `scheme` (strategy left out), so a config means one thing, written one way,
+    and runs saved before strategies existed (whose files say scheme = "C") are the same runs
+    (simulator.engine.runs_alike). With another strategy, `scheme` must stay at its default.
 
     `strategy` and `model` may name plug-ins (flexfl.plugins: "mypkg.strategies:Mine", or an
     installed entry point); they are imported and checked here. `model` left out is the
@@ -56,8 +101,8 @@ class RulesConfig:
     """
 
     scheme: Scheme = Scheme.C
-    strategy: str | None = None
-    mu: float | None = None  # strategy = "fedprox": the weight of its proximal term (required there only)
+    strategy: StrategyTable | None = None  # code may give a name, or a {name: ..., key: value} mapping
+    mu: float | None = None  # the older form of [rules.strategy] mu (FedProx's; also --mu): moved into `strategy`
     model: str | None = None  # mlp | cnn | logreg | a plug-in; None: the paper's model for the dataset
     required_updates: int = 20  # E
     eta0: float | None = None
@@ -77,21 +122,7 @@ class RulesConfig:
 
     def __post_init__(self) -> None:
         coerce_enums(self)
-        if self.strategy is not None:
-            try:
-                chosen = get_strategy(self.strategy)
-            except ConfigError as exc:
-                raise type(exc)(f"rules.strategy: {exc}") from None
-            if isinstance(chosen, SchemeStrategy):
-                if self.scheme not in (Scheme.C, chosen.scheme):
-                    raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} "
-                                      "name two strategies; give one")
-                object.__setattr__(self, "scheme", chosen.scheme)
-                object.__setattr__(self, "strategy", None)
-            elif self.scheme is not Scheme.C:
-                raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {self.strategy!r} name "
-                                  f"two strategies; give one (scheme is the older spelling of strategy = "
-                                  f"'scheme-{self.scheme.value.lower()}')")
+        self._read_strategy()
         if self.model is not None and self.model not in MODEL_NAMES:
             try:
                 model_plugin(self.model)  # importable and callable: it is built and checked with the data's shape
@@ -99,13 +130,6 @@ class RulesConfig:
                 raise type(exc)(f"rules.model: {exc}") from None
         if self.required_updates < 1:
             raise ConfigError(f"rules.required_updates (E) must be >= 1, got {self.required_updates}")
-        if self.strategy == FedProx.name and self.mu is None:
-            raise ConfigError("rules.strategy = 'fedprox' needs rules.mu, the weight of its proximal term "
-                              "mu/2 ||w - w_G||^2 (FedProx's grid: 0.001, 0.01, 0.1, 1)")
-        if self.strategy != FedProx.name and self.mu is not None:
-            raise ConfigError(f"rules.mu = {self.mu!r} is FedProx's proximal weight, but the strategy is "
-                              f"{self.aggregation.name!r}; leave mu out or use strategy = 'fedprox'")
-        self.aggregation  # noqa: B018 - builds the strategy, so its own checks (FedProx's mu) fail here
         if self.eta0 is not None and not self.eta0 > 0:
             raise ConfigError(f"rules.eta0 must be > 0 (or left out for the paper's value), got {self.eta0}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -116,16 +140,54 @@ class RulesConfig:
         if not (np.isfinite(self.threshold_k) and self.threshold_k >= 0):
             raise ConfigError(f"rules.threshold_k (rounds left) must be a number >= 0, got {self.threshold_k!r}")
 
+    def _read_strategy(self) -> None:
+        """`strategy` as a StrategyTable (the older [rules] mu moved into it), or None for a scheme's; checked."""
+        table = None if self.strategy is None else StrategyTable.of(self.strategy)
+        if self.mu is not None:  # the older form: [rules] mu beside strategy = "fedprox"
+            if table is None or not isinstance(get_strategy(table.name), FedProx):
+                name = self.scheme_name() if table is None else table.name
+                raise ConfigError(f"rules.mu = {self.mu!r} is FedProx's proximal weight, but the strategy is {name!r}; "
+                                  "leave mu out, or write [rules.strategy] name = 'fedprox', mu = ...")
+            # It sets the table's mu: the --mu flag arrives as this key, and a flag overrides the file
+            table = StrategyTable.of({"name": table.name, **dict(table.params), "mu": self.mu})
+        if table is not None:
+            try:
+                chosen = get_strategy(table.name)
+            except ConfigError as exc:
+                raise type(exc)(f"rules.strategy: {exc}") from None
+            if isinstance(chosen, SchemeStrategy):
+                if self.scheme not in (Scheme.C, chosen.scheme):
+                    raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {table.name!r} "
+                                      "name two strategies; give one")
+                object.__setattr__(self, "scheme", chosen.scheme)
+                table = None if not table.params else table  # its own (refused) parameters still say so below
+            elif self.scheme is not Scheme.C:
+                raise ConfigError(f"rules.scheme = {self.scheme.value!r} and rules.strategy = {table.name!r} name "
+                                  f"two strategies; give one (scheme is the older spelling of [rules.strategy] name = "
+                                  f"'scheme-{self.scheme.value.lower()}')")
+        object.__setattr__(self, "strategy", table)
+        object.__setattr__(self, "mu", None)
+        self.aggregation  # noqa: B018 - builds the strategy: its parameters are checked now (FedProx's mu is required)
+
+    def scheme_name(self) -> str:
+        return f"scheme-{self.scheme.value.lower()}"
+
     @property
     def aggregation(self) -> Strategy:
-        """The strategy these rules aggregate with: `strategy`, else `scheme`'s (FedProx with `mu`)."""
-        return configured_strategy(self.strategy if self.strategy is not None else self.scheme, mu=self.mu)
+        """The strategy these rules aggregate with, with its parameters: `strategy`'s, else `scheme`'s."""
+        if self.strategy is None:
+            return get_strategy(self.scheme)
+        return configured(self.strategy.name, dict(self.strategy.params), where="")
 
-    def with_strategy(self, name: str | Scheme, *, mu: float | None = None) -> RulesConfig:
-        """These rules under another strategy (a name of coordinator.strategies, or a scheme); `mu` for FedProx."""
+    def with_strategy(self, name: str | Scheme, *, mu: float | None = None,
+                      params: Mapping[str, Any] | None = None) -> RulesConfig:
+        """These rules under another strategy (a name of coordinator.strategies, or a scheme) with its parameters
+        `params` (`mu`: FedProx's)."""
+        own = {**(params or {}), **({"mu": mu} if mu is not None else {})}
         if isinstance(name, Scheme) or name in {s.value for s in Scheme}:
-            return replace(self, scheme=Scheme(name), strategy=None, mu=mu)
-        return replace(self, scheme=Scheme.C, strategy=name, mu=mu)
+            table = StrategyTable.of({"name": f"scheme-{Scheme(name).value.lower()}", **own}) if own else None
+            return replace(self, scheme=Scheme(name), strategy=table, mu=None)
+        return replace(self, scheme=Scheme.C, strategy=StrategyTable.of({"name": name, **own}), mu=None)
 
     def check_for(self, dataset: Dataset | str) -> None:
         """These rules can run `dataset`: a plug-in one has no paper values, so model, eta0 and batch_size are given."""
@@ -162,3 +224,18 @@ class RulesConfig:
         so changing AUTO_C or THRESHOLD_K leaves runs that never use them the same runs."""
         return replace(self, auto_c=self.auto_c if DeparturePolicy.AUTO in policies else 1.0,
                        threshold_k=self.threshold_k if DeparturePolicy.THRESHOLD in policies else 0.0)
+
+
+def described_rules(rules: Mapping[str, Any]) -> str | None:
+    """How a saved run's [rules] (a dict, either form) names its strategy: "FedProx (mu = 0.01)"; None when it
+    names none; the run's own words when this FlexFL does not know the strategy (or a parameter is bad)."""
+    strategy = rules.get("strategy") or rules.get("scheme")
+    if isinstance(strategy, str):
+        strategy = {"name": strategy, **({"mu": rules["mu"]} if rules.get("mu") is not None else {})}
+    if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
+        return None
+    table = StrategyTable.of(strategy)
+    try:
+        return configured(table.name, dict(table.params), check_required=False).description
+    except ConfigError:
+        return table.name

@@ -15,29 +15,41 @@ Schemes A, B and C (paper Section 4.1) are strategies "scheme-a", "scheme-b", "s
 FedNova (Wang et al., NeurIPS 2020) is "fednova"; FedProx (Li et al., MLSys 2020) is
 "fedprox"; MIFA (Gu et al., NeurIPS 2021) is "mifa". A strategy may also add a term to each
 device's local objective (FedProx's mu/2 ||w - w_G||^2, Strategy.proximal_mu: the trainers
-run it, edge_agent.trainer and the simulator's row trainers alike) or need a per-device
-memory (Strategy.memory, MIFA's latest update of each device: coordinator.memory, kept by
-coordinator.round.Federation for both engines).
+run it, edge_agent.trainer and the simulator's row trainers alike), keep a memory between
+rounds that makes the round's model (Strategy.new_memory: MIFA's latest update of each
+device, coordinator.memory), or count a device's work in its own unit (Strategy.counts_per_update:
+FedNova's SGD steps). coordinator.round.Federation calls these hooks for both engines; a
+plug-in has the same ones.
 
-A user's strategy is a plug-in ([rules] strategy = "mypkg.strategies:Mine", or an entry point
-of `flexfl.strategies`, flexfl.plugins): a class (or an instance of one) with the two factors'
-methods, ideally a Strategy subclass. get_strategy resolves it and wraps it in PluginStrategy
-(coordinator.plugin_strategy), which checks what each call returns and turns an exception in it
-into one PluginError line.
+A strategy's parameters are the fields of its frozen dataclass (FedProx's mu), given beside its
+name in [rules.strategy] (coordinator.rules.StrategyTable; Strategy.configure checks them).
+
+A user's strategy is a plug-in ([rules.strategy] name = "mypkg.strategies:Mine", or an entry
+point of `flexfl.strategies`, flexfl.plugins): a class (or an instance of one) with the two
+factors' methods, ideally a Strategy subclass, with the same hooks and parameters.
+get_strategy resolves it and wraps it in PluginStrategy (coordinator.plugin_strategy), which
+checks what each call returns and turns an exception in it into one PluginError line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from coordinator.choices import Scheme  # its owner: light, for parsers
+from flexfl.config import replace_from_table
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms, resolve
+
+if TYPE_CHECKING:  # torch is imported where a round runs, not where a config names a strategy
+    import torch
+
+    from coordinator.memory import StrategyMemory
 
 
 def checked_round(s: Sequence[int] | np.ndarray, E: int,
@@ -74,15 +86,9 @@ class Strategy(ABC):
     fast-reboot boost). A weight of 0 keeps a device's update out of the round.
     """
 
-    name: ClassVar[str]  # its value of [rules].strategy
+    name: ClassVar[str]  # its value of [rules.strategy] name
     label: ClassVar[str]  # its value in run tables' "scheme" column (the schemes' letters, as before)
     title: ClassVar[str]  # how printed lines and plots name it
-    # A per-device memory: the round keeps each device's latest update between rounds and
-    # applies them all every round (MIFA; coordinator.round.Federation runs it).
-    memory: ClassVar[bool] = False
-    # Its formula reads s_k as SGD steps: under unit = "epoch" the round gives it s_k ceil(n_k / B)
-    # for s_k and E times the largest ceil(n_k / B) for E (coordinator.round.Federation.steps_per_update).
-    needs_steps: ClassVar[bool] = False
 
     @property
     def proximal_mu(self) -> float:
@@ -90,19 +96,53 @@ class Strategy(ABC):
         return 0.0
 
     @property
-    def parameters(self) -> dict[str, float]:
-        """The strategy's own settings, by their [rules] key (FedProx: mu); empty when it has none."""
-        return {}
+    def parameters(self) -> dict[str, Any]:
+        """The strategy's own settings by their [rules.strategy] key (FedProx: mu): its dataclass fields; empty when
+        it has none."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("in_file", True)}
 
     @property
     def description(self) -> str:
         """Its title with its parameters, as reports and printed lines name a run's strategy: "FedProx (mu = 0.01)"."""
-        params = ", ".join(f"{key} = {value:g}" for key, value in self.parameters.items())
+        params = ", ".join(f"{key} = {_shown(value)}" for key, value in self.parameters.items())
         return f"{self.title} ({params})" if params else self.title
+
+    def configure(self, params: Mapping[str, Any], *, where: str = "config", table: str = "rules.strategy",
+                  check_required: bool = True) -> Strategy:
+        """This strategy with the parameters `params` ([rules.strategy]'s keys beside name), checked as config keys
+        are: a strategy's parameters are the fields of its frozen dataclass (FedProx: mu)."""
+        if dataclasses.is_dataclass(self):
+            return replace_from_table(self, params, where=where, table=table, check_required=check_required)
+        if params:
+            raise ConfigError(f"{where}: [{table}].{next(iter(params))}: unknown key; {self.title} has no parameters")
+        return self
+
+    def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
+        """This strategy's state between rounds for a new run of a model shaped like `like` (MIFA's
+        updates: coordinator.memory); None (the default): the round's model is its plain aggregate."""
+        return None
+
+    def counts_per_update(self, *, steps_per_update: np.ndarray, n_samples: np.ndarray) -> np.ndarray | None:
+        """What one local update of each device counts as in this strategy's s and E, int64 [N]; None (the
+        default): one, as the rules count it.
+
+        steps_per_update[k] is device k's SGD steps in one of its updates (1 under unit = "step",
+        ceil(n_k / B) under "epoch"), n_samples[k] its n_k. With counts m the strategy's two
+        factors get s_k m_k for s_k and E max_k m_k for E (the bound every s_k m_k stays within),
+        in both forms of the round (coordinator.round.Federation): FedNova counts SGD steps."""
+        return None
 
     @abstractmethod
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         """Each device's factor known at its update's arrival, float64 [N]."""
+
+    def weights_for(self, *, s: np.ndarray, E: int, p: np.ndarray,
+                    devices: Sequence[Hashable] | None = None) -> np.ndarray:
+        """arrival_weights, for callers that know the devices: an error names devices[k], not index k
+        (PluginStrategy's checks; the live coordinator calls it for one device at a time)."""
+        return self.arrival_weights(s=s, E=E, p=p)
 
     @abstractmethod
     def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
@@ -125,7 +165,7 @@ class SchemeStrategy(Strategy):
     B and C accept incomplete work, C rescaling it by E/s_k; an inactive device gets 0 in each.
     """
 
-    scheme: Scheme
+    scheme: Scheme = field(metadata={"in_file": False})  # its name says it: not a parameter
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -171,7 +211,7 @@ class FedNova(Strategy):
     tau_i counts local SGD steps, so s does too: under [rules].unit = "epoch" the round gives
     FedNova s_k ceil(n_k / B), device k's steps (its s_k epochs of ceil(n_k / B) batches), which
     is the heterogeneity FedNova was made for: devices of different sizes take different numbers
-    of steps in E epochs (coordinator.round.Federation.steps_per_update).
+    of steps in E epochs (counts_per_update).
 
     When every device completes E steps, tau_eff = E and c_k = q_k: FedAvg, as Schemes A, B
     and C give when p sums to 1. It factors as arrival weight p_k / s_k and round scale
@@ -182,7 +222,9 @@ class FedNova(Strategy):
     name: ClassVar[str] = "fednova"
     label: ClassVar[str] = "fednova"
     title: ClassVar[str] = "FedNova"
-    needs_steps: ClassVar[bool] = True
+
+    def counts_per_update(self, *, steps_per_update: np.ndarray, n_samples: np.ndarray) -> np.ndarray | None:
+        return steps_per_update  # tau_k counts SGD steps (class docstring)
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return p * np.divide(1.0, s, out=np.zeros(len(s), dtype=np.float64), where=s > 0)
@@ -205,13 +247,14 @@ class FedProx(Strategy):
     simulator's row trainers). The server accepts partial work as Scheme B does: c_k = p_k
     for every device with s_k > 0 (FedProx's "variable amounts of work" from stragglers,
     averaged at their base weights), 0 for an inactive one. mu = 0 is Scheme B. `mu` is
-    [rules].mu; the registry's instance has mu = 0 and RulesConfig.aggregation sets it.
+    [rules.strategy] mu, required there; the registry's instance has mu = 0.
     """
 
     name: ClassVar[str] = "fedprox"
     label: ClassVar[str] = "fedprox"
     title: ClassVar[str] = "FedProx"
-    mu: float = 0.0
+    mu: float = field(default=0.0, metadata={"required": "the weight of its proximal term mu/2 ||w - w_G||^2 "
+                                                          "(FedProx's grid: 0.001, 0.01, 0.1, 1)"})
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.mu) and self.mu >= 0):
@@ -220,10 +263,6 @@ class FedProx(Strategy):
     @property
     def proximal_mu(self) -> float:
         return float(self.mu)
-
-    @property
-    def parameters(self) -> dict[str, float]:
-        return {"mu": float(self.mu)}
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.B](s, E, p)
@@ -242,7 +281,7 @@ class MIFA(Strategy):
     of the K gradients device k took from w in the round t it last trained, and the server
     steps w <- w - eta_tau (1/N) sum_k G^k with the *current* rate eta_tau.
 
-    What FlexFL keeps (coordinator.memory.UpdateMemory, run by coordinator.round.Federation):
+    What FlexFL keeps (coordinator.memory.MIFAMemory, its new_memory, run by coordinator.round.Federation):
     m_k = (E / s_k) delta_k / eta_t, delta_k = w_k - w the update of s_k steps made at rate
     eta_t, i.e. -G^k scaled to E steps: MIFA assumes every active device completes its K = E
     steps; an incomplete update (0 < s_k < E) is scaled up by E / s_k as Scheme C scales it, so
@@ -271,7 +310,11 @@ class MIFA(Strategy):
     name: ClassVar[str] = "mifa"
     label: ClassVar[str] = "mifa"
     title: ClassVar[str] = "MIFA"
-    memory: ClassVar[bool] = True
+
+    def new_memory(self, *, like: Mapping[str, torch.Tensor]) -> StrategyMemory | None:
+        from coordinator.memory import MIFAMemory
+
+        return MIFAMemory(like=like)
 
     def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
         return _SCHEME_WEIGHT[Scheme.C](s, E, p)
@@ -289,14 +332,29 @@ STRATEGIES: dict[str, Strategy] = {
 
 
 def strategy_names() -> list[str]:
-    """The registered strategies' names ([rules].strategy values, CLI choices; plug-ins aside)."""
+    """The registered strategies' names ([rules.strategy] names, CLI choices; plug-ins aside)."""
     return list(STRATEGIES)
 
 
-def configured_strategy(name: str | Scheme, *, mu: float | None = None) -> Strategy:
-    """The strategy `name` with its [rules] parameters (FedProx's mu; None there: 0), as a run uses it."""
+# Strategies with parameters made so far, by name and parameters: RulesConfig.aggregation is read every round.
+_CONFIGURED: dict[tuple[str, str], Strategy] = {}
+
+
+def configured(name: str | Scheme | Strategy, params: Mapping[str, Any] | None = None, *, where: str = "config",
+               table: str = "rules.strategy", check_required: bool = True) -> Strategy:
+    """The strategy `name` (get_strategy) with its parameters `params` (Strategy.configure), as a run uses it."""
     rule = get_strategy(name)
-    return FedProx(mu=mu or 0.0) if isinstance(rule, FedProx) else rule
+    key = (rule.name, repr(sorted((params or {}).items())))
+    if key not in _CONFIGURED or not check_required:
+        made = rule.configure(dict(params or {}), where=where, table=table, check_required=check_required)
+        if not check_required:
+            return made
+        _CONFIGURED[key] = made
+    return _CONFIGURED[key]
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 # Plug-in strategies resolved so far, by name: a plug-in is imported, instantiated and probed once per process.

@@ -32,7 +32,7 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -161,6 +161,34 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", ta
         raise type(exc)(f"{where}: {_table(table) + ' ' if table else ''}{exc}") from None
 
 
+def replace_from_table(obj: T, raw: Mapping[str, Any], *, where: str, table: str, check_required: bool = True) -> T:
+    """`obj` (a frozen dataclass) with the fields a config table `raw` gives, each checked as from_dict checks it.
+
+    A strategy's parameters are read so ([rules.strategy]'s keys beside `name`): a field is a
+    key unless its metadata says in_file = False, and one whose metadata has "required" (a
+    text saying what it is) must be given when `check_required`. `where` "" leaves the file out
+    of messages (a config built in code, or one whose file a caller names)."""
+    at = f"{where}: " if where else ""
+    known = {f.name: f for f in dataclasses.fields(obj) if f.metadata.get("in_file", True)}
+    for key in raw:
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
+            suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+            valid = f"valid keys: {', '.join(known)}" if known else "it has no parameters"
+            raise ConfigError(f"{at}{_key(table, key)}: unknown key; {suggestion}{valid}")
+    missing = [name for name, f in known.items() if check_required and f.metadata.get("required") and name not in raw]
+    if missing:
+        what = known[missing[0]].metadata["required"]
+        raise ConfigError(f"{at}{_key(table, missing[0])}: missing (required): {what}")
+    hints = typing.get_type_hints(type(obj))
+    values = {key: _convert(hints[key], value, where=where or "config", table=table, key=key)
+              for key, value in raw.items()}
+    try:
+        return dataclasses.replace(obj, **values)
+    except ConfigError as exc:
+        raise type(exc)(f"{at}{_table(table)} {exc}") from None
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
@@ -179,6 +207,10 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
             except ConfigError:
                 pass
         return _convert(options[-1], value, where=where, table=table, key=key)
+    if isinstance(tp, type) and callable(getattr(tp, "from_config", None)):
+        # A table that reads itself (a strategy's: its name picks the class whose fields its other keys are)
+        reader: Callable[..., Any] = getattr(tp, "from_config")  # noqa: B009 - checked above; mypy sees a type
+        return reader(value, where=where, table=f"{table}.{key}" if table else key)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where=where, table=f"{table}.{key}" if table else key)
     if origin is dict:
@@ -291,6 +323,8 @@ def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
 
 
 def _plain(value: Any, absolute_paths: bool = False) -> Any:
+    if callable(getattr(value, "to_config", None)):  # a table that reads itself (_convert's from_config)
+        return value.to_config()
     if dataclasses.is_dataclass(value):
         return to_dict(value, absolute_paths=absolute_paths)
     if isinstance(value, enum.Enum):

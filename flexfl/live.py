@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics, write_run_info
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from edge_agent.deadline import StopReason
 from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config

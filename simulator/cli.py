@@ -303,7 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     mu_flag = flag_dest("rules", "mu")
     mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
-    mu = mu if mu is not None else cfg.rules.mu
+    mu = mu if mu is not None else cfg.rules.aggregation.parameters.get("mu")
     # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
     # named as rounds.csv and the report name it (its label). Every run's config is made (and an
     # unknown name or a missing mu refused) before any run.

@@ -31,7 +31,8 @@ import torch
 from coordinator.aggregation import stack_deltas
 from coordinator.metrics import round_row
 from coordinator.objective import DeparturePolicy
-from coordinator.round import Arrival, Departure, Federation, RoundOpening, RulesConfig, Weighing
+from coordinator.round import Arrival, Departure, Federation, RoundOpening, Weighing
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError, DivergenceError
@@ -530,7 +531,7 @@ class _Run:
         t0 = time.perf_counter()
         cfg, fed, s, weighing, rows = self.cfg, self.fed, work.s, work.weighing, work.rows
         tau = work.opening.round_index
-        outcome = fed.close(
+        outcome = fed.close_stacked(
             weighing, deltas=deltas, rows=rows,
             arrivals=[Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
                       for a in cfg.schedule.arrivals if a.round == tau],

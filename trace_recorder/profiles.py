@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.aggregation import Scheme
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.config import NOT_IN_FILE, load_config, path_field, to_dict
 from flexfl.errors import ConfigError
 from trace_recorder import DEFAULT_PROFILE

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flexfl.errors import ConfigError, FlexFLError, ReportError
+from flexfl.errors import ConfigError, ReportError
 from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
 
 RUN_JSON = "run.json"
@@ -112,19 +112,12 @@ class Run:
 
 
 def strategy_description(config: dict[str, Any]) -> str | None:
-    """The strategy a run's config ([rules] strategy or scheme, and mu) names, with its parameters."""
-    from coordinator.strategies import configured_strategy
+    """The strategy a run's config ([rules.strategy], or the older strategy or scheme and mu) names, with its
+    parameters."""
+    from coordinator.rules import described_rules
 
     rules = config.get("rules")
-    if not isinstance(rules, dict):
-        return None
-    name = rules.get("strategy") or rules.get("scheme")
-    if not isinstance(name, str):
-        return None
-    try:
-        return configured_strategy(name, mu=rules.get("mu")).description
-    except FlexFLError:  # a strategy this FlexFL does not know (or a bad mu): show the run's own words
-        return name
+    return described_rules(rules) if isinstance(rules, dict) else None
 
 
 def label_title(label: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from coordinator.runtime import Coordinator
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig

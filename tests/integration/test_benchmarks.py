@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.coordinator_bench import run_fleet
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 
 
 @pytest.mark.slow

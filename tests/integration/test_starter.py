@@ -11,7 +11,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig
 from flexfl.config import write_config
 from workloads.partition_spec import PartitionSpec

@@ -252,3 +252,68 @@ def test_running_aggregate_refuses_a_second_update_and_a_wrong_shape():
         running.add("z", s=3, delta={"w": np.ones(2, dtype=np.float32)})
     torch.testing.assert_close(running.apply(global_state={"w": torch.zeros(2)})["w"],
                                torch.full((2,), 0.5 * 5 / 2))
+
+
+# FedNova's factors with a count of its own: tau_k in samples (s_k passes over n_k samples), not FedNova's SGD steps.
+SAMPLE_NOVA = """
+    import numpy as np
+    from coordinator.strategies import Strategy
+
+    class SampleNova(Strategy):
+        label = "sample-nova"
+
+        def counts_per_update(self, *, steps_per_update, n_samples):
+            return n_samples
+
+        def arrival_weights(self, *, s, E, p):
+            return p * np.divide(1.0, s, out=np.zeros(len(s)), where=s > 0)
+
+        def round_scale(self, *, s, E, p):
+            active = s > 0
+            return 1.0 if not active.any() else float(p[active] @ s[active]) / float(p[active].sum()) ** 2
+
+    class BadCount(SampleNova):
+        def counts_per_update(self, *, steps_per_update, n_samples):
+            return n_samples / 2
+"""
+
+
+def test_a_plug_in_strategy_counts_a_devices_work_its_own_way_in_both_forms_of_the_round(plugin_module):
+    """Federation hands a plug-in's counts_per_update the same s and E in the stacked and the summed round: its
+    coefficients are FedNova's formula (the oracle) with tau_k = s_k n_k, and the two forms make the same model."""
+    from coordinator.round import Arrival, Federation
+    from coordinator.rules import RulesConfig
+    from flexfl.errors import PluginError
+
+    name = plugin_module(SAMPLE_NOVA)
+    n = {"a": 10, "b": 25, "c": 30}
+    s = {"a": 2, "b": 1, "c": 0}
+    deltas = {"a": [1.0, -2.0], "b": [0.5, 0.5], "c": [9.0, 9.0]}
+    feds = []
+    for _ in range(2):
+        fed = Federation(rules=RulesConfig(required_updates=3, eta0=1.0, strategy=f"{name}:SampleNova", unit="epoch",
+                                           batch_size=10), dataset="synthetic", params={"w": torch.zeros(2)})
+        fed.apply_events(arrivals=[Arrival(d, n_k) for d, n_k in n.items()])
+        feds.append(fed)
+    stacked, summed = feds
+    w = stacked.weigh(1, s)
+    np.testing.assert_array_equal(w.s, [2, 1, 0])  # recorded as the rules count them
+    p = w.p
+    oracle = _fednova_oracle(s=[s[d] * n[d] for d in n], p=p, deltas=[deltas[d] for d in n])
+    np.testing.assert_allclose(w.coefficients.values @ np.array([deltas[d] for d in n]), oracle, rtol=1e-12)
+    # FedNova's own count (SGD steps: a 1, b 3, c 3 per epoch) gives another update here
+    steps = _fednova_oracle(s=[2 * 1, 1 * 3, 0], p=p, deltas=[deltas[d] for d in n])
+    assert not np.allclose(oracle, steps)
+    stacked.close_stacked(w, deltas={"w": torch.tensor([deltas[d] for d in n])}, rows=list(n))
+    running = summed.start_sum(summed.open(1))
+    for d in ("c", "b", "a"):
+        running.add(d, s=s[d], delta={"w": np.array(deltas[d], dtype=np.float32)})
+    summed.close_summed(summed.weigh(1, running.s), summed=running)
+    np.testing.assert_allclose(stacked.params["w"].numpy(), oracle, rtol=1e-6)
+    torch.testing.assert_close(summed.params["w"], stacked.params["w"], rtol=1e-6, atol=1e-7)
+    bad = Federation(rules=RulesConfig(required_updates=3, strategy=f"{name}:BadCount", unit="epoch", eta0=1.0,
+                                       batch_size=10), dataset="synthetic", params={"w": torch.zeros(2)})
+    bad.apply_events(arrivals=[Arrival("a", 10), Arrival("b", 25)])
+    with pytest.raises(PluginError, match=rf"strategy plug-in '{name}:BadCount' returned .* from counts_per_update "
+                                          r"for 2 devices; expected one integer >= 1 per device"):
+        bad.weigh(1, {"a": 1})

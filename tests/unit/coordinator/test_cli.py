@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from coordinator.cli import add_rules_flags
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.config import overrides_from_args
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
 from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.deadline import StopReason
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
@@ -200,6 +201,78 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
     plain.folder.release()  # it never ran, which is what releases the folder
     with pytest.raises(ConfigError, match="holds no update memory, which strategy 'mifa' needs to resume"):
         RoundEngine(_mifa_config(tmp_path / "c"), data=build_federated(other.partition), resume=True)
+
+
+KEEPS_LAST = """
+    import numpy as np
+    from coordinator.memory import StrategyMemory
+    from coordinator.strategies import Strategy
+
+    class KeepsLast(StrategyMemory):
+        def __init__(self):
+            self.last = {}
+
+        def close(self, round):
+            self.last.update({d: {n: t.clone() for n, t in u.items()} for d, u in round.updates.items()})
+            return dict(round.aggregated) if round.round_index == 1 else {"w": 0}
+
+        def snapshot(self):
+            return {"last": self.last}
+
+        def restore(self, state):
+            self.last = state["last"]
+
+    class KeepsLastB(Strategy):
+        label = "keeps-last"
+
+        def arrival_weights(self, *, s, E, p):
+            return np.where(s > 0, p, 0.0)
+
+        def round_scale(self, *, s, E, p):
+            return 1.0
+
+        def new_memory(self, *, like):
+            return KeepsLast()
+"""
+
+
+def test_a_plug_in_strategys_memory_survives_a_coordinator_restart_and_a_bad_model_from_it_is_one_line(
+        tmp_path, plugin_module):
+    """Its snapshot goes into the checkpoint as MIFA's does; its close's model is checked (round 2 returns junk)."""
+    from flexfl.errors import PluginError
+
+    name = plugin_module(KEEPS_LAST)
+    cfg = _mifa_config(tmp_path, strategy=f"{name}:KeepsLastB")
+    eng = RoundEngine(cfg, data=build_federated(cfg.partition))
+    thread = threading.Thread(target=eng.run, daemon=True)
+    _join(eng, "a")
+    _join(eng, "b")
+    thread.start()
+    try:
+        _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
+        _answer(eng, "a", 1.0)
+        _answer(eng, "b", 3.0)
+        thread.join(timeout=60)
+        assert eng.finished
+    finally:
+        eng.stop()
+    before = eng.federation.memory.snapshot()
+    assert set(before["last"]) == {"a", "b"}
+    resumed = RoundEngine(replace(cfg, run=replace(cfg.run, rounds=2)), data=build_federated(cfg.partition),
+                          resume=True)
+    try:
+        after = resumed.federation.memory.snapshot()["last"]
+        for device, update in before["last"].items():
+            for tensor, value in update.items():
+                torch.testing.assert_close(after[device][tensor], value)
+                torch.testing.assert_close(value, torch.full_like(value, 1.0 if device == "a" else 3.0))
+        weighing = resumed.federation.weigh(2, {})
+        with pytest.raises(PluginError, match=rf"^strategy plug-in '{name}:KeepsLastB' returned \['w'\] from its "
+                                              r"memory's close in round 2; expected the model's tensors \["):
+            resumed.federation.close_summed(weighing, summed=resumed.federation.start_sum(resumed.federation.open(2)))
+    finally:
+        resumed.stop()
+        resumed.folder.release()
 
 
 def test_one_round_through_domain_records_alone(tmp_path):

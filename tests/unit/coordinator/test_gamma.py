@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from coordinator.gamma import UpdateSketch, dissimilarities
-from coordinator.round import Arrival, Federation, RulesConfig
+from coordinator.round import Arrival, Federation
+from coordinator.rules import RulesConfig
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import AggregationError
 from workloads.datasets import ArrayDataset
@@ -64,7 +65,7 @@ def _run(devices: list[ArrayDataset], s: dict[str, int]) -> tuple[dict[str, floa
             deltas.append(delta)
             earlier[d].append(sum(float(v.double().square().sum()) for v in delta.values()) / (lr * s[d]) ** 2 / 2)
         stacked = {name: torch.stack([delta[name] for delta in deltas]) for name in fed.params}
-        fed.close(fed.weigh(tau, s), deltas=stacked, rows=list(s))
+        fed.close_stacked(fed.weigh(tau, s), deltas=stacked, rows=list(s))
     return {d: fed.objective.gamma(d) for d in s}, {d: float(np.mean(v[-5:])) for d, v in earlier.items()}
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from coordinator.aggregation import coefficients
-from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.round import Arrival, Departure, Federation
+from coordinator.rules import RulesConfig
 from coordinator.strategies import FedNova, strategy_names
 from flexfl.config import to_dict
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
@@ -28,7 +29,7 @@ def test_a_round_aggregates_scheme_c_and_applies_events_at_its_close():
     np.testing.assert_allclose(w.p, [0.25, 0.75])
     np.testing.assert_allclose(w.coefficients.values, [0.25 * 4 / 2, 0.75])
     deltas = {"w": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
-    out = fed.close(w, deltas=deltas, rows=["a", "b"], arrivals=[Arrival("c", 40)])
+    out = fed.close_stacked(w, deltas=deltas, rows=["a", "b"], arrivals=[Arrival("c", 40)])
     torch.testing.assert_close(fed.params["w"], torch.tensor([0.5, 0.75]))
     assert out.arrivals == ("c",) and out.shifted and fed.objective.shift_round == 1
     # Round 2: the newcomer trains at 3x its weight, the rate restarted at eta_0.
@@ -42,20 +43,21 @@ def test_a_round_aggregates_scheme_c_and_applies_events_at_its_close():
 def test_departures_under_each_policy(policy, shifted):
     fed = _federation(departure_policy=policy)
     w = fed.weigh(1, {"a": 4, "b": 4})
-    out = fed.close(w, deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"], departures=[Departure("b")])
+    out = fed.close_stacked(w, deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"], departures=[Departure("b")])
     assert out.departures == (("b", policy),) and out.shifted is shifted
     nxt = fed.open(2)
     assert nxt.participants == ("a",)
     assert nxt.lr == (1.0 if shifted else 0.5)
     assert fed.objective.members() == (["a", "b"] if policy == "include" else ["a"])
     if policy == "include":  # it comes back: trains again, no objective shift
-        fed.close(fed.weigh(2, {"a": 1}), deltas={"w": torch.zeros(1, 2)}, rows=["a"], arrivals=[Arrival("b", 30)])
+        fed.close_stacked(fed.weigh(2, {"a": 1}), deltas={"w": torch.zeros(1, 2)}, rows=["a"],
+                          arrivals=[Arrival("b", 30)])
         assert fed.open(3).participants == ("a", "b") and fed.objective.shift_round == 0
 
 
 def test_a_departure_policy_per_event_overrides_the_rules():
     fed = _federation(departure_policy="include")
-    out = fed.close(fed.weigh(1, {}), deltas={}, rows=[], departures=[Departure("a", "exclude")])
+    out = fed.close_stacked(fed.weigh(1, {}), deltas={}, rows=[], departures=[Departure("a", "exclude")])
     assert out.departures == (("a", "exclude"),) and fed.objective.members() == ["b"]
 
 
@@ -67,7 +69,7 @@ def test_bad_rounds_are_refused():
         fed.weigh(1, {"z": 1})
     w = fed.weigh(1, {"a": 4, "b": 4})
     with pytest.raises(AggregationError, match=r"no update given for contributors \['b'\]"):
-        fed.close(w, deltas={"w": torch.zeros(1, 2)}, rows=["a"])
+        fed.close_stacked(w, deltas={"w": torch.zeros(1, 2)}, rows=["a"])
     assert fed.completed_round == 0  # nothing changed
 
 
@@ -78,14 +80,14 @@ def test_auto_departures_follow_the_gamma_estimate_and_the_horizon():
     # aggregate direction is 0.25 (2, 0), so x_a = (1.5, 0) and x_b = (-0.5, 0) every round.
     for tau, s in zip((1, 2, 3), ({"a": 4, "b": 1}, {"a": 1, "b": 4}, {"a": 2, "b": 3})):
         d = torch.tensor([[-fed.learning_rate(tau) * s["a"] * 2.0, 0.0], [0.0, 0.0]])
-        fed.close(fed.weigh(tau, s), deltas={"w": d}, rows=["a", "b"])
+        fed.close_stacked(fed.weigh(tau, s), deltas={"w": d}, rows=["a", "b"])
     assert fed.objective.gamma("a") == pytest.approx(1.5 ** 2 / 2) and fed.objective.gamma("b") == pytest.approx(0.125)
     # At tau_0 = 4: a needs 50 - 4 >= sqrt(1.125 * 4) = 2.1: exclude.
     assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"
     fed.rules = RulesConfig(required_updates=4, eta0=1.0, departure_policy="auto", auto_c=30.0)
     # Round 4's zero updates add products 0: Gamma_a = (2.25 + 2.25 + 0) / 3 / 2 = 0.75, Gamma_b = 0.083.
     # With c = 30: a needs 46 >= 30 sqrt(0.75 * 4) = 52: include; b needs 46 >= 30 sqrt(0.083 * 4) = 17: exclude.
-    out = fed.close(fed.weigh(4, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
+    out = fed.close_stacked(fed.weigh(4, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
                     departures=[Departure("a"), Departure("b")])
     assert out.departures == (("a", "include"), ("b", "exclude"))
     assert out.departure_gammas == pytest.approx({"a": 0.75, "b": 0.25 * 2 / 3 / 2})
@@ -97,7 +99,8 @@ def test_threshold_departures_follow_the_time_left():
     fed.horizon = 50
     assert fed.departure_policy(Departure("a"), tau0=4) == "exclude"  # 46 rounds left
     assert fed.departure_policy(Departure("a"), tau0=5) == "include"
-    out = fed.close(fed.weigh(1, {}), deltas={}, rows=[], departures=[Departure("a"), Departure("b", "threshold")])
+    out = fed.close_stacked(fed.weigh(1, {}), deltas={}, rows=[],
+                            departures=[Departure("a"), Departure("b", "threshold")])
     assert out.departures == (("a", "exclude"), ("b", "exclude"))  # 49 rounds left
     with pytest.raises(ConfigError, match="threshold_k"):
         RulesConfig(threshold_k=-1)
@@ -133,8 +136,8 @@ def test_summed_updates_close_a_round_as_the_stacked_ones_do(strategy, unit):
         np.testing.assert_array_equal(w_live.coefficients.values, w_batch.coefficients.values)
         rows = list(s)
         fed_incomplete += sum(s[d] > 0 and d not in w_batch.contributors for d in rows)
-        out_live = live.close(w_live, summed=summed, **events.get(tau, {}))
-        out_batch = batch.close(w_batch, deltas={"w": torch.stack([deltas[d] for d in rows])}, rows=rows,
+        out_live = live.close_summed(w_live, summed=summed, **events.get(tau, {}))
+        out_batch = batch.close_stacked(w_batch, deltas={"w": torch.stack([deltas[d] for d in rows])}, rows=rows,
                                 **events.get(tau, {}))
         assert (out_live.arrivals, out_live.departures, out_live.shifted) == \
             (out_batch.arrivals, out_batch.departures, out_batch.shifted)
@@ -161,11 +164,11 @@ def test_a_sum_that_does_not_match_its_weighing_is_refused():
     summed = fed.start_sum(fed.open(1))
     summed.add("a", s=2, delta={"w": np.ones(2, dtype=np.float32)})
     with pytest.raises(RoundStateError, match="not the ones weighed"):
-        fed.close(fed.weigh(1, {"a": 3}), summed=summed)
+        fed.close_summed(fed.weigh(1, {"a": 3}), summed=summed)
     with pytest.raises(RoundStateError, match="not in the objective"):
         summed.add("z", s=1, delta={"w": np.ones(2, dtype=np.float32)})
     assert fed.completed_round == 0 and torch.equal(fed.params["w"], torch.zeros(2))
-    fed.close(fed.weigh(1, summed.s), summed=summed)
+    fed.close_summed(fed.weigh(1, summed.s), summed=summed)
     torch.testing.assert_close(fed.params["w"], torch.full((2,), 0.25 * 4 / 2))
 
 
@@ -214,7 +217,7 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
     np.testing.assert_array_equal(coefficients(rules.aggregation, s=s, E=5, p=p).values,
                                   coefficients("B", s=s, E=5, p=p).values)  # partial work accepted as Scheme B
     assert RulesConfig(scheme="B").with_strategy("fedprox", mu=0.1).with_strategy("B") == RulesConfig(scheme="B")
-    with pytest.raises(ConfigError, match=r"'fedprox' needs rules.mu"):
+    with pytest.raises(ConfigError, match=r"^\[rules.strategy\].mu: missing \(required\): the weight of its proximal"):
         RulesConfig(strategy="fedprox")
     with pytest.raises(ConfigError,
                        match=r"rules.mu = 0.1 is FedProx's proximal weight, but the strategy is 'scheme-c'"):
@@ -246,8 +249,9 @@ def test_mifa_applies_every_members_latest_update_every_round():
         total = sum(members.values())
         w = w + lr * sum(members[d] / total * m for d, m in memory.items())
         rows = list(s)
-        fed.close(fed.weigh(tau, s), deltas={"w": torch.tensor(np.array([deltas[d] for d in rows]).reshape(-1, 3))},
-                  rows=rows, departures=events.get(tau, ()))
+        fed.close_stacked(fed.weigh(tau, s),
+                          deltas={"w": torch.tensor(np.array([deltas[d] for d in rows]).reshape(-1, 3))},
+                          rows=rows, departures=events.get(tau, ()))
         np.testing.assert_allclose(fed.params["w"].numpy(), w, rtol=1e-5, atol=1e-6, err_msg=f"round {tau}")
         if tau == 4:  # excluded: out of the objective and of the memory
             del members["c"], memory["c"]
@@ -257,7 +261,8 @@ def test_mifa_applies_every_members_latest_update_every_round():
 
 def test_mifa_memories_survive_a_snapshot_and_restore():
     fed = _federation(strategy="mifa")
-    fed.close(fed.weigh(1, {"a": 2, "b": 4}), deltas={"w": torch.tensor([[1.0, 2.0], [3.0, -1.0]])}, rows=["a", "b"])
+    fed.close_stacked(fed.weigh(1, {"a": 2, "b": 4}), deltas={"w": torch.tensor([[1.0, 2.0], [3.0, -1.0]])},
+                      rows=["a", "b"])
     saved = fed.memory.snapshot()
     term = fed.memory.term(p={"a": 0.25, "b": 0.75}, n_total=40)
     other = _federation(strategy="mifa")
@@ -277,3 +282,77 @@ def test_a_device_that_leaves_under_include_and_rejoins_before_round_1_trains_ag
     fed.apply_events(arrivals=[Arrival("b", 30)])
     assert fed.objective.departed_included == set() and fed.objective.active_members() == ["a", "b"]
     assert fed.objective.sample_counts == {"a": 10, "b": 30}
+
+
+@pytest.mark.parametrize(("text", "description"), [
+    ('[rules.strategy]\nname = "fedprox"\nmu = 0.01\n', "FedProx (mu = 0.01)"),
+    ('[rules]\nstrategy = "fedprox"\nmu = 0.01\n', "FedProx (mu = 0.01)"),  # the older form
+    ('[rules]\nscheme = "A"\n', "Scheme A"),  # older still
+    ('[rules.strategy]\nname = "scheme-a"\n', "Scheme A"),
+    ('[rules.strategy]\nname = "mifa"\n', "MIFA"),
+])
+def test_a_strategy_and_its_parameters_are_read_from_rules_strategy_and_from_the_older_forms(tmp_path, text,
+                                                                                               description):
+    from coordinator.config import load_coordinator_config
+    from flexfl.config import dump_toml, from_dict
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    rules = load_coordinator_config(path).rules
+    assert rules.aggregation.description == description
+    assert from_dict(RulesConfig, to_dict(rules)) == rules  # written back in one form, the table's
+    if "mu" in text:
+        assert rules == RulesConfig(strategy={"name": "fedprox", "mu": 0.01}) and "mu =" not in dump_toml(rules).split(
+            "[strategy]")[0]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('[rules.strategy]\nname = "fedprox"\n', "c.toml: [rules.strategy].mu: missing (required): the weight of its "
+                                              "proximal term mu/2 ||w - w_G||^2 (FedProx's grid: 0.001, 0.01, 0.1, 1)"),
+    ('[rules.strategy]\nname = "fedprox"\nmu = "x"\n',
+     "c.toml: [rules.strategy].mu: expected a finite number, got 'x'"),
+    ('[rules.strategy]\nname = "fedprox"\nmuu = 1\n', "c.toml: [rules.strategy].muu: unknown key; did you mean 'mu'? "
+                                                       "valid keys: mu"),
+    ('[rules.strategy]\nname = "mifa"\nmu = 1\n', "c.toml: [rules.strategy].mu: unknown key; it has no parameters"),
+    ('[rules.strategy]\nmu = 1\n', "c.toml: [rules.strategy].name: missing (required); choose one of scheme-a, "),
+    ('[rules]\nstrategy = "fedprox"\n', "c.toml: [rules] [rules.strategy].mu: missing (required)"),
+    ('[rules]\nmu = 0.1\n', "c.toml: [rules] rules.mu = 0.1 is FedProx's proximal weight, but the strategy is "
+                            "'scheme-c'; leave mu out, or write [rules.strategy] name = 'fedprox', mu = ..."),
+])
+def test_a_wrong_strategy_table_is_one_line_naming_file_table_and_key(tmp_path, text, error):
+    from coordinator.config import load_coordinator_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_coordinator_config(path)
+    assert str(exc.value).startswith(str(tmp_path / error) if error.startswith("c.toml") else error), str(exc.value)
+
+
+def test_a_plug_in_strategy_takes_its_parameters_from_the_same_table(tmp_path, plugin_module):
+    name = plugin_module("""
+        from dataclasses import dataclass
+        import numpy as np
+        from coordinator.strategies import Strategy
+
+        @dataclass(frozen=True)
+        class Damped(Strategy):
+            label = "damped"
+            factor: float = 1.0
+
+            def arrival_weights(self, *, s, E, p):
+                return np.where(s > 0, self.factor * p, 0.0)
+
+            def round_scale(self, *, s, E, p):
+                return 1.0
+    """)
+    from coordinator.config import load_coordinator_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(f'[rules.strategy]\nname = "{name}:Damped"\nfactor = 0.5\n')
+    rule = load_coordinator_config(path).rules.aggregation
+    assert rule.description == "Damped (factor = 0.5)" and rule.parameters == {"factor": 0.5}
+    np.testing.assert_allclose(coefficients(rule, s=[0, 2], E=4, p=[0.5, 0.5]).values, [0.0, 0.25])
+    path.write_text(f'[rules.strategy]\nname = "{name}:Damped"\nfactr = 0.5\n')
+    with pytest.raises(ConfigError, match=r"\[rules.strategy\].factr: unknown key; did you mean 'factor'\?"):
+        load_coordinator_config(path)

@@ -9,7 +9,7 @@ import torch
 
 from coordinator.aggregation import RunningAggregate, apply_update, coefficients
 from coordinator.plugin_strategy import PluginStrategy
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from coordinator.strategies import get_strategy, title_of
 from flexfl.errors import ConfigError, PluginError
 
@@ -28,7 +28,6 @@ SQRT = """
             return None if not (s > 0).any() else 1.0
 
     class Halved:  # duck-typed, no base class, an instance's own parameters
-        memory = True
         parameters = {"factor": 0.5}
 
         def __init__(self):
@@ -49,8 +48,10 @@ def test_a_plug_in_strategy_gives_both_forms_of_the_round_its_factors(plugin_mod
     name = plugin_module(SQRT)
     rule = get_strategy(f"{name}:SqrtRescale")
     assert isinstance(rule, PluginStrategy) and get_strategy(f"{name}:SqrtRescale") is rule  # resolved once
-    assert (rule.name, rule.label, rule.title, rule.memory, rule.description) == (
-        f"{name}:SqrtRescale", "sqrt-c", "Scheme C, square root", False, "Scheme C, square root")
+    assert (rule.name, rule.label, rule.title, rule.description) == (
+        f"{name}:SqrtRescale", "sqrt-c", "Scheme C, square root", "Scheme C, square root")
+    assert rule.new_memory(like={}) is None and rule.counts_per_update(steps_per_update=np.ones(2, np.int64),
+                                                                       n_samples=np.ones(2, np.int64)) is None
     s, E, p = np.array([4, 1, 0, 2]), 4, np.array([0.1, 0.2, 0.3, 0.4])
     c = coefficients(rule, s=s, E=E, p=p)
     np.testing.assert_allclose(c.values, [0.1, 0.2 * 2, 0.0, 0.4 * np.sqrt(2)])
@@ -71,8 +72,7 @@ def test_rules_name_a_plug_in_strategy_and_a_duck_typed_one_takes_its_own_settin
     assert rules.aggregation.label == "sqrt-c" and rules.with_strategy("C").aggregation.label == "C"
     for attr in ("Halved", "INSTANCE"):
         rule = RulesConfig(strategy=f"{name}:{attr}").aggregation
-        assert (rule.label, rule.title, rule.memory, rule.parameters) == (
-            attr.lower(), attr, True, {"factor": 0.5})
+        assert (rule.label, rule.title, rule.parameters) == (attr.lower(), attr, {"factor": 0.5})
         assert rule.description == f"{attr} (factor = 0.5)"
     assert title_of("sqrt-c") == "sqrt-c"  # a run table's label of a plug-in: shown as it is
 
@@ -119,6 +119,9 @@ BROKEN = """
     class TakenLabel(Good):
         label = "C"
 
+    class OldMemoryFlag(Good):
+        memory = True
+
     def scheme_d(s, E, p):
         return p
 """
@@ -133,6 +136,8 @@ BROKEN = """
     ("WrongSignature", "raised TypeError: "),
     ("StringScale", "returned a str from round_scale; expected a number, or None to discard the round"),
     ("TakenLabel", "has label 'C', a built-in strategy's; give it a label of its own"),
+    ("OldMemoryFlag", "sets memory = True, which FlexFL no longer reads: a strategy runs its own rule; give it "
+                      "new_memory(*, like)"),
     ("scheme_d", "is a function; it should be a class with arrival_weights"),
 ])
 def test_a_broken_plug_in_strategy_is_one_line_naming_it_before_any_round(plugin_module, attr, problem) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.choices import Scheme
 from coordinator.config import CoordinatorConfig
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from coordinator.strategies import strategy_names
 from edge_agent.units import Unit
 from flexfl.cli import build_parser

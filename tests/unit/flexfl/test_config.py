@@ -10,7 +10,7 @@ import pytest
 from coordinator.aggregation import Scheme
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.objective import DeparturePolicy
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import dump_toml, load_config, to_dict, write_config
 from flexfl.errors import ConfigError

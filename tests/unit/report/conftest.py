@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import MetricsWriter
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
 

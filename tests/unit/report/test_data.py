@@ -176,4 +176,5 @@ def test_a_strategy_is_named_by_its_title_from_a_label_and_with_its_parameters_f
         ["Scheme C", "FedNova", "FedProx", "my-rule"]
     assert strategy_description({"rules": {"scheme": "A"}}) == "Scheme A"
     assert strategy_description({"rules": {"strategy": "fednova", "scheme": "C"}}) == "FedNova"
+    assert strategy_description({"rules": {"strategy": {"name": "fedprox", "mu": 0.01}}}) == "FedProx (mu = 0.01)"
     assert strategy_description({"dataset": "synthetic"}) is None  # not recorded: the page says so

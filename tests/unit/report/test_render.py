@@ -172,7 +172,7 @@ def _svg_text(img: dict) -> str:
 
 def test_a_runs_page_names_its_strategy_with_its_parameters(live_dir, tmp_path):
     from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-    from coordinator.round import RulesConfig
+    from coordinator.rules import RulesConfig
     from flexfl.config import write_config
 
     html, _ = _page(write_report(live_dir, tmp_path / "scheme-c.html"))

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from simulator.device_steps import count_group, count_run, round_work
 from simulator.engine import (
     ArrivalEvent,

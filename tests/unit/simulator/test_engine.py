@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.cli import main
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.engine import (
@@ -163,14 +163,14 @@ def test_cli_run_writes_csv_plot_and_summary(tmp_path, capsys):
     assert (out / "accuracy.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["final_acc"]) == {"B", "C", "fednova", "fedprox"}
-    assert "strategy = \"fednova\"" in (out / "fednova" / "sim.toml").read_text()
+    assert "[rules.strategy]\nname = \"fednova\"" in (out / "fednova" / "sim.toml").read_text()
     assert "mu = 0.5" in (out / "fedprox" / "sim.toml").read_text()
     assert "mu =" not in (out / "B" / "sim.toml").read_text()
     assert "final test accuracy" in capsys.readouterr().out
     assert main(["sim", "run", "--schemes", "C,fedfoo", "--out", str(tmp_path / "no")]) == 2
     assert "unknown strategy 'fedfoo'" in capsys.readouterr().err and not (tmp_path / "no").exists()
     assert main(["sim", "run", "--schemes", "C,fedprox", "--out", str(tmp_path / "no")]) == 2  # no mu
-    assert "'fedprox' needs rules.mu" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert "[rules.strategy].mu: missing (required)" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_cli_run_keeps_the_old_schemes_spelling(tmp_path, caplog):

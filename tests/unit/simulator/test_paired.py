@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.errors import ConfigError
 from simulator.engine import (
     ArrivalEvent,

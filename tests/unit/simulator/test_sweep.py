@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
@@ -251,4 +251,6 @@ def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     in_steps = replace(cfg, rules=replace(cfg.rules, unit="step"))  # FedNova counts steps
     nova = replace(in_steps, rules=in_steps.rules.with_strategy("fednova"))
     assert not runs_alike(to_dict(in_steps), nova) and not runs_alike(to_dict(nova), in_steps)
-    assert runs_alike(to_dict(nova), nova) and to_dict(nova)["rules"]["strategy"] == "fednova"
+    assert runs_alike(to_dict(nova), nova) and to_dict(nova)["rules"]["strategy"] == {"name": "fednova"}
+    older = {**to_dict(nova), "rules": {**to_dict(nova)["rules"], "strategy": "fednova"}}  # saved before the table
+    assert runs_alike(older, nova)

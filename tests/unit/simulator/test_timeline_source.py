@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig
 from flexfl.cli import main
 from flexfl.errors import ConfigError
