@@ -8,7 +8,7 @@ under them, live and simulated alike.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -118,7 +118,8 @@ class RulesConfig:
     s_rule: SRule = SRule.ROUND
     # A diagnostic, never the paper's rule: False keeps eta_0 / tau after an objective shift instead of
     # restarting at eta_0 / (tau - tau_0) (Table 4's "no restart" rows, results/README.md; issue 33 item 12).
-    lr_restart: bool = True
+    # Written only when False, so the configs of every run saved before it existed read back byte-equal.
+    lr_restart: bool = field(default=True, metadata={"written_when": False})
 
     def __post_init__(self) -> None:
         coerce_enums(self)

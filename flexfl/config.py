@@ -307,6 +307,9 @@ def _show(value: Any) -> str:
 def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
     """Plain TOML/JSON values of a config dataclass: enums as values, tuples as lists, None omitted.
 
+    A field with metadata `written_when=V` is written only when its value is V (a switch added
+    after runs were saved, at its default elsewhere: those runs' files stay byte-equal).
+
     With `absolute_paths`, relative path fields (relative to the working directory, as code
     holds them) are made absolute, so that a file written here means the same when read.
     """
@@ -315,6 +318,8 @@ def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
         if not f.metadata.get("in_file", True):
             continue
         value = _plain(getattr(obj, f.name), absolute_paths)
+        if "written_when" in f.metadata and value != f.metadata["written_when"]:
+            continue  # a field added later, written only where it changes a run (older files stay equal)
         if absolute_paths and f.metadata.get("path") and isinstance(value, str) and value:
             value = str(Path(value).absolute())
         if value is not None:
