@@ -233,7 +233,7 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
         assert live_row.lr == pytest.approx(sim_row.lr)
         # The departed device's Gamma estimate: from updates summed as they arrived, and stacked.
         assert live_row.departure_gammas == pytest.approx(sim_row.departure_gammas, rel=1e-3, abs=1e-9)
-    assert rows[departure - 1]["departure_gammas"]["dev-0"] is not None  # dev-0 contributed in rounds 1-5
+    assert rows[departure - 1].departure_gammas["dev-0"] is not None  # dev-0 contributed in rounds 1-5
     assert any(0 < s < cfg.rules.required_updates for r in rows for s in r.s.values())  # incomplete work
     # ... and the same global model.
     live = fleet.coordinator.engine.params
@@ -265,7 +265,7 @@ def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_
     eta0 = cfg.eta0
     assert first.lr == pytest.approx(eta0)  # eta_0 / (tau - tau_0) restarts
     assert second.lr == pytest.approx(eta0 / 2)
-    assert rows[tau0 - 1]["lr"] == pytest.approx(eta0 / tau0)
+    assert rows[tau0 - 1].lr == pytest.approx(eta0 / tau0)
     # The existing devices' weights were renormalised over the enlarged objective.
     assert first.p["dev-0"] == pytest.approx(n["dev-0"] / sum(n.values()))
     assert first.s["dev-3"] > 0 and first.coefficients["dev-3"] > 0

@@ -59,5 +59,5 @@ def test_a_scripted_departure_takes_effect_in_its_round_even_when_it_answers_las
         fleet.start_agent(i)
     assert fleet.coordinator.wait(timeout=60)
     rows = _rows(fleet)
-    assert rows[2].departures == ["dev-0"] and rows[2].s["dev-0"] == 5
+    assert rows[2].departures == ("dev-0",) and rows[2].s["dev-0"] == 5
     assert "dev-0" not in rows[3].participants
