@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.round_record import LiveRound, RoundRecord, RoundRecordError
-from flexfl.errors import ConfigError, FlexFLError, ReportError
+from flexfl.errors import ConfigError, ReportError
 from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
 
 RUN_JSON = "run.json"
