@@ -82,7 +82,7 @@ class Membership:
         fed = self.federation
         record = self.registry.get(device_id)
         arrival = False
-        self.registry.check_claim(device_id, shard)
+        self.registry.check_claim(device_id, shard, n_samples)
         if record is None:
             record = self.registry.add(device_id, sample_count=n_samples, hardware=dict(join.hardware),
                                        agent_version=join.agent_version, after_round=fed.completed_round,

@@ -124,6 +124,7 @@ class FleetServicer(pb_grpc.FleetServicer):
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
         caller = self._callers.identify(context)
         same_device(caller, request.device_id or "(none)", "join")
+        self._callers.check_join(caller)
         if request.protocol_version > PROTOCOL_VERSION:
             raise ProtocolMismatch(f"protocol version {request.protocol_version} unsupported "
                                    f"(coordinator speaks {PROTOCOL_VERSION})")
