@@ -292,7 +292,7 @@ class RoundEngine:
     def _wait_for_members(self) -> bool:
         """True when the objective has a device to train; else pause until one joins (run.on_empty)."""
         with self._lock:
-            if self.objective.active_members():
+            if self.membership.can_train():
                 return True
         self._hand_over()  # the last closed round's row and checkpoint are written before the pause
         self.finisher.drain()
@@ -329,6 +329,10 @@ class RoundEngine:
             r.closed = True
             if reason is None:
                 log.info("round %d abandoned: stopping", tau)
+                return
+            if r.deserted():  # its departures take effect before the next opening (_wait_for_members)
+                log.info("round %d: every device taking part left before sending an update; it does not count",
+                         tau)
                 return
             closed_at = time.monotonic()
             r.pull_wakeups = self.pull_wakeups - wakeups_before  # its opening's included
