@@ -205,7 +205,7 @@ class RoundEngine:
     def push(self, device_id: str, report: UpdateReport, delta: Delta, *, bytes_in: int) -> Accepted:
         """Take an update into the open round; raises UpdateRejected (with the reason) and changes nothing.
 
-        `delta` is checked against the model (coordinator/server.py decodes it so); {} with s = 0.
+        `delta` is checked against the model (coordinator/uploading.py decodes it so); {} with s = 0.
         """
         self.check_update(device_id, report)
         s = int(report.updates_completed)

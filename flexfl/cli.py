@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
             self.error(unrecognized(extras, [o for a in self._actions for o in a.option_strings]))
