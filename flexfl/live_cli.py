@@ -133,7 +133,9 @@ def check_before_claim(cfg) -> None:
     except OSError as exc:
         raise ConfigError(f"flexfl live: the coordinator cannot listen on {host}: {exc.strerror or exc}") from None
     with tempfile.TemporaryDirectory(prefix="flexfl-live-check-") as scratch:
-        write_configs(cfg, Path(scratch), f"{host}:{port}")
+        run = Path(scratch) / "run"  # a folder in the scratch one: the run's secrets folder goes beside it
+        run.mkdir()
+        write_configs(cfg, run, f"{host}:{port}")
 
 
 def cmd_live(args: argparse.Namespace) -> int:

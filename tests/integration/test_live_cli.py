@@ -248,3 +248,19 @@ def test_the_start_up_checks_fail_on_a_missing_trace_set_or_an_address_not_here_
         check_before_claim(LiveConfig(trace_set="", host="192.0.2.1", out=str(out)))
     check_before_claim(LiveConfig(trace_set="", out=str(out)))
     assert not out.exists()
+
+
+def test_live_keeps_the_fleet_token_out_of_the_results_folder_and_its_processes_still_read_it(tmp_path):
+    """Before: <out>/fleet_token, in the folder people zip and share (and its report listed it)."""
+    from coordinator.config import load_coordinator_config
+    from edge_agent.config import load_agent_config
+    from flexfl.live import write_configs
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    coordinator_toml, agents, token = write_configs(LiveConfig(rounds=3, trace_set=""), out, "127.0.0.1:50051")
+    assert not any("token" in p.name for p in out.rglob("*")) and token not in "".join(
+        p.read_text() for p in out.rglob("*.toml"))
+    assert load_coordinator_config(coordinator_toml).server.token() == token
+    assert all(load_agent_config(a).token() == token for a in agents)
+    assert Path(load_coordinator_config(coordinator_toml).server.fleet_token_file).parent == tmp_path / ".demo.secrets"
