@@ -256,7 +256,8 @@ class Membership:
 
     def can_train(self) -> bool:
         """Some member of the objective trains and has not announced its departure (pending until a close)."""
-        return any(not self.registry.record(d).departed for d in self.federation.objective.active_members())
+        departed = {d for d, r in self.registry.devices.items() if r.departed}
+        return any(d not in departed for d in self.federation.objective.active_members())
 
     # ---- state ---------------------------------------------------------------------------
 

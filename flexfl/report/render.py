@@ -120,7 +120,11 @@ def _run_context(path: Path) -> dict[str, Any]:
             block["coefficients_svg"] = (plots.coefficient_heatmap(part.devices, part.rounds, coef,
                                                                    [r.round for r in rows if r.discarded])
                                          if any(r.coefficients is not None for r in rows) else None)
-            block["devices"] = sections.device_table(run, rows)
+            devices = sections.device_table(run, rows)
+            twin = next((b for b in blocks if b["devices"] == devices), None)  # the same table: shown once too
+            block["devices"] = None if twin is not None else devices
+            block["devices_of"] = (twin or block).setdefault("devices_of", [])
+            block["devices_of"].append(block["strategy"] or scheme)
             stopped = sections.stop_reasons(run, rows)
             applied = sections.device_conditions(run, rows)
             block["stop_reasons_svg"] = (plots.stop_reason_map(stopped, _events(rows), applied)
