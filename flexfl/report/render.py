@@ -100,7 +100,7 @@ def _run_context(path: Path) -> dict[str, Any]:
     series = {k: ([r.round for r in rows], [r.test_acc for r in rows], [r.test_loss for r in rows])
               for k, rows in variants.items()}
     all_events = sorted({e for rows in variants.values() for e in _events(rows)})
-    blocks = []
+    blocks: list[dict[str, Any]] = []
     drawn: list[tuple[sections.Participation, list, dict[str, Any]]] = []  # each heatmap once, with its block
     for scheme, rows in variants.items():
         block: dict[str, Any] = {"scheme": scheme, "strategy": run.strategy_of(scheme),
