@@ -16,7 +16,7 @@ import grpc
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
 from coordinator import identity
-from flexfl.errors import DeviceBusy, IdentityMismatch, MissingDevice, Unauthenticated
+from flexfl.errors import DeviceBusy, DeviceConflict, IdentityMismatch, MissingDevice, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,21 @@ class Callers:
                 log.warning("refused a call: %s", str(exc))
                 raise
         return device_id
+
+    def check_join(self, caller: str) -> None:
+        """Refuse (DeviceConflict) a join from `caller` while it holds a live stream: a second agent.
+
+        An agent joins once, before it opens its stream (and again only once that stream has
+        ended with UNKNOWN_DEVICE), so a join while the device's stream is live comes from another
+        agent with the same id, even one with the same data. Taken for a reconnection it would be
+        handed the running device's rounds. A restarted agent whose old connection the server has
+        not yet seen end (a dead link: keepalive's ~40 s) is refused too; its supervisor's restart
+        (systemd's, every 5 s) joins once the old stream is gone.
+        """
+        if caller in self._streams:
+            raise DeviceConflict(f"device {caller!r} is connected (it holds a live Session or PullRound call); "
+                                 "this join under the same id is a second agent. Each agent needs its own device "
+                                 "id; an agent that restarted may join once its old connection has ended")
 
     @contextmanager
     def live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:

@@ -41,7 +41,8 @@ class ServerConfig:
 
     def token(self) -> str:
         if self.fleet_token_file:
-            return read_secret(Path(self.fleet_token_file), what="server.fleet_token_file")
+            return read_secret(Path(self.fleet_token_file), what="server.fleet_token_file",
+                               if_missing=f"`flexfl token --out {self.fleet_token_file}` makes one")
         if self.fleet_token:
             return self.fleet_token
         raise ConfigError("server.fleet_token_file is required: every device must present the fleet token "

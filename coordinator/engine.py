@@ -209,7 +209,7 @@ class RoundEngine:
     def push(self, device_id: str, report: UpdateReport, delta: Delta, *, bytes_in: int) -> Accepted:
         """Take an update into the open round; raises UpdateRejected (with the reason) and changes nothing.
 
-        `delta` is checked against the model (coordinator/server.py decodes it so); {} with s = 0.
+        `delta` is checked against the model (coordinator/uploading.py decodes it so); {} with s = 0.
         """
         self.check_update(device_id, report)
         s = int(report.updates_completed)
@@ -303,7 +303,7 @@ class RoundEngine:
     def _wait_for_members(self) -> bool:
         """True when the objective has a device to train; else pause until one joins (run.on_empty)."""
         with self._lock:
-            if self.objective.active_members():
+            if self.membership.can_train():
                 return True
         self._hand_over()  # the last closed round's row and checkpoint are written before the pause
         self.finisher.drain()
@@ -340,6 +340,10 @@ class RoundEngine:
             r.closed = True
             if reason is None:
                 log.info("round %d abandoned: stopping", tau)
+                return
+            if r.deserted():  # its departures take effect before the next opening (_wait_for_members)
+                log.info("round %d: every device taking part left before sending an update; it does not count",
+                         tau)
                 return
             closed_at = time.monotonic()
             r.pull_wakeups = self.pull_wakeups - wakeups_before  # its opening's included

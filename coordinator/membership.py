@@ -82,7 +82,7 @@ class Membership:
         fed = self.federation
         record = self.registry.get(device_id)
         arrival = False
-        self.registry.check_claim(device_id, shard)
+        self.registry.check_claim(device_id, shard, n_samples)
         if record is None:
             record = self.registry.add(device_id, sample_count=n_samples, hardware=dict(join.hardware),
                                        agent_version=join.agent_version, after_round=fed.completed_round,
@@ -233,10 +233,12 @@ class Membership:
         tau = fed.completed_round + 1
         warned = False
         while not stop.is_set():
-            if self.pending_arrivals:  # joined (or came back) since the last close
+            # Joined (or came back) since the last close; or departed since then, leaving nobody to
+            # train: without a round to close, the departures take effect now (after round tau - 1).
+            if self.pending_arrivals or self.pending_departures:
                 arrivals, departures = self.take_events()
                 changes = fed.apply_between_rounds(arrivals=arrivals, departures=departures)
-                if fed.objective.active_members():
+                if self.can_train():
                     log.info("round %d: %s joined; training goes on", tau,
                              ", ".join(changes["arrivals"] + changes["founded"]))
                     return True
@@ -251,6 +253,11 @@ class Membership:
                             "joins (run.on_empty = wait)", tau)
             cond.wait(timeout=0.5)
         return False
+
+    def can_train(self) -> bool:
+        """Some member of the objective trains and has not announced its departure (pending until a close)."""
+        departed = {d for d, r in self.registry.devices.items() if r.departed}
+        return any(d not in departed for d in self.federation.objective.active_members())
 
     # ---- state ---------------------------------------------------------------------------
 

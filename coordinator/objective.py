@@ -158,6 +158,10 @@ class Objective:
             self.shift_round = max(self.shift_round, round_index)
         else:
             self.departed_included.add(device_id)
+            if self.arrivals.get(device_id) == round_index:
+                # Arrived and departed at one close: it never trained, so fast-reboot has nothing to
+                # speed up; its boost would only inflate the share of a device that sends nothing.
+                del self.arrivals[device_id]
 
     def rejoin(self, device_id: str) -> None:
         """A departed-but-included device is back: it trains again; the objective did not change."""

@@ -120,6 +120,14 @@ class OpenRound:
             cond.wait(timeout=0.05 if holding else limit - now)  # held: joins and leaves are polled
         return None
 
+    def deserted(self) -> bool:
+        """Every participant left before sending an update (or none took part): nobody could train in it.
+
+        Such a round does not count as one of run.rounds (the engine waits, as for an empty
+        objective); a round where a device stayed and sent nothing by its deadline does.
+        """
+        return not self.updates and self.left >= self.taking_part
+
     def offers_model_to(self, device_id: str, *, now: float) -> bool:
         """`device_id` should be handed this round's model now."""
         return (not self.closed and device_id in self.taking_part and device_id not in self.left

@@ -39,18 +39,26 @@ class Registry:
         """The record of a device that has joined (KeyError otherwise: a caller's bug, not bad input)."""
         return self.devices[device_id]
 
-    def check_claim(self, device_id: str, shard_index: int | None) -> None:
-        """Refuse a join whose shard clashes with the registry: one shard per device id and one device per shard.
+    def check_claim(self, device_id: str, shard_index: int | None, sample_count: int | None = None) -> None:
+        """Refuse a join whose data clashes with the registry: one shard (or one set of data of its own)
+        per device id, and one device per shard.
 
-        A registered id joining with another shard is a second agent under that id (DeviceConflict):
-        taken for a reconnection, it would train another shard under the first one's weights. The
-        registered device keeps its slot; a departed one's shard may go to a new device.
+        A registered id joining with another shard, or with another sample count of data of its own
+        while it has not departed, is a second agent under that id (DeviceConflict): taken for a
+        reconnection, it would train other data under the first one's weights. The registered device
+        keeps its slot; a departed one may come back with other data of its own (its count is then
+        the new one), and its shard may go to a new device.
         """
         record = self.devices.get(device_id)
         if record is not None and record.shard_index != shard_index:
             raise DeviceConflict(f"device {device_id!r} holds {_shard(record.shard_index)}; this join under the "
                                  f"same id claims {_shard(shard_index)}. Two agents with one device id? Each needs "
                                  f"its own (the registered device keeps its slot)")
+        if (record is not None and shard_index is None and sample_count is not None and not record.departed
+                and record.sample_count != sample_count):
+            raise DeviceConflict(f"device {device_id!r} joined with {record.sample_count} samples of its own; this "
+                                 f"join under the same id reports {sample_count}. Two agents with one device id? "
+                                 f"Each needs its own (the registered device keeps its slot)")
         if shard_index is not None:
             holder = next((r.device_id for r in self.devices.values()
                            if r.shard_index == shard_index and r.device_id != device_id and not r.departed), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -24,11 +25,34 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser with _HelpFormatter; add_subparsers makes every subcommand's parser of this class."""
+    """An ArgumentParser with _HelpFormatter; add_subparsers makes every subcommand's parser of this class.
+
+    A command that takes no subcommand refuses a flag it does not know itself, with its own
+    usage and the closest flags it has: argparse hands the unknown ones up to `flexfl`, whose
+    usage names no flag of the command.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            self.error(unrecognized(extras, [o for a in self._actions for o in a.option_strings]))
+        return namespace, extras
+
+
+def unrecognized(extras: list[str], options: list[str]) -> str:
+    """The error for arguments a command does not know, with the closest of its `options` for each flag."""
+    hints = []
+    for arg in extras:
+        flag = arg.partition("=")[0]
+        if flag.startswith("--"):
+            close = difflib.get_close_matches(flag, options, n=2, cutoff=0.75)
+            if close:
+                hints.append(f"{flag}: did you mean {' or '.join(close)}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 # The module that registers each command. main() imports only the module of the command it

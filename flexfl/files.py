@@ -50,10 +50,16 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def read_secret(path: Path, *, what: str) -> str:
-    """The stripped contents of a secret file (e.g. the fleet token); empty or unreadable is an error."""
+def read_secret(path: Path, *, what: str, if_missing: str = "") -> str:
+    """The stripped contents of a secret file (e.g. the fleet token); empty or unreadable is an error.
+
+    `if_missing`: what to tell a user whose file does not exist (e.g. the command that makes one).
+    """
     try:
         value = Path(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}" + (f"; {if_missing}" if if_missing else "")
+                          ) from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
     if not value:

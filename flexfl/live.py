@@ -45,7 +45,7 @@ from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
 from flexfl.live_conditions import POLL_S
 from flexfl.live_defaults import live_defaults
-from flexfl.run_folder import claim_run_folder, entries_besides_lock
+from flexfl.run_folder import claim_run_folder, entries_besides_lock, secrets_dir
 from flexfl.signals import sigterm_as_interrupt
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec, Sizes, device_id
@@ -199,7 +199,7 @@ def device_traces(cfg: LiveConfig) -> list[str]:
 def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[Path], str]:
     """Coordinator and agent TOML files for this run (also a record of what ran); returns them and the token."""
     token = secrets.token_hex(16)
-    token_path = out / "fleet_token"
+    token_path = secrets_dir(out) / "fleet_token"  # not in `out`: results folders are shared
     with atomic_file(token_path, perms=0o600) as f:
         f.write(token)
     late = cfg.devices - 1 if cfg.arrival else None

@@ -103,15 +103,48 @@ def banner(cfg) -> str:
             f"{r.aggregation.description}; {'; '.join(events) or 'no arrival or departure'}")
 
 
+def check_before_claim(cfg) -> None:
+    """Fail now on what would fail the run's start-up, before it claims and writes its folder.
+
+    A run that failed after the claim left its configs, a log and the token behind, and the
+    retry was refused as "an earlier run" (issue 33). Checked: the data the coordinator loads
+    (the dataset is present and splits as asked), the model (a plug-in's too), the configs
+    the run writes (trace set included: written to a scratch folder, which is dropped), the
+    address the coordinator binds, and root for an emulated fleet.
+    """
+    import tempfile
+
+    from flexfl.errors import ConfigError
+    from flexfl.harness import free_port
+    from flexfl.live import write_configs
+    from workloads.federated import initial_model, load_evaluation, model_spec
+
+    load_evaluation(cfg.partition)  # the coordinator's view of the data, as it will load it
+    initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model), seed=0)
+    if cfg.emulate.enabled:
+        from loadgen.fleet import require_root
+
+        require_root("flexfl live --emulate")
+        host = "127.0.0.1"  # the fleet's address is known once it is up; the configs need some address
+    else:
+        host = cfg.host
+    try:
+        port = free_port(host)
+    except OSError as exc:
+        raise ConfigError(f"flexfl live: the coordinator cannot listen on {host}: {exc.strerror or exc}") from None
+    with tempfile.TemporaryDirectory(prefix="flexfl-live-check-") as scratch:
+        run = Path(scratch) / "run"  # a folder in the scratch one: the run's secrets folder goes beside it
+        run.mkdir()
+        write_configs(cfg, run, f"{host}:{port}")
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     from flexfl.config import overrides_from_args
     from flexfl.live import LiveRun, load_live_config
 
     cfg = load_live_config(args.config, overrides=overrides_from_args(args))
     print(banner(cfg), flush=True)
-    from workloads.federated import check_plugins
-
-    check_plugins(cfg.partition, model=cfg.rules.model)  # before the run's folder is claimed and written
+    check_before_claim(cfg)
     s = LiveRun(cfg, fresh=args.fresh).run()
     happened = []
     if s["arrival_round"] is not None:

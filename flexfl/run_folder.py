@@ -79,6 +79,23 @@ def claim_run_folder(path: Path, *, what: str, holds_run: Callable[[Path], str |
     return RunFolder(path=path, moved_aside=moved, _lock=lock)
 
 
+def secrets_dir(path: Path) -> Path:
+    """The private folder (mode 0700, created if missing) for the secrets of the run in folder `path`,
+    e.g. its fleet token: `.<name>.secrets` beside it, never inside it.
+
+    A results folder is zipped and shared, and its report lists its files: a token there
+    was a token handed out. Beside it, the folder stays where the run's configs can find
+    it (a coordinator resumed from them reads the same token), and --fresh leaves it be.
+    """
+    private = Path(path).parent / f".{Path(path).name}.secrets"
+    try:
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private.chmod(0o700)  # also when it existed with looser modes, or the umask took bits away
+    except OSError as exc:
+        raise ConfigError(f"cannot use the private folder {private} for the run's secrets: {exc.strerror}") from None
+    return private
+
+
 def entries_besides_lock(path: Path) -> str | None:
     """holds_run for a folder a run owns entirely (e.g. `flexfl live`'s): anything in it is the earlier run."""
     names = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)

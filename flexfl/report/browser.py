@@ -51,6 +51,7 @@ class PageCheck:
     warnings: list[str] = field(default_factory=list)
     outside_requests: list[str] = field(default_factory=list)  # anything but the page itself and data: URIs
     height_px: int = 0
+    off_right: list[str] = field(default_factory=list)  # elements past the window's right edge (not in a .scroll box)
 
     @property
     def ok(self) -> bool:
@@ -181,6 +182,8 @@ def check_page(html: Path, *, screenshot: Path | None = None, width_px: int = 12
         images = browser.call("Runtime.evaluate", {"expression": _IMAGES_JS, "awaitPromise": True,
                                                    "returnByValue": True}, session=session)["result"]["value"]
         result.images, result.broken_images = images["count"], images["broken"]
+        result.off_right = browser.call("Runtime.evaluate", {"expression": _OFF_RIGHT_JS, "returnByValue": True},
+                                        session=session)["result"]["value"]
         size = browser.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
         result.height_px = int(size["height"])
         if screenshot is not None:
@@ -193,6 +196,20 @@ def check_page(html: Path, *, screenshot: Path | None = None, width_px: int = 12
     finally:
         browser.close()
     return result
+
+
+# What runs past the right edge of the window: the reader would have to scroll sideways to see it
+# (tables in a .scroll box scroll on purpose). Each as "tag: its first words".
+_OFF_RIGHT_JS = """(() => {
+  const width = document.documentElement.clientWidth, out = [];
+  for (const el of document.querySelectorAll("nav a, h1, h2, h3, p, figure, table")) {
+    if (el.closest(".scroll")) continue;
+    const box = el.getBoundingClientRect();  // a block's box keeps its width; its overflowing text does not
+    if (Math.max(box.right, box.left + el.scrollWidth) > width + 0.5)
+      out.push(el.tagName.toLowerCase() + ": " + el.textContent.trim().slice(0, 40).trim());
+  }
+  return out;
+})()"""
 
 
 def _collect(events: list[dict], result: PageCheck) -> None:

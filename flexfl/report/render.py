@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 REPORT_NAME = "report.html"  # beside a run, where the command that wrote the run puts its report
 REPORTS_DIR = Path("out") / "report"  # `flexfl report`'s own folder (out/ is not tracked)
+# Never listed: a run from before the token moved out of results folders (flexfl.run_folder.secrets_dir) holds one.
+SECRET_FILES = frozenset({"fleet_token"})
 
 
 def default_out(path: Path) -> Path:
@@ -98,20 +100,31 @@ def _run_context(path: Path) -> dict[str, Any]:
     series = {k: ([r.round for r in rows], [r.test_acc for r in rows], [r.test_loss for r in rows])
               for k, rows in variants.items()}
     all_events = sorted({e for rows in variants.values() for e in _events(rows)})
-    blocks = []
+    blocks: list[dict[str, Any]] = []
+    drawn: list[tuple[sections.Participation, list, dict[str, Any]]] = []  # each heatmap once, with its block
     for scheme, rows in variants.items():
         block: dict[str, Any] = {"scheme": scheme, "strategy": run.strategy_of(scheme),
                                  "summary": sections.run_summary(run, rows),
-                                 "participation_svg": None, "coefficients_svg": None, "devices": None,
-                                 "stop_reasons_svg": None, "conditions": False}
+                                 "participation_svg": None, "participation_of": [], "coefficients_svg": None,
+                                 "devices": None, "stop_reasons_svg": None, "conditions": False}
         if sections.has_per_device(rows):
             part = sections.participation(run, rows)
-            block["participation_svg"] = plots.participation_heatmap(part, _events(rows))
+            same = next((b for p, ev, b in drawn if ev == _events(rows) and sections.same_participation(p, part)),
+                        None)
+            if same is None:  # the schemes of one simulation drew the same s: one heatmap for all (was one each)
+                block["participation_svg"] = plots.participation_heatmap(part, _events(rows))
+                drawn.append((part, _events(rows), block))
+            block["participation_of"] = (same or block)["participation_of"]
+            block["participation_of"].append(block["strategy"] or scheme)
             coef = sections.coefficient_matrix(part.devices, rows)
             block["coefficients_svg"] = (plots.coefficient_heatmap(part.devices, part.rounds, coef,
                                                                    [r.round for r in rows if r.discarded])
                                          if any(r.coefficients is not None for r in rows) else None)
-            block["devices"] = sections.device_table(run, rows)
+            devices = sections.device_table(run, rows)
+            twin = next((b for b in blocks if b["devices"] == devices), None)  # the same table: shown once too
+            block["devices"] = None if twin is not None else devices
+            block["devices_of"] = (twin or block).setdefault("devices_of", [])
+            block["devices_of"].append(block["strategy"] or scheme)
             stopped = sections.stop_reasons(run, rows)
             applied = sections.device_conditions(run, rows)
             block["stop_reasons_svg"] = (plots.stop_reason_map(stopped, _events(rows), applied)
@@ -122,8 +135,8 @@ def _run_context(path: Path) -> dict[str, Any]:
         durations = sections.durations(rows)
         block["durations_svg"] = plots.durations_plot(durations, run.deadline_s) if durations else None
         blocks.append(block)
-    files = sorted((p for p in path.rglob("*") if p.is_file() and p.name != REPORT_NAME and not p.name.startswith(".")),
-                   key=lambda p: str(p))
+    files = sorted((p for p in path.rglob("*") if p.is_file() and p.name != REPORT_NAME and not p.name.startswith(".")
+                    and p.name not in SECRET_FILES), key=lambda p: str(p))
     shown, left_out = _what_to_show(run, blocks)
     return {
         "title": f"{run.kind} run: {path.resolve().name}",
@@ -134,7 +147,7 @@ def _run_context(path: Path) -> dict[str, Any]:
         "counters": [(key, label) for key, label in COUNTERS if any(b["summary"][key] is not None for b in blocks)],
         "left_out": left_out,
         "conditions_poll_s": POLL_S,
-        "config": sorted((str(k), v) for k, v in run.config.items()),
+        "config": sections.config_rows(run.config, path),
         "files": [(str(p.relative_to(path)), p.stat().st_size) for p in files][:200],
     }
 

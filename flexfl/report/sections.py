@@ -7,10 +7,12 @@ once and are tested on hand-made records.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -88,6 +90,66 @@ def participation(run: Run, rows: list[RoundRow]) -> Participation:
         scale, denom = f"max s = {top:g} (E unknown)", float(top)
     return Participation(devices=devices, rounds=[r.round for r in rows], state=state,
                          fraction=s_matrix / denom, rejected_any=rejected_any, scale=scale)
+
+
+def same_participation(a: Participation, b: Participation) -> bool:
+    """The two heatmaps would be the same picture (e.g. the schemes of one simulation: the same s drawn)."""
+    return (a.devices == b.devices and a.rounds == b.rounds and a.scale == b.scale
+            and np.array_equal(a.state, b.state) and np.array_equal(a.fraction, b.fraction, equal_nan=True)
+            and np.array_equal(a.rejected_any, b.rejected_any))
+
+
+def config_rows(config: dict, run_dir: Path) -> list[tuple[str, str]]:
+    """The run's configuration as (dotted key, readable value) rows, nested tables flattened
+    (`rules.required_updates`), sorted by key.
+
+    Values as a config file would spell them (true, 0.1, a, b), not Python reprs; a path of
+    this machine as the reader can use it (readable_path).
+    """
+    rows: list[tuple[str, str]] = []
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            rows.append((prefix, _readable(value, run_dir)))
+
+    walk("", config)
+    return sorted(rows)
+
+
+def _readable(value: object, run_dir: Path) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, dict):  # an empty table
+        return "none"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "none"
+        if all(isinstance(v, (str, int, float, bool)) for v in value):
+            return ", ".join(_readable(v, run_dir) for v in value)
+        return json.dumps(value, separators=(", ", ": "))
+    if isinstance(value, str):
+        return readable_path(value, run_dir)
+    return str(value)
+
+
+def readable_path(value: str, run_dir: Path) -> str:
+    """An absolute path as the reader of a shared report can use it: relative to the run folder
+    when inside it, else relative to where the report is made (e.g. traces/paper), else its
+    last part after ".../" (a trace set's name). Anything else is returned as it is."""
+    if not value.startswith("/"):
+        return value
+    path, here = Path(value), Path(run_dir).resolve()
+    for base in (here, Path.cwd().resolve()):
+        try:
+            return str(path.relative_to(base)) or "."
+        except ValueError:
+            continue
+    return f".../{path.name}"
 
 
 def coefficient_matrix(devices: list[str], rows: list[RoundRow]) -> np.ndarray:

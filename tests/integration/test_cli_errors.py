@@ -86,7 +86,7 @@ def test_coordinator_bad_inputs_give_one_line_and_exit_2(workdir: Path) -> None:
         "missing config file": (["--config", w / "nothere.toml"], "cannot read config"),
         # With MNIST and an empty cache, loading data first would fail on the data instead.
         "missing token file": (["--config", _coordinator_toml(w / "c9.toml", token="nothere", dataset="mnist")],
-                               "server.fleet_token_file: cannot read"),
+                               "nothere: No such file or directory; `flexfl token --out "),
         "empty token file": (["--config", _coordinator_toml(w / "c10.toml", token="empty")], "is empty"),
         "no token at all": (["--config", _coordinator_toml(w / "c11.toml", token=None)],
                             "`flexfl token --out FILE` makes one"),

@@ -47,6 +47,53 @@ def test_a_second_agent_with_the_same_device_id_and_another_shard_is_refused(liv
         twin.channel.close()
 
 
+def test_a_second_join_under_the_same_id_with_another_sample_count_is_refused(live_config, fleet_factory):
+    """Data of its own (no shard): the sample count is the device's data, so another count is another agent."""
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, deadline_s=30.0))
+    running, twin = RawDevice(fleet.port, "pi-03"), RawDevice(fleet.port, "pi-03")
+    try:
+        running.join(samples=100)
+        with pytest.raises(grpc.RpcError) as err:
+            twin.join(samples=250)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS  # agents give up on it: not retryable
+        assert error_reason(err.value) == "device-conflict"
+        assert "joined with 100 samples" in err.value.details() and "reports 250" in err.value.details()
+        assert fleet.coordinator.engine.registry.get("pi-03").sample_count == 100  # the first keeps its slot
+        running.join(samples=100)  # the same device reconnecting is still welcome
+    finally:
+        running.channel.close()
+        twin.channel.close()
+
+
+def test_an_exact_duplicate_agent_is_refused_while_the_first_is_connected(live_config, fleet_factory, wait_for):
+    # Two devices needed: the round waits for the second, so the first one's session stays parked.
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, deadline_s=30.0))
+    engine = fleet.coordinator.engine
+    first, duplicate = RawSession(fleet.port, "dev-0"), RawDevice(fleet.port, "dev-0")
+    try:
+        first.join()
+        first.open()
+        wait_for(lambda: engine.parked() == 1, what="dev-0's session to park")
+        with pytest.raises(grpc.RpcError) as err:
+            duplicate.join(samples=100)  # the same id and the same data
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS and error_reason(err.value) == "device-conflict"
+        assert "device 'dev-0' is connected" in err.value.details()
+        first.close()
+
+        def joined() -> bool:  # once the first one's stream has ended, the device may join again
+            try:
+                duplicate.join(samples=100)
+                return True
+            except grpc.RpcError as exc:
+                assert error_reason(exc) == "device-conflict", exc.details()
+                return False
+
+        wait_for(joined, what="dev-0 to join again once its stream ended")
+    finally:
+        first.close()
+        duplicate.channel.close()
+
+
 def test_a_device_holds_one_live_session_or_pull_at_a_time(live_config, fleet_factory, wait_for):
     # Two devices needed: the round waits for the second, so the first one's session stays parked.
     fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=2, deadline_s=30.0))

@@ -207,7 +207,7 @@ def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
     assert run.min_devices == 4
 
 
-def test_live_without_emnist_says_why_on_the_terminal_not_only_in_a_log(tmp_path):
+def test_live_without_emnist_says_why_on_the_terminal_and_leaves_its_folder_unclaimed(tmp_path):
     """Before: 'coordinator exited with code 2 ...; see coordinator.log', the reason inside the log."""
     env = {**os.environ, "FLEXFL_CACHE": str(tmp_path / "empty-cache")}
     live = subprocess.Popen([sys.executable, "-m", "flexfl.cli", "live", "--out", str(tmp_path / "run"),
@@ -216,8 +216,11 @@ def test_live_without_emnist_says_why_on_the_terminal_not_only_in_a_log(tmp_path
     printed, _ = live.communicate(timeout=120)
     assert live.returncode == 2, printed[-3000:]
     last = printed.strip().splitlines()[-1]
-    assert last.startswith("flexfl: error: coordinator exited with code 2: EMNIST not found under"), last
+    assert last.startswith("flexfl: error: EMNIST not found under"), last
     assert "emnist_root" in last and "Traceback" not in printed
+    # Checked before the folder is claimed (before: configs, a log and fleet_token were written, and the
+    # retry was refused as "an earlier run").
+    assert not (tmp_path / "run").exists()
 
 
 def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_path):
@@ -239,3 +242,32 @@ def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_p
     for row in rows:
         assert all(row.coefficients[d] == pytest.approx(row.p[d] if row.s[d] > 0 else 0.0) for d in row.p)
     assert 'Aggregation strategy: <b class="strategy">FedProx (mu = 0.1)</b>' in (out / "report.html").read_text()
+
+
+def test_the_start_up_checks_fail_on_a_missing_trace_set_or_an_address_not_here_and_write_nothing(tmp_path):
+    from flexfl.errors import FlexFLError
+    from flexfl.live_cli import check_before_claim
+
+    out = tmp_path / "run"
+    with pytest.raises(FlexFLError, match="nope"):
+        check_before_claim(LiveConfig(trace_set=str(tmp_path / "nope"), out=str(out)))
+    with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1"):  # TEST-NET-1: never this machine's
+        check_before_claim(LiveConfig(trace_set="", host="192.0.2.1", out=str(out)))
+    check_before_claim(LiveConfig(trace_set="", out=str(out)))
+    assert not out.exists()
+
+
+def test_live_keeps_the_fleet_token_out_of_the_results_folder_and_its_processes_still_read_it(tmp_path):
+    """Before: <out>/fleet_token, in the folder people zip and share (and its report listed it)."""
+    from coordinator.config import load_coordinator_config
+    from edge_agent.config import load_agent_config
+    from flexfl.live import write_configs
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    coordinator_toml, agents, token = write_configs(LiveConfig(rounds=3, trace_set=""), out, "127.0.0.1:50051")
+    assert not any("token" in p.name for p in out.rglob("*")) and token not in "".join(
+        p.read_text() for p in out.rglob("*.toml"))
+    assert load_coordinator_config(coordinator_toml).server.token() == token
+    assert all(load_agent_config(a).token() == token for a in agents)
+    assert Path(load_coordinator_config(coordinator_toml).server.fleet_token_file).parent == tmp_path / ".demo.secrets"

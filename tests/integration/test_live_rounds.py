@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator import server
+from coordinator import uploading
 from coordinator.aggregation import coefficients
 from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
@@ -98,20 +98,20 @@ def _live_and_simulated(live_config, fleet_factory, **rules):
     return cfg, fleet, sim
 
 
-@pytest.mark.parametrize("inline_uploads, worker", [(server.INLINE_UPLOADS, "grpc-server"), (0, "upload")])
+@pytest.mark.parametrize("inline_uploads, worker", [(uploading.INLINE_UPLOADS, "grpc-server"), (0, "upload")])
 def test_live_model_equals_simulated_model_under_forced_participation(live_config, fleet_factory, wait_for,
                                                                       monkeypatch, inline_uploads, worker):
     """Also for both places an upload is summed: the event loop (few uploads in progress, the
     default here) and the work threads (what a busier server uses)."""
-    monkeypatch.setattr(server, "INLINE_UPLOADS", inline_uploads)
+    monkeypatch.setattr(uploading, "INLINE_UPLOADS", inline_uploads)
     threads = []
-    push = server.FleetServicer._push
+    push = uploading.Uploads._push
 
     def recording_push(self, *args, **kwargs):
         threads.append(threading.current_thread().name)
         return push(self, *args, **kwargs)
 
-    monkeypatch.setattr(server.FleetServicer, "_push", recording_push)
+    monkeypatch.setattr(uploading.Uploads, "_push", recording_push)
     _cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, scheme="C")
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():

@@ -49,6 +49,7 @@ def test_live_run_report_renders_cleanly_in_chromium(live_run, tmp_path):
     assert check.console_errors == []
     assert check.broken_images == []
     assert check.outside_requests == []
+    assert check.off_right == []
     # accuracy+loss, participation, why s stopped (the agents now say), coefficients, traffic, durations
     assert check.images == 6
     width, height = _png_size(shot)
@@ -80,4 +81,18 @@ def test_the_check_catches_console_errors_broken_images_and_outside_requests(tmp
     assert any("undefined_function" in e for e in check.console_errors)
     assert check.outside_requests == ["http://127.0.0.1:9/x.png"]
     assert not check.ok
+    wide = tmp_path / "wide.html"  # ... and what runs past the right edge, but not a table meant to scroll
+    wide.write_text('<!DOCTYPE html><html><body><p style="white-space: nowrap">' + "wide " * 400 + '</p>'
+                    '<div class="scroll" style="overflow-x: auto"><table><tr><td style="white-space: nowrap">'
+                    + "scrolls " * 400 + '</td></tr></table></div></body></html>')
+    assert check_page(wide).off_right == ["p: wide wide wide wide wide wide wide wide"]
     assert _png_size(tmp_path / "bad.png")[0] == 1280
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_results_pages_section_links_wrap_at_1280_px(tmp_path):
+    """Before: the links had no space between them and each kept itself on one line, so the 24 of
+    results/ ran off the right edge as one line."""
+    check = check_page(write_report(REPO / "results", tmp_path / "results.html"))
+    assert check.off_right == [] and check.console_errors == []

@@ -15,7 +15,8 @@ from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, error_reason
 
-from coordinator import server
+from coordinator import offering, server, uploading
+from coordinator.turns import Turn
 from edge_agent.agent import AgentError, EdgeAgent
 from edge_agent.config import ParticipationConfig
 
@@ -199,22 +200,23 @@ def test_a_silent_session_times_out_like_the_call_it_replaces(live_config, fleet
 
 
 def test_uploads_take_turns_and_a_stalled_upload_gives_its_turn_back(live_config, fleet_factory, monkeypatch):
-    """With one update read at a time (coordinator.server.UPLOADS_AT_ONCE = 1), a device that sends
+    """With one update read at a time (coordinator.uploading.UPLOADS_AT_ONCE = 1), a device that sends
     its update's header and then stalls keeps the other's update waiting, until either it goes on
     or its turn is handed back (UPLOAD_TURN_S); both updates are taken."""
     import threading
 
-    monkeypatch.setattr(server, "UPLOADS_AT_ONCE", 1)
-    monkeypatch.setattr(server, "UPLOAD_TURN_S", 1.0)
+    monkeypatch.setattr(uploading, "UPLOADS_AT_ONCE", 1)
+    monkeypatch.setattr(uploading, "UPLOAD_TURN_S", 1.0)
     taken = threading.Semaphore(0)  # released each time a turn (offer or upload) is taken
 
-    class SeenTurn(server.Turn):
+    class SeenTurn(Turn):
         async def __aenter__(self):
             turn = await super().__aenter__()
             taken.release()
             return turn
 
-    monkeypatch.setattr(server, "Turn", SeenTurn)
+    monkeypatch.setattr(offering, "Turn", SeenTurn)
+    monkeypatch.setattr(uploading, "Turn", SeenTurn)
     fleet = fleet_factory(live_config(rounds=2, n_devices=2, min_devices=2, deadline_s=120.0))
     stalled, other = RawSession(fleet.port, "dev-0"), RawSession(fleet.port, "dev-1")
     try:
@@ -244,10 +246,10 @@ def test_uploads_take_turns_and_a_stalled_upload_gives_its_turn_back(live_config
 
 
 def test_offers_take_turns_and_every_device_gets_the_same_model(live_config, fleet_factory, monkeypatch):
-    """With one offer at a time (coordinator.server.OFFERS_AT_ONCE = 1), a device that takes the
+    """With one offer at a time (coordinator.offering.OFFERS_AT_ONCE = 1), a device that takes the
     round's header and then reads nothing for a while does not keep the other from its model; both
     read the same model (serialised once per round, sent as the same bytes)."""
-    monkeypatch.setattr(server, "OFFERS_AT_ONCE", 1)
+    monkeypatch.setattr(offering, "OFFERS_AT_ONCE", 1)
     fleet = fleet_factory(live_config(dataset="mnist", rounds=1, n_devices=2, min_devices=2, deadline_s=120.0))
     slow, reader = RawSession(fleet.port, "dev-0"), RawSession(fleet.port, "dev-1")
     try:

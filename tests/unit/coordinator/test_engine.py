@@ -126,6 +126,32 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     assert eng.objective.gamma("a") is not None  # two contributing rounds: one product each
 
 
+def test_a_round_every_device_left_before_answering_does_not_count_and_the_run_waits(engine):
+    """Before: round 2 closed with s = {} (model unchanged) as one of the run's two rounds."""
+    eng, thread = engine
+    _join(eng, "a")
+    _join(eng, "b")
+    thread.start()
+    _wait_for(lambda: eng.current is not None and eng.current.round_id == 1, "round 1 to open")
+    _answer(eng, "a", 1.0)
+    _answer(eng, "b", 1.0)
+    _wait_for(lambda: eng.current is not None and eng.current.round_id == 2, "round 2 to open")
+    eng.leave("a", "stopped")
+    eng.leave("b", "stopped")
+    # The departures take effect without a round, and the run waits.
+    _wait_for(lambda: not eng.objective.active_members(), "the departures to take effect")
+    assert eng.completed_round == 1 and not eng.finished
+    _join(eng, "c")  # an arrival: round 2 runs with it
+    _wait_for(lambda: eng.current is not None and eng.current.round_id == 2 and "c" in eng.current.taking_part,
+              "round 2 to open again for c")
+    _answer(eng, "c", 1.0)
+    thread.join(timeout=60)
+    assert eng.finished
+    rows = read_metrics(eng.out_dir / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[1]["s"] == {"c": E}
+
+
 def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():
     from coordinator.finisher import Stage as _Stage
 
@@ -315,7 +341,8 @@ def test_one_round_through_domain_records_alone(tmp_path):
 
 
 def test_the_wire_format_stops_at_the_servicer():
-    """The engine imports no protobuf or gRPC module; in coordinator/ only server.py imports a protobuf module."""
+    """The engine imports no protobuf or gRPC module; in coordinator/ only the servicer's modules import a protobuf
+    module: server.py and the two it hands a round's transfers to (offering.py, uploading.py)."""
     import ast
     import os
     import subprocess
@@ -340,7 +367,7 @@ def test_the_wire_format_stops_at_the_servicer():
                      if isinstance(node, ast.ImportFrom) and node.module else [])
             if wire & set(names):
                 importers.add(path.name)
-    assert importers == {"server.py"}
+    assert importers == {"server.py", "offering.py", "uploading.py"}
 
 
 EVALUATION_FAILS = """

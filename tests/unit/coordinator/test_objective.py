@@ -4,8 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
+from coordinator.round import Arrival, Departure, Federation, RulesConfig
 from flexfl.errors import ConfigError, RoundStateError
 
 
@@ -128,3 +130,30 @@ def test_gamma_estimate_is_half_the_mean_product_of_consecutive_dissimilarities_
     for policy in ("auto", "threshold"):
         with pytest.raises(ConfigError, match=f"resolve the {policy} departure policy"):
             obj.depart("b", round_index=3, policy=policy)
+
+
+def test_a_device_arriving_and_departing_at_one_close_keeps_no_boost():
+    obj = Objective()
+    obj.add_initial("a", 10)
+    obj.add_initial("b", 30)
+    obj.arrive("c", 40, round_index=3)
+    obj.depart("c", round_index=3, policy=DeparturePolicy.INCLUDE)  # before it ever trained
+    fr = FastReboot(boost=3.0)
+    np.testing.assert_allclose(obj.weights(["a", "b", "c"], round_index=4, fast_reboot=fr), [0.125, 0.375, 0.5])
+    # One that trained a round first keeps its (decayed) boost under include, as before.
+    obj.arrive("d", 20, round_index=4)
+    obj.depart("d", round_index=5, policy=DeparturePolicy.INCLUDE)
+    assert obj.weights(["d"], round_index=6, fast_reboot=fr)[0] == pytest.approx(0.2 * (1 + 2 / 4))
+
+
+def test_under_auto_an_arrival_that_departs_in_its_round_is_included_without_its_boost():
+    fed = Federation(rules=RulesConfig(required_updates=4, eta0=1.0, departure_policy="auto", auto_c=1.0),
+                     dataset="synthetic", params={"w": torch.zeros(2)})
+    fed.horizon = 10
+    fed.apply_events(arrivals=[Arrival("a", 10), Arrival("b", 30)])
+    fed.close(fed.weigh(1, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"])
+    # "c" joins and announces its departure within round 2: both take effect at its close.
+    out = fed.close(fed.weigh(2, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
+                    arrivals=[Arrival("c", 40)], departures=[Departure("c")])
+    assert out.departures == (("c", "include"),)  # no Gamma estimate for it: auto includes
+    np.testing.assert_allclose(fed.weigh(3, {"a": 4}).p, [10 / 80, 30 / 80, 40 / 80])

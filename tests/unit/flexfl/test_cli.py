@@ -202,3 +202,18 @@ def test_the_agent_command_imports_no_other_commands_module() -> None:
             "('simulator', 'coordinator', 'trace_recorder', 'loadgen') or m.startswith('flexfl.report')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_mistyped_flag_is_refused_by_its_command_with_its_usage_and_the_closest_flag(capsys):
+    from flexfl.cli import main
+
+    with pytest.raises(SystemExit) as end:
+        main(["sim", "run", "--devics", "3"])
+    assert end.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: flexfl sim run ")  # before: `flexfl`'s usage, which names none of its flags
+    assert err.strip().endswith("flexfl sim run: error: unrecognized arguments: --devics 3 "
+                                "(--devics: did you mean --devices?)"), err
+    with pytest.raises(SystemExit):
+        main(["coordinator", "--token-fil", "t"])  # nothing close: no guess
+    assert capsys.readouterr().err.strip().endswith("flexfl coordinator: error: unrecognized arguments: --token-fil t")

@@ -65,3 +65,16 @@ def test_temporaries_of_a_killed_atomic_write_are_removed_and_nothing_else(tmp_p
     (tmp_path / "checkpoint.pt").write_bytes(b"x")
     claim_run_folder(tmp_path, what="test", holds_run=lambda _: None).release()
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "checkpoint.pt", "notes.tmp"]
+
+
+def test_a_runs_secrets_live_in_a_private_folder_beside_its_results_never_in_them(tmp_path):
+    import stat
+
+    from flexfl.run_folder import secrets_dir
+
+    run = tmp_path / "out" / "demo"
+    private = secrets_dir(run)
+    assert private == tmp_path / "out" / ".demo.secrets" and not run.exists()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    private.chmod(0o755)  # loosened by someone: made private again
+    assert stat.S_IMODE(secrets_dir(run).stat().st_mode) == 0o700

@@ -101,7 +101,8 @@ def test_sim_run_report_leaves_out_what_a_simulation_does_not_have_and_says_why(
     assert "Tlo" in html
 
 
-def test_a_sim_run_of_several_schemes_shows_each_schemes_records(tmp_path, capsys):
+def test_a_sim_run_of_several_schemes_shows_each_schemes_records(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the trace set (in the checkout) is then outside the folder the report is made in
     # `flexfl sim run` writes rounds.csv (per-round aggregates of every scheme) and <scheme>/ folders.
     out = tmp_path / "sim"
     assert main(["sim", "run", "--dataset", "synthetic", "--devices", "6", "--num-traces", "3", "--rounds", "3",
@@ -110,8 +111,15 @@ def test_a_sim_run_of_several_schemes_shows_each_schemes_records(tmp_path, capsy
     _assert_self_contained(page)
     assert "n/a" not in html
     assert {"overview", "accuracy", "participation", "coefficients", "devices", "config", "files"} <= page.ids
-    assert len(page.images) == 1 + 3 + 3  # accuracy+loss; participation and coefficients per scheme
-    assert all(f"Scheme {s}</h3>" in html for s in "ABC") and html.count("<td>dev-5</td>") == 3
+    # accuracy+loss; the participation the schemes share (the same s drawn: it was drawn once per scheme,
+    # a 14,290 px page at 50 devices); coefficients per scheme
+    assert len(page.images) == 1 + 1 + 3
+    assert "<h3>Scheme A, Scheme B, Scheme C</h3>" in html and "drawn once" in html
+    assert all(f"Scheme {s}</h3>" in html for s in "ABC")
+    assert html.count("<td>dev-5</td>") == 1 and "shown once" in html  # the device table they share, too
+    # The configuration as a config file spells it, and no path of this machine.
+    assert "<th>rules.required_updates</th><td><code>20</code>" in html and "{&#39;" not in html
+    assert "<th>traces.set</th><td><code>.../paper</code>" in html and str(REPO) not in html
     assert all(reason in html for reason in SIM_LEAVES_OUT), html
     assert "<code>A/metrics.jsonl</code>" in html and "E (required local updates per round) = 20" in html
 
@@ -214,3 +222,9 @@ def test_a_timeline_runs_conditions_are_drawn_under_its_stop_reasons_and_an_olde
     assert "conditions" not in page.ids and len(page.images) == 6
     assert ("<b>Device conditions</b>: this run followed no device timeline (no conditions.jsonl: `flexfl live "
             "--emulate --timeline FILE` records the conditions it applies there)") in html
+
+
+def test_a_runs_file_list_never_shows_its_fleet_token(live_dir, tmp_path):
+    (live_dir / "fleet_token").write_text("s3cret\n")  # a run from before the token moved out of results folders
+    html, _ = _page(write_report(live_dir, tmp_path / "r.html"))
+    assert "<code>coordinator.log</code>" in html and "<code>fleet_token</code>" not in html and "s3cret" not in html

@@ -170,3 +170,20 @@ def test_a_run_without_a_timeline_has_no_device_conditions(live_dir, sim_dir):
     for path in (live_dir, sim_dir):
         run = read_run(path)
         assert run.conditions is None and device_conditions(run, list(run.rounds)) is None
+
+
+def test_the_configuration_reads_as_dotted_keys_and_values_without_reprs_or_this_machines_paths(tmp_path,
+                                                                                               monkeypatch):
+    from flexfl.report.sections import config_rows
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "out" / "run"
+    config = {"rules": {"unit": "step", "fast_reboot": True, "strategy": {"name": "fedprox", "mu": 0.1}},
+              "traces": {"set": "/elsewhere/traces/paper", "num_traces": 8}, "extra_tests": [],
+              "schedule": {"arrivals": [{"device": 3, "round": 5}]}, "rounds": 6, "emnist_root": "",
+              "timeline": str(tmp_path / "timelines" / "t.csv"), "log": str(run / "coordinator" / "c.log")}
+    assert config_rows(config, run) == [
+        ("emnist_root", "none"), ("extra_tests", "none"), ("log", "coordinator/c.log"), ("rounds", "6"),
+        ("rules.fast_reboot", "true"), ("rules.strategy.mu", "0.1"), ("rules.strategy.name", "fedprox"),
+        ("rules.unit", "step"), ("schedule.arrivals", '[{"device": 3, "round": 5}]'),
+        ("timeline", "timelines/t.csv"), ("traces.num_traces", "8"), ("traces.set", ".../paper")]
