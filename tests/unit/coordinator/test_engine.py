@@ -148,8 +148,8 @@ def test_a_round_every_device_left_before_answering_does_not_count_and_the_run_w
     thread.join(timeout=60)
     assert eng.finished
     rows = read_metrics(eng.out_dir / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2]
-    assert rows[1]["s"] == {"c": E}
+    assert [r.round for r in rows] == [1, 2]
+    assert rows[1].s == {"c": E}
 
 
 def test_a_stage_that_fell_behind_takes_the_waiting_items_together_and_stops_after_a_failure():

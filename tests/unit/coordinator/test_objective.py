@@ -151,9 +151,9 @@ def test_under_auto_an_arrival_that_departs_in_its_round_is_included_without_its
                      dataset="synthetic", params={"w": torch.zeros(2)})
     fed.horizon = 10
     fed.apply_events(arrivals=[Arrival("a", 10), Arrival("b", 30)])
-    fed.close(fed.weigh(1, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"])
+    fed.close_stacked(fed.weigh(1, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"])
     # "c" joins and announces its departure within round 2: both take effect at its close.
-    out = fed.close(fed.weigh(2, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
+    out = fed.close_stacked(fed.weigh(2, {"a": 4, "b": 4}), deltas={"w": torch.zeros(2, 2)}, rows=["a", "b"],
                     arrivals=[Arrival("c", 40)], departures=[Departure("c")])
     assert out.departures == (("c", "include"),)  # no Gamma estimate for it: auto includes
     np.testing.assert_allclose(fed.weigh(3, {"a": 4}).p, [10 / 80, 30 / 80, 40 / 80])
