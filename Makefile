@@ -43,7 +43,7 @@ test: setup setup-ansible ## run the test suite (what CI runs; ~8 min on 2 cores
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
-fuzz: setup ## the fuzzers, long and random (make test runs a short fixed part): 10,000 malformed gRPC calls at a live coordinator, every config parser, then an exact round (-> out/fuzz.json); then the trace/update fuzzers, FUZZ_EXAMPLES examples each
+fuzz: setup ## the fuzzers, long and random (~40 min on 2 cores; make test runs a short fixed part): 10,000 malformed gRPC calls at a live coordinator, every config parser, then an exact round (-> out/fuzz.json); then the trace/update fuzzers, FUZZ_EXAMPLES examples each
 	nice $(BIN)/python -m benchmarks.fuzz --json out/fuzz.json
 	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) nice $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
@@ -62,7 +62,7 @@ sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHE
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
 SWEEP_ARGS ?=
 
-performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (10 min on an AMD EPYC Zen 5, 23 on a Zen 3; QUICK=1: a smoke run)
+performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (10 min on an AMD EPYC Zen 5, 23 on a Zen 3; fails if a benchmark fails; QUICK=1: a smoke run -> out/performance-quick.md)
 	$(BIN)/python -m benchmarks.performance $(if $(QUICK),--quick)
 ifeq ($(QUICK),)
 	$(MAKE) --no-print-directory bench-coordinator
