@@ -33,17 +33,17 @@ class Smoke:
 SMOKE_RUNS = {
     "agent_memory": Smoke(("--dataset", "synthetic", "--repeat", "1", "--rounds", "1"),
                           r"^after training, over floor 2 \(torch after training\): RSS \+[\d.]+ MiB \(goal"),
-    "coordinator_bench": Smoke(("--agents", "5", "--rounds", "3", "--no-eval"), r"^\s+5\s+[\d.]+ \["),
     "epoch_speed": Smoke(("--reps", "1", "--epochs", "1"), r"^ragged/equal: min [\d.]+"),
     "flower_compare": Smoke(("--agents", "5", "--rounds", "3", "--repeat", "1"), r"^\s+5\s+on\s+[\d.]+"),
-    "refused_uploads": Smoke(("--uploads", "4", "--parallel", "2", "--mib", "1", "--limit-mib", "2", "--every", "2"),
-                             r"^coordinator RSS: start \d+ MiB, after 4 refused uploads"),
     "sweep_speed": Smoke(("--reps", "1", "--workloads", "synthetic", "--rounds", "2", "--schemes", "A,C"),
                          r"^max \|paired - separate\| over final parameters: 0\.0e\+00"),
     "threads": Smoke(("--reps", "1", "--workload", "synthetic"), r"^  2proc x 1thr: min \d+"),
 }
-# Benchmarks whose tiny run is already a test (file::function; the function must exist).
+# Benchmarks whose tiny run is already a test (file::function; the function must exist): not run twice.
 RUN_BY = {
+    "coordinator_bench": "tests/integration/test_benchmarks.py::"
+                         "test_light_agents_in_two_processes_answer_every_round_with_a_full_size_zero_delta",
+    "refused_uploads": "tests/integration/test_bad_input.py::test_refused_model_sized_uploads_do_not_keep_their_memory",
     "cli_speed": "tests/integration/test_benchmarks.py::test_the_cli_benchmark_runs_every_command_with_its_exit_code",
     "fuzz": "tests/integration/test_fuzz.py::test_a_fuzzed_coordinator_still_serves_an_exact_round_without_growing",
     "performance": "tests/integration/test_benchmarks.py::test_a_failed_benchmark_fails_the_run_and_keeps_its_section",
