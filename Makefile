@@ -141,7 +141,7 @@ fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (
 	$(BIN)/flexfl fleet down
 
 # `make live-emulated`: deadline mode (no traces: flexfl/live_defaults.py, EMULATED_DEFAULTS) on a mixed
-# fleet, so that each device's s is what its emulated CPU share and upload rate let it do (README, "Live
+# fleet, so that each device's s is what its emulated CPU share and upload rate let it do (docs/fleet.md, "Live
 # on an emulated fleet"). MNIST by default: its 0.8 MB update makes upload rates matter (SYNTHETIC's is
 # 2.4 kB). E = 1000 SGD steps: at 0.25 CPU they take ~1.4 s of the 2 s deadline (measured on a 2-core
 # EPYC), so the CPU share matters too; at 20 steps (0.03 s) every device finished E whatever its quota.
