@@ -43,7 +43,7 @@ test: setup setup-ansible ## run the test suite (what CI runs; ~8 min on 2 cores
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
-fuzz: setup ## the fuzzers, long and random (make test runs a short fixed part): 10,000 malformed gRPC calls at a live coordinator, every config parser, then an exact round (-> out/fuzz.json); then the trace/update fuzzers, FUZZ_EXAMPLES examples each
+fuzz: setup ## the fuzzers, long and random (~40 min on 2 cores; make test runs a short fixed part): 10,000 malformed gRPC calls at a live coordinator, every config parser, then an exact round (-> out/fuzz.json); then the trace/update fuzzers, FUZZ_EXAMPLES examples each
 	nice $(BIN)/python -m benchmarks.fuzz --json out/fuzz.json
 	FLEXFL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) nice $(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
@@ -62,7 +62,7 @@ sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHE
 # shows progress; SWEEP_ARGS passes executor flags, e.g. SWEEP_ARGS="--ray-address HOST:6379".
 SWEEP_ARGS ?=
 
-performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (10 min on an AMD EPYC Zen 5, 23 on a Zen 3; QUICK=1: a smoke run)
+performance: setup setup-flower ## every benchmark of results/performance.md, the coordinator's and Flower's included (10 min on an AMD EPYC Zen 5, 23 on a Zen 3; fails if a benchmark fails; QUICK=1: a smoke run -> out/performance-quick.md)
 	$(BIN)/python -m benchmarks.performance $(if $(QUICK),--quick)
 ifeq ($(QUICK),)
 	$(MAKE) --no-print-directory bench-coordinator
@@ -141,7 +141,7 @@ fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (
 	$(BIN)/flexfl fleet down
 
 # `make live-emulated`: deadline mode (no traces: flexfl/live_defaults.py, EMULATED_DEFAULTS) on a mixed
-# fleet, so that each device's s is what its emulated CPU share and upload rate let it do (README, "Live
+# fleet, so that each device's s is what its emulated CPU share and upload rate let it do (docs/fleet.md, "Live
 # on an emulated fleet"). MNIST by default: its 0.8 MB update makes upload rates matter (SYNTHETIC's is
 # 2.4 kB). E = 1000 SGD steps: at 0.25 CPU they take ~1.4 s of the 2 s deadline (measured on a 2-core
 # EPYC), so the CPU share matters too; at 20 steps (0.03 s) every device finished E whatever its quota.

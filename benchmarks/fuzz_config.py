@@ -24,11 +24,11 @@ import tomli_w
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz_support import draws_from_seed_alone
 from coordinator.config import CoordinatorConfig
 from edge_agent.config import AgentConfig
 from flexfl.config import load_config, to_dict
 from flexfl.errors import ConfigError
-from flexfl.fuzz import draws_from_seed_alone
 from flexfl.live import LiveConfig
 from simulator.engine import SimConfig
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile

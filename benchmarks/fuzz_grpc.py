@@ -36,8 +36,8 @@ from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz_support import draws_from_seed_alone
 from coordinator.status import ERRORS  # the server's one exception -> status table
-from flexfl.fuzz import draws_from_seed_alone
 
 HONEST = ("honest-a", "honest-b")
 EVIL = "evil"

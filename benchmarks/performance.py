@@ -7,7 +7,12 @@ prints its own figures and ratios (min / median / max); this only runs them one 
 other, as separate processes, and writes what each printed as its own section of the page
 (benchmarks/report.py), beside the command and the machine. Other sections (the
 coordinator's, `make bench-coordinator`) and the prose are left as they are. --quick passes
-each benchmark's own small settings (a smoke run, not figures to quote).
+each benchmark's own small settings (a smoke run, not figures to quote) and writes to
+out/performance-quick.md, never over the committed page.
+
+A benchmark that fails (non-zero exit) keeps its previous section: its error goes to the
+terminal, not to the page; the others still run, and the command then exits 1 naming the
+failed ones, so that `make performance` fails too.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from pathlib import Path
 from benchmarks.report import machine, write_section
 
 REPO = Path(__file__).resolve().parent.parent
+PAGE = REPO / "results" / "performance.md"
+# Smoke figures (one repetition, small settings) must not replace the committed ones: they go
+# under out/, as a sweep page that would drop runs goes to results/.../local (simulator.report.page_dir).
+QUICK_PAGE = REPO / "out" / "performance-quick.md"
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ BENCHES = (
                                                       "--workloads", "synthetic"),
           "What pairing saves in a sweep (simulator.engine.run_paired)."),
     Bench("Threads per worker process",
-          ("benchmarks.threads", "--reps", "3"), ("benchmarks.threads", "--reps", "1"),
+          ("benchmarks.threads", "--reps", "3"), ("benchmarks.threads", "--reps", "1", "--workload", "synthetic"),
           "Why every simulation worker runs one torch thread."),
     Bench("The CLI's answer time: --help and an argument error",
           ("benchmarks.cli_speed", "--reps", "9"), ("benchmarks.cli_speed", "--reps", "1"),
@@ -86,32 +95,49 @@ BENCHES = (
 )
 
 
-def main() -> None:
+def run_bench(bench: Bench, *, quick: bool, out: Path) -> bool:
+    """Run one benchmark as its own process and write its section of `out`; False if it failed."""
+    argv = bench.quick if quick else bench.args
+    command = " ".join(["python -m", *argv])
+    print(f"== {command}", flush=True)
+    started, machine_then = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine()
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    print(proc.stdout.strip(), flush=True)
+    if proc.returncode:
+        # Not onto the page: a traceback there once replaced the figures and named this machine's paths.
+        print(f"[{bench.name}: exit code {proc.returncode}]\n{proc.stderr.strip()[-4000:]}", file=sys.stderr,
+              flush=True)
+        return False
+    smoke = " With --quick: smoke settings, not figures to quote." if quick else ""
+    write_section(out, bench.name, title=bench.title, lines=proc.stdout.strip().splitlines(),
+                  intro=f"{bench.what}\n\n`{command}` ({took:.0f} s), {started}; {machine_then}.{smoke}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "performance.md")
+    ap.add_argument("--out", type=Path, help="the page (default results/performance.md; with --quick "
+                                             "out/performance-quick.md)")
     ap.add_argument("--quick", action="store_true", help="small settings: check that the benchmarks run")
     ap.add_argument("--only", default="", help="comma-separated benchmark modules or section names to run "
                                                  "(default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = args.out or (QUICK_PAGE if args.quick else PAGE)
+    out.parent.mkdir(parents=True, exist_ok=True)
     only = {m.strip() for m in args.only.split(",") if m.strip()}
-    for bench in BENCHES:
-        argv = bench.quick if args.quick else bench.args
-        if only and argv[0] not in only and bench.name not in only:
-            continue
-        command = " ".join(["python -m", *argv])
-        print(f"== {command}", flush=True)
-        started, machine_then = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine()
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True)
-        took = time.perf_counter() - t0
-        output = proc.stdout.strip() + (f"\n[exit code {proc.returncode}]\n{proc.stderr.strip()[-2000:]}"
-                                        if proc.returncode else "")
-        print(output, flush=True)
-        smoke = " With --quick: smoke settings, not figures to quote." if args.quick else ""
-        write_section(args.out, bench.name, title=bench.title, lines=output.splitlines(),
-                      intro=f"{bench.what}\n\n`{command}` ({took:.0f} s), {started}; {machine_then}.{smoke}")
-    print(f"wrote {args.out}")
+    chosen = [b for b in BENCHES if not only or b.args[0] in only or b.name in only]
+    if not chosen:
+        ap.error(f"--only {args.only}: no such benchmark; choose from {', '.join(b.name for b in BENCHES)}")
+    failed = [bench.name for bench in chosen if not run_bench(bench, quick=args.quick, out=out)]
+    print(f"wrote {out}")
+    if failed:
+        print(f"benchmarks.performance: {len(failed)} of {len(chosen)} benchmarks failed: {', '.join(failed)} "
+              f"(their sections of {out} are left as they were)", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,10 @@
 """Torch thread settings for simulator workers: one thread per process or torch's default, quiet or contended.
 
-    python -m benchmarks.threads [--reps 3] [--rounds 1] [--trainers fast,plain]
+    python -m benchmarks.threads [--reps 3] [--rounds 1] [--trainers fast,plain] [--workload mnist]
 
 Worker processes each build the MNIST workload of benchmarks.sim_speed (MLP, 100 devices,
-batch 10, E = 20) once and then train whole rounds on command. Configurations, interleaved
+batch 10, E = 20) once and then train whole rounds on command (`--workload synthetic`: its
+logistic regression on 50 devices, a smoke run in seconds, not the figures the page quotes). Configurations, interleaved
 within every repetition:
 - 1proc x 1thr: one worker, torch.set_num_threads(1)
 - 1proc x 2thr: one worker at torch's default here (2 threads, one per core)
@@ -28,15 +29,15 @@ import numpy as np
 CONFIGS = ("1proc x 1thr", "1proc x 2thr", "2proc x 1thr")
 
 
-def worker(threads: int, commands: mp.Queue, results: mp.Queue) -> None:
+def worker(threads: int, workload: str, commands: mp.Queue, results: mp.Queue) -> None:
     import torch
 
     torch.set_num_threads(threads)
     from benchmarks.sim_speed import build_workload, variant_fns
     from edge_agent.trainer import device_rng
 
-    w = build_workload("mnist", participation="full", seed=0)
-    fns = variant_fns(w, ["fast", "plain"])
+    w = build_workload(workload, participation="full", seed=0)
+    fns = variant_fns(w, ["fast", "plain"], stats={})
     results.put("ready")
     while True:
         cmd = commands.get()
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1, help="rounds per measurement and worker (default 1)")
     p.add_argument("--trainers", default="fast", help="comma-separated: fast, plain (default fast)")
+    p.add_argument("--workload", choices=["mnist", "synthetic"], default="mnist",
+                   help="benchmarks.sim_speed's workload the workers train (default mnist; synthetic: a smoke run)")
     args = p.parse_args(argv)
     trainers = [t for t in args.trainers.split(",") if t]
     if any(t not in ("fast", "plain") for t in trainers):
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     for threads, count in ((1, 2), (2, 1)):
         for _ in range(count):
             q = ctx.Queue()
-            proc = ctx.Process(target=worker, args=(threads, q, results), daemon=True)
+            proc = ctx.Process(target=worker, args=(threads, args.workload, q, results), daemon=True)
             proc.start()
             pools[threads].append((proc, q))
     workers = [proc for pool in pools.values() for proc, _ in pool]
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
 
     for _ in range(3):
         result()
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.reps} reps of {args.rounds} rounds")
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.workload}, "
+          f"{args.reps} reps of {args.rounds} rounds")
 
     def measure(config: str, trainer: str) -> float:
         queues = {"1proc x 1thr": [pools[1][0][1]], "1proc x 2thr": [pools[2][0][1]],

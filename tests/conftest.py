@@ -106,12 +106,12 @@ def forget_myfl():
 def _fuzz_examples_of_the_seed_alone(request: pytest.FixtureRequest) -> Iterator[None]:
     """A derandomized `fuzz` test draws the same examples whichever tests ran before it in the process.
 
-    Hypothesis also draws constants from every imported local module (flexfl.fuzz.draws_from_seed_alone);
+    Hypothesis also draws constants from every imported local module (benchmarks.fuzz_support.draws_from_seed_alone);
     a long run (FLEXFL_FUZZ_EXAMPLES) keeps them: it explores, and reports its failures' inputs."""
     if request.node.get_closest_marker("fuzz") is None:
         yield
         return
-    from flexfl.fuzz import EXAMPLES_ENV, draws_from_seed_alone
+    from benchmarks.fuzz_support import EXAMPLES_ENV, draws_from_seed_alone
 
     if os.environ.get(EXAMPLES_ENV, "").strip():
         yield

@@ -1,5 +1,5 @@
 """A sweep driven against a real Ray head (`ray start --head`) that uses token authentication, as Ray 2.60's
-does once a token exists: with the README's environment it runs; without, one error line and exit 2."""
+does once a token exists: with the environment docs/simulation.md gives it runs; without, one error line and exit 2."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Head:
         self.token = made.stdout.strip()
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        # The README's head: RAY_AUTH_MODE=token and the token in the environment, then ray start --head.
+        # docs/simulation.md's head: RAY_AUTH_MODE=token and the token in the environment, then ray start --head.
         # Ports of its own and a short temp dir (Ray's socket paths must stay under 108 bytes).
         self.proc = subprocess.Popen(
             [str(RAY), "start", "--head", "--block", "--port", str(self.port), "--num-cpus", "1",

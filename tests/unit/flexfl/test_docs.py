@@ -1,4 +1,5 @@
-"""The README and `make help` say the same thing about the same target."""
+"""The README and the docs/ pages say what the code does: the same durations as `make help`, targets that
+exist, `flexfl` commands that parse, the demo's first line, and the plug-in example `flexfl new` writes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # "~15 min", "17-23 min", "~1 h", "~12 core-hours": how long a target takes.
 DURATION = re.compile(r"~?\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?(?:min|h|hours?|core-hours)\b")
 
@@ -68,12 +70,11 @@ def test_the_readme_shows_what_make_demo_prints_first() -> None:
 
 
 def test_the_readmes_bring_your_own_example_is_what_flexfl_new_writes(tmp_path, capsys) -> None:
-    """The README shows the starter's code, config lines and commands; copied by hand, they would drift from it."""
+    """docs/plugins.md shows the starter's code, config lines and commands; copied by hand, they would drift."""
     from flexfl.cli import main
     from flexfl.new import STARTER
 
-    section = (REPO / "README.md").read_text().split("## Bring your own model, dataset and strategy\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
+    section = (REPO / "docs" / "plugins.md").read_text()
     sources = [p.read_text() for p in (STARTER / "myfl").glob("*.py")]
     live_lines = (STARTER / "live.toml").read_text().splitlines()
     blocks = re.findall(r"```(python|toml|sh)\n(.*?)```", section, re.S)
@@ -88,3 +89,67 @@ def test_the_readmes_bring_your_own_example_is_what_flexfl_new_writes(tmp_path, 
                for line in capsys.readouterr().out.splitlines() if line.startswith("  flexfl ")]
     commands = [line.split("  #")[0].strip() for line in blocks[0][1].splitlines()]
     assert commands == ["flexfl new myexp", *printed], (commands, printed)
+
+
+def _examples(text: str) -> list[str]:
+    """The commands a page gives as examples: lines of its ```sh blocks (continuations joined, comments
+    dropped), `$ `-prompted lines of any block, and table cells that start with a `command`."""
+    commands = []
+    for kind, block in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            if kind == "sh" and not line.startswith("$ "):
+                commands.append(line.split(" #", 1)[0].strip())
+            elif line.startswith("$ "):
+                commands.append(line[2:].strip())
+    for row in re.findall(r"^\|.*\|$", text, re.M):
+        commands += re.findall(r"\| `([^`]+)`", row)
+    return [c for c in commands if c and not c.startswith("#")]
+
+
+def test_every_page_names_only_make_targets_that_exist() -> None:
+    helps = _make_help()
+    for page in PAGES:
+        text = page.read_text()
+        named = set(re.findall(r"(?:`|^|&& )make ([a-z][\w-]*)", text, re.M))  # in code, not "make devices differ"
+        missing = sorted(t for t in named if t not in helps)
+        assert not missing, f"{page.relative_to(REPO)} names make targets that `make help` lacks: {missing}"
+
+
+def test_every_flexfl_example_on_the_pages_parses() -> None:
+    """Each `flexfl ...` example of the README and docs/ is accepted by today's parser (flags, choices, types);
+    `--help` lists what changed when one is not."""
+    import shlex
+
+    from flexfl.cli import build_parser
+
+    checked = 0
+    for page in PAGES:
+        for command in (c for c in _examples(page.read_text()) if "flexfl " in c):
+            words = shlex.split(command)
+            for at in (i for i, w in enumerate(words) if w in ("flexfl", ".venv/bin/flexfl")):
+                args = words[at + 1:]
+                args = args[:next((i for i, w in enumerate(args) if w in ("&&", "|", ";")), len(args))]
+                if not args or "..." in args:
+                    continue
+                try:
+                    build_parser().parse_args(args)
+                except SystemExit as exc:
+                    raise AssertionError(f"{page.relative_to(REPO)}: `flexfl {' '.join(args)}` does not parse "
+                                         f"(exit {exc.code})") from None
+                checked += 1
+    assert checked >= 20, checked
+
+
+def test_durations_on_the_docs_pages_are_make_helps() -> None:
+    """A docs/ bullet that starts with `make X` gives only durations that `make help` gives X."""
+    helps = _make_help()
+    compared = 0
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for m in re.finditer(r"^- `make ([\w-]+)[^`]*`(.*(?:\n  .*)*)", page.read_text(), re.M):
+            stated = set(DURATION.findall(m[2]))
+            if stated:
+                assert m[1] in helps, f"{page.name} gives `make {m[1]}` a duration; make help has no such target"
+                assert stated <= set(DURATION.findall(helps[m[1]])), (page.name, m[1], stated, helps[m[1]])
+                compared += 1
+    assert compared >= 3, compared

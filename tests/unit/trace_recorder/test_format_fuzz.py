@@ -2,7 +2,7 @@
 file, line and field, never another exception; valid generated sets round-trip exactly.
 
 Bounded and derandomized here (a few seconds); FLEXFL_FUZZ_EXAMPLES=N runs N random
-examples per test instead (flexfl/fuzz.py).
+examples per test instead (benchmarks/fuzz_support.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz tests need hypot
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from flexfl.errors import TraceFormatError  # noqa: E402
-from flexfl.fuzz import (  # noqa: E402
+from benchmarks.fuzz_support import (  # noqa: E402
     corrupted,
     deeply_nested_json,
     edge_json_values,
@@ -32,6 +31,7 @@ from flexfl.fuzz import (  # noqa: E402
     number_texts,
     raises_only,
 )
+from flexfl.errors import TraceFormatError  # noqa: E402
 from trace_recorder.format import (  # noqa: E402
     KINDS,
     MANIFEST_NAME,

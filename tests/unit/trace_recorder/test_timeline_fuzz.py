@@ -20,8 +20,8 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz tests need hypot
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from benchmarks.fuzz_support import corrupted, fuzz_settings, raises_only  # noqa: E402
 from flexfl.errors import TraceFormatError  # noqa: E402
-from flexfl.fuzz import corrupted, fuzz_settings, raises_only  # noqa: E402
 from trace_recorder.plain_pickle import load_plain_pickle  # noqa: E402
 from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit, read_timeline, write_timeline  # noqa: E402
 

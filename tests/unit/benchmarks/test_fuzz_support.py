@@ -1,4 +1,5 @@
-"""flexfl.fuzz.draws_from_seed_alone: a seeded hypothesis run draws the same examples whatever the process imported.
+"""benchmarks.fuzz_support.draws_from_seed_alone: a seeded hypothesis run draws the same examples
+whatever the process imported.
 
 Without it, `pytest tests/unit tests/integration/test_fuzz.py` sent the gRPC fuzzer's seed 0 other
 calls than the fuzz test alone did (hypothesis draws constants from every imported local module),
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 import importlib, json, sys
 from hypothesis import given, seed, settings, strategies as st
-from flexfl.fuzz import draws_from_seed_alone
+from benchmarks.fuzz_support import draws_from_seed_alone
 
 def draws():
     out = []

@@ -30,7 +30,7 @@ try:
     from hypothesis import HealthCheck, settings
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - only without the dev extra
-    raise ImportError("flexfl.fuzz needs hypothesis: pip install -e '.[dev]'") from exc
+    raise ImportError("benchmarks.fuzz_support needs hypothesis: pip install -e '.[dev]'") from exc
 
 EXAMPLES_ENV = "FLEXFL_FUZZ_EXAMPLES"
 
