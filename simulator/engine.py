@@ -16,7 +16,6 @@ lock-step and trains the rows of all of them in one row-trainer call per round (
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import math
 import time
@@ -35,7 +34,6 @@ from coordinator.round import Arrival, Departure, Federation, RoundOpening, Rule
 from edge_agent.trainer import device_rng, steps_per_update, train_local
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError, DivergenceError
-from simulator.cache_trainer import evaluate
 from simulator.fast_trainer import FastTrainer
 from simulator.trainer_kind import TrainerKind
 from trace_recorder import PAPER_TRACE_SET
@@ -172,7 +170,11 @@ class SimConfig:
 
 
 def _cache_trainer(*args, **kwargs):
-    from simulator.cache_trainer import CacheTrainer  # needs numba (the [sim] extra)
+    try:
+        from simulator.cache_trainer import CacheTrainer  # needs numba (the [sim] extra)
+    except ImportError as exc:
+        raise ConfigError(f"trainer = 'cache' needs numba (pip install 'flexfl[sim]'): {exc}; "
+                          "trainer = 'fast' or 'auto' simulates without it") from None
 
     return CacheTrainer(*args, **kwargs)
 
@@ -182,12 +184,31 @@ ROW_TRAINERS = {TrainerKind.CACHE: _cache_trainer, TrainerKind.FAST: FastTrainer
 
 @functools.cache
 def cache_trainer_available() -> bool:
-    """numba is installed (pip install 'flexfl[sim]'); else auto picks the batched torch trainer, and says so."""
-    if importlib.util.find_spec("numba") is None:
+    """numba imports (pip install 'flexfl[sim]'); else auto picks the batched torch trainer, and says so.
+
+    An import, not importlib.util.find_spec: a numba that is found but does not load (an llvmlite
+    of another build) must fall back too."""
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:
         log.warning("numba is not installed (pip install 'flexfl[sim]'): simulating on the batched torch trainer, "
-                    "about half the cache trainer's speed on MNIST")
+                    "about half the cache trainer's speed on MNIST (%s)", exc)
         return False
     return True
+
+
+def evaluate(model: torch.nn.Module, params: Mapping[str, torch.Tensor], data) -> tuple[float, float]:
+    """Test accuracy and mean loss: on the cache trainer's kernels where numba imports, else through torch.
+
+    The two agree to float32 rounding (tests/unit/simulator/test_cache_trainer.py); the kernels
+    are imported here, not at the top, so that the engine imports without the [sim] extra."""
+    if cache_trainer_available():
+        from simulator.cache_trainer import evaluate as kernel_evaluate
+
+        return kernel_evaluate(model, dict(params), data)
+    from workloads.evaluation import evaluate as torch_evaluate
+
+    return torch_evaluate(model, dict(params), data)
 
 
 @dataclass(frozen=True)
