@@ -6,7 +6,7 @@ round tau is what the agent's deadline rule completes under the conditions at th
 start (trace_recorder.deadline.updates_before_deadline): no randomness, so s is a pure
 function of (device, round) as with traces.
 
-- Devices: simulated device k is `dev-k` (simulator.engine.device_id, the ids `flexfl live`
+- Devices: simulated device k is `dev-k` (workloads.partition_spec.device_id, the ids `flexfl live`
   gives its agents and the importers give theirs) and follows that device's rows; devices of
   the timeline beyond the simulation's are not used.
 - Time: a `start_round` timeline is read at round id tau; a `start_s` one at
@@ -28,9 +28,11 @@ from pathlib import Path
 from edge_agent.config import AgentConfig
 from edge_agent.units import Unit
 from flexfl.errors import ConfigError
-from simulator.engine import SimConfig, device_id
+from simulator.participation import RoundDraws
+from simulator.sim_config import SimConfig
 from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline
 from trace_recorder.timeline import Timeline, TimeUnit, describe_names, read_timeline
+from workloads.partition_spec import device_id
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,11 @@ class TimelineParticipation:
 
     def draw(self, shard: int, round_index: int) -> int:
         return self.outcome(shard, round_index).s
+
+    def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
+        """s and why (rows' "stop_reason", as a live run's rows record it) for devices `shards`."""
+        outcomes = [self.outcome(k, round_index) for k in shards]
+        return RoundDraws(s=[o.s for o in outcomes], why=[str(o.why) for o in outcomes])
 
     def rounds_covered(self) -> int:
         """Rounds that start before the timeline ends (after it, every device is offline)."""
