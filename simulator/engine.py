@@ -10,7 +10,7 @@ The simulator's rooms around it:
 - simulator.local_training: the contributors' local SGD (simulator.fast_trainer or
   simulator.cache_trainer for all rows at once, or edge_agent.trainer per device);
 - simulator.evaluation: the objective's test set (workloads.federated.FederatedData.test_for);
-- simulator.sim_rows: what a run writes per round.
+- simulator.sim_rows: what a run records per round (coordinator.round_record.RoundRecord, as live).
 This module is the loop that drives them, the same for one run and for paired runs.
 
 A run is a pure function of its config: data, initial model, trace assignment, s draws
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from coordinator.round_record import RoundRecord
 from flexfl.errors import ConfigError
 from simulator.local_training import ROW_TRAINERS, PairedTrainer, RoundTrainer, RunTrainer
 from simulator.participation import FixedParticipation, Participation, SharedDraws, TraceParticipation
@@ -40,7 +41,7 @@ from simulator.sim_config import (
     TracesConfig,
     runs_alike,
 )
-from simulator.sim_rows import RoundRecord, SimResult, records_as_rows
+from simulator.sim_rows import SimResult, records_as_rows
 from simulator.trainer_kind import TrainerKind, cache_trainer_available
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.federated import FederatedData, build_federated
@@ -119,7 +120,7 @@ def run_paired(
 ) -> list[SimResult]:
     """Run configs that share their data in lock-step, training each round's rows of all runs together.
 
-    `checkpoint`: a file where the runs' state (each Federation, its records and rows) is
+    `checkpoint`: a file where the runs' state (each Federation and its records) is
     saved atomically every `checkpoint_every_s` seconds; a later call with the same configs
     resumes from it after its last saved round (every draw is seeded per round, so the
     result is the uninterrupted one: tests/unit/simulator/test_paired.py). A file saved for

@@ -16,12 +16,14 @@ import numpy as np
 import torch
 
 from coordinator.round import Arrival, Departure, Federation, RoundOpening, Weighing
+from coordinator.round_record import RoundRecord
 from edge_agent.trainer import steps_per_update
+from flexfl.config import to_dict
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.evaluation import evaluate_round
 from simulator.participation import Participation
 from simulator.sim_config import ExtraTest, SimConfig
-from simulator.sim_rows import RoundRecord, SimResult, full_row, round_record
+from simulator.sim_rows import SimResult, round_record
 from workloads.federated import FederatedData, initial_model, model_spec
 from workloads.partition_spec import device_id
 
@@ -57,6 +59,7 @@ class RunState:
         batch = cfg.rules.batch_size_for(cfg.partition.dataset)
         self.steps_per_update = [steps_per_update(len(d), batch_size=batch, unit=cfg.rules.unit) for d in data.train]
         self.result = SimResult(config=cfg, trace_assignment=list(participation.trace_names))
+        self.rules = to_dict(cfg.rules)  # in every record, as a live run's rows have them
 
     def begin(self, tau: int) -> RoundWork:
         opening = self.fed.open(tau)
@@ -91,12 +94,10 @@ class RunState:
         if not math.isfinite(loss):
             self._diverged(tau, loss, lr=work.opening.lr)
         self.result.device_updates += sum(work.steps)
-        record = round_record(opening=work.opening, weighing=work.weighing, outcome=outcome, s=work.s, E=fed.E,
+        record = round_record(opening=work.opening, weighing=work.weighing, outcome=outcome, rules=self.rules,
                               losses=losses, test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0,
-                              members=len(fed.objective.members()))
+                              members=len(fed.objective.members()), extra=extra, reasons=work.reasons)
         self.result.records.append(record)
-        self.result.rows.append(full_row(work.opening, outcome, test_acc=acc, test_loss=loss, extra=extra,
-                                         reasons=work.reasons))
         return record
 
     def _extra_shards(self, name: ExtraTest) -> list[int]:

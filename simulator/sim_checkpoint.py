@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from coordinator.round_record import RoundRecord
 from simulator.run_state import RunState
 from simulator.sim_config import SimConfig, runs_alike
 
@@ -43,8 +44,8 @@ def save(path: Path, configs: Sequence[SimConfig], runs: Sequence[RunState], tau
     from flexfl.files import atomic_file
 
     state = {"configs": _state_key(configs), "round": tau,
-             "runs": [{"fed": r.fed, "records": r.result.records, "rows": r.result.rows,
-                       "device_updates": r.result.device_updates} for r in runs]}
+             "runs": [{"fed": r.fed, "records": r.result.records, "device_updates": r.result.device_updates}
+                      for r in runs]}
     with atomic_file(Path(path), "wb") as f:
         torch.save(state, f)
     log.info("checkpoint of %d paired runs after round %d: %s", len(runs), tau, path)
@@ -62,9 +63,12 @@ def restore(path: Path | None, configs: Sequence[SimConfig], runs: Sequence[RunS
     if not isinstance(state, dict) or not _same_configs(state.get("configs"), configs):
         log.warning("ignoring checkpoint %s: saved for other configs", path)
         return 0
+    if not all(isinstance(r, RoundRecord) for saved in state["runs"] for r in saved["records"]):
+        log.warning("ignoring checkpoint %s: its rounds are recorded in an older form", path)
+        return 0
     for run, saved in zip(runs, state["runs"]):
         run.fed = saved["fed"]
-        run.result.records, run.result.rows = saved["records"], saved["rows"]
+        run.result.records = saved["records"]
         run.result.device_updates = saved["device_updates"]
     log.info("resuming %d paired runs after round %d from %s", len(runs), state["round"], path)
     return int(state["round"])
