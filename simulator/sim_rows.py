@@ -34,8 +34,12 @@ class SimResult:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """The records as metrics.jsonl lines (RoundRecord.to_json), as a live run writes them."""
-        return [r.to_json() for r in self.records]
+        """The records as metrics.jsonl lines (RoundRecord.to_json), as a live run writes them.
+
+        Without `seconds`: a run's rows are a function of its config (a resumed sweep's files equal
+        an uninterrupted one's, tests/unit/simulator/test_sweep.py); its times are in rounds.csv.
+        """
+        return [replace(r, seconds=None).to_json() for r in self.records]
 
     @property
     def final_accuracy(self) -> float:
