@@ -54,6 +54,8 @@ def simulate(plan: SimRunPlan, *, emit: Emit = _print) -> dict[str, Any]:
     # One compute thread: torch's default two collapse when another job holds a core
     # (python -m benchmarks.threads); sweeps run one such process per core instead.
     torch.set_num_threads(1)
+    for warning in dict.fromkeys(_eta0_warnings(plan)):
+        log.warning("%s", warning)
     folder = claim_run_folder(plan.out, what="flexfl sim run", holds_run=entries_besides_lock, fresh=plan.fresh,
                               resumable=False)
     try:
@@ -62,6 +64,18 @@ def simulate(plan: SimRunPlan, *, emit: Emit = _print) -> dict[str, Any]:
         return _simulate(plan, emit)
     finally:
         folder.release()
+
+
+def _eta0_warnings(plan: SimRunPlan) -> list[str]:
+    """A warning for each run whose (dataset, unit, eta_0) is known not to train (workloads.defaults)."""
+    from workloads.defaults import eta0_warning
+    from workloads.partition_spec import is_builtin_dataset
+
+    dataset = plan.base.partition.dataset
+    if not is_builtin_dataset(dataset):
+        return []
+    found = (eta0_warning(dataset, c.rules.unit, c.rules.eta0_for(dataset)) for c in plan.configs.values())
+    return [w for w in found if w is not None]
 
 
 def _simulate(plan: SimRunPlan, emit: Emit) -> dict[str, Any]:
