@@ -55,3 +55,35 @@ def test_mnist_with_its_defaults_trains_and_a_pair_known_not_to_train_is_warned_
     assert main([*MNIST, "--rounds", "1", "--eta0", "0.002", "--out", str(tmp_path / "paper")]) == 0
     assert "eta_0 = 0.002 with E in steps on mnist is known not to train" in caplog.text
     assert "the default is eta_0 = 0.1" in caplog.text
+
+
+def test_the_command_a_timeline_run_prints_parses_to_the_live_runs_setup() -> None:
+    """The hint gave only --timeline, --deadline-s and --update-s: run as printed it simulated another setup."""
+    import re
+    import shlex
+    from dataclasses import replace
+
+    from flexfl.cli import build_parser
+    from flexfl.config import to_dict
+    from flexfl.live import load_live_config
+    from simulator.cli import _schemes, _timeline_run, config_from_args
+    from simulator.timeline_source import TimelineRun, sim_run_argv, sim_run_hint
+
+    # README's emulated timeline run: MNIST, 3 devices, 12 rounds, E = 1000 at eta_0 0.002; and events.
+    live = load_live_config(None, overrides={"partition": {"dataset": "mnist", "n_devices": 3},
+                                             "rules": {"required_updates": 1000, "eta0": 0.002, "strategy": "fednova"},
+                                             "rounds": 12, "arrive_round": 4, "depart_round": 8})
+    run = TimelineRun(path="traces/timelines/live example.csv", deadline_s=2.0, update_s=0.000585, round_s=2.5)
+    argv = sim_run_argv(partition=live.partition, rules=live.rules, rounds=live.rounds, seed=live.seed, run=run,
+                        arrivals=[(2, live.arrival)], departures=[(0, live.departure)])
+    line = sim_run_hint(argv, update_s=0.000585, device_rounds=33)
+    (printed,) = re.findall(r"`([^`]*)`", line)
+    words = shlex.split(printed)
+    assert words[:3] == ["flexfl", "sim", "run"]
+    args = build_parser().parse_args(words[1:])
+    cfg = config_from_args(args)
+    assert cfg.partition == live.partition and cfg.rounds == 12 and cfg.seed == live.seed
+    assert to_dict(replace(cfg.rules, strategy="fednova")) == to_dict(live.rules) and _schemes(args) == ["fednova"]
+    assert _timeline_run(args) == run
+    assert [(a.device, a.round) for a in cfg.schedule.arrivals] == [(2, 4)]
+    assert [(d.device, d.round) for d in cfg.schedule.departures] == [(0, 8)]
