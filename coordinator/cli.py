@@ -42,7 +42,8 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
         agg.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
                          help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
     g.add_argument("--mu", dest=dest("mu"), type=float,
-                   help="--strategy fedprox: mu of the proximal term mu/2 ||w - w_G||^2 (required there)")
+                   help=f"{'--strategy' if scheme else '--scheme'} fedprox: mu of the proximal term "
+                        "mu/2 ||w - w_G||^2 (required there)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
     per_dataset = ", ".join(f"{dataset} {value:g}" for dataset, value in eta0.items())
     g.add_argument("--eta0", dest=dest("eta0"), type=float,

@@ -15,11 +15,12 @@ from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
-from simulator.paper import PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
+from simulator.paper import DEFAULT_PARTITION, PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
 from simulator.trainer_kind import TrainerKind
 
 if TYPE_CHECKING:
     from simulator.timeline_source import TimelineRun
+    from workloads.partition_spec import PartitionSpec
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
 # the `flexfl` parser stays light for the edge agent.
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
 
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
-    _add_config_flags(run)
+    _add_config_flags(run, partition=DEFAULT_PARTITION)
     run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
                      help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
                           "MODULE:CLASS) to run, repeatable (default: A, B and C); each run's strategy, whatever "
@@ -193,12 +194,12 @@ def _add_sweep_flags(p: argparse.ArgumentParser, *, seeds: str) -> None:
     p.add_argument("--report-only", action="store_true", help="write the page from finished runs; compute nothing")
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, *, partition: PartitionSpec | None = None) -> None:
     from coordinator.cli import add_rules_flags
     from workloads.cli import add_partition_flags
 
     p.add_argument("--config", type=Path, help="TOML file with SimConfig tables (flags override it)")
-    add_partition_flags(p)
+    add_partition_flags(p, defaults=partition)
     add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int,

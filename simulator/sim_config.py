@@ -13,6 +13,7 @@ from coordinator.objective import DeparturePolicy
 from coordinator.round import RulesConfig
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError
+from simulator.paper import DEFAULT_PARTITION
 from simulator.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec
@@ -99,7 +100,7 @@ class ScheduleConfig:
 class SimConfig:
     """Everything that determines a simulation run (with the seed, it determines it exactly)."""
 
-    partition: PartitionSpec = field(default_factory=lambda: PartitionSpec(n_devices=50))
+    partition: PartitionSpec = DEFAULT_PARTITION
     rules: RulesConfig = field(default_factory=RulesConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -87,3 +87,17 @@ def test_the_command_a_timeline_run_prints_parses_to_the_live_runs_setup() -> No
     assert _timeline_run(args) == run
     assert [(a.device, a.round) for a in cfg.schedule.arrivals] == [(2, 4)]
     assert [(d.device, d.round) for d in cfg.schedule.departures] == [(0, 8)]
+
+
+def test_sim_run_help_states_its_partition_defaults_and_names_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mu named a --strategy flag that sim run lacks; --dataset and --devices had no help or default."""
+    from simulator.sim_config import SimConfig
+
+    with pytest.raises(SystemExit):
+        main(["sim", "run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    default = SimConfig().partition
+    assert (f"--dataset {{mnist,emnist,synthetic}} the dataset to split over the devices (default {default.dataset})"
+            in text)
+    assert f"--devices N number of devices (shards) (default {default.n_devices})" in text
+    assert "--mu MU --scheme fedprox: mu" in text and "--strategy" not in text
