@@ -29,10 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from coordinator.strategies import strategy_names
-
     sim = sub.add_parser("sim", help="simulate federated training over participation traces")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    _register_run(sim_sub)
+    _register_schemes(sim_sub)
+    _register_tables(sim_sub)
+    _register_protocols(sim_sub)
+    _register_figure(sim_sub)
+
+
+def _register_run(sim_sub: argparse._SubParsersAction) -> None:
+    from coordinator.strategies import strategy_names
 
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run, partition=DEFAULT_PARTITION)
@@ -50,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_timeline_flags(run)
     run.set_defaults(func=cmd_run)
 
+
+def _register_schemes(sim_sub: argparse._SubParsersAction) -> None:
     cmp_ = sim_sub.add_parser("schemes", help="the paper's Table 3: Schemes A/B/C over |T| = 1..8, IID and non-IID")
     _add_config_flags(cmp_)
     cmp_.add_argument("--settings", default="iid,niid", help="comma-separated: iid, niid (default both)")
@@ -67,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(cmp_, "schemes_<dataset>_final.csv")
     cmp_.set_defaults(func=cmd_schemes)
 
+
+def _register_tables(sim_sub: argparse._SubParsersAction) -> None:
+    """The paper's Tables 3, 4 and 5."""
     t3 = sim_sub.add_parser("table3", help="Table 3 under several readings of the paper's setup (sensitivity study)")
     t3.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="synthetic")
     t3.add_argument("--readings", default="all", help="comma-separated readings, or all (see results/table3.md)")
@@ -89,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(t5, "table5_runs.csv")
     t5.set_defaults(func=cmd_table5)
 
+
+def _register_protocols(sim_sub: argparse._SubParsersAction) -> None:
+    """The operating-point protocol and the strategies page."""
     op = sim_sub.add_parser("operating-point",
                             help="the operating-point protocol: eta_0 for a dataset and E's unit, "
                                  "chosen on full-participation FedAvg (simulator/operating_point.py)")
@@ -121,6 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(strat, "strategies_runs.csv")
     strat.set_defaults(func=cmd_strategies)
 
+
+def _register_figure(sim_sub: argparse._SubParsersAction) -> None:
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
     fig.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="mnist",
@@ -159,7 +176,8 @@ def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
         raise ConfigError("--timeline needs --deadline-s SECONDS (the round deadline its devices race)")
     from simulator.timeline_source import TimelineRun
 
-    return TimelineRun(path=str(args.timeline), **flags)
+    return TimelineRun(path=str(args.timeline), deadline_s=flags["deadline_s"], update_s=flags["update_s"],
+                       sample_s=flags["sample_s"], round_s=flags["round_s"])
 
 
 def _add_replace_page_flag(p: argparse.ArgumentParser, runs_csv: str) -> None:

@@ -146,7 +146,7 @@ def run_paired(
               after_round=saver.after_round if saver else None)
     for run in runs:
         run.result.final_params = run.fed.params
-        run.result.wall_s = sum(r.seconds for r in run.result.records)
+        run.result.wall_s = sum(r.seconds or 0.0 for r in run.result.records)
     return [run.result for run in runs]
 
 

@@ -168,6 +168,7 @@ class FastTrainer:
                 self._cnn_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi],
                                 mu_sorted[lo:hi], w0)
             else:
+                assert buffers is not None  # made above for every kind but the CNN
                 self._dense_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], buffers,
                                   mu_sorted[lo:hi], w0)
             for n, wn in w.items():

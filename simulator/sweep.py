@@ -318,7 +318,7 @@ def run_sweep(
     started = time.perf_counter()
     computed = 0
     failed: dict[str, str] = {}
-    results = executor.run(tasks) if tasks else (o for o in ())
+    results: Iterator[list[RunOutput]] = executor.run(tasks) if tasks else iter(())
     try:
         for outputs in results:
             first = computed  # a group's runs finish together: the ETA counts them all at once
@@ -340,9 +340,11 @@ def run_sweep(
     except KeyboardInterrupt:
         # Ctrl-C (its workers ignore it: simulator.executors): stop them now, wherever it hit the driver,
         # and say in one line what is kept (flexfl.cli prints it, no traceback).
-        results.close()
-        saved = sum(not s["cached"] for s in summaries.values())
-        raise KeyboardInterrupt(f"the sweep in {work_dir}, after {saved} of its {to_compute} runs to compute; "
+        close = getattr(results, "close", None)  # a generator: its finally blocks stop the workers
+        if close is not None:
+            close()
+        kept = sum(not s["cached"] for s in summaries.values())
+        raise KeyboardInterrupt(f"the sweep in {work_dir}, after {kept} of its {to_compute} runs to compute; "
                                 "finished runs are saved there (long groups also keep a checkpoint): rerun the same "
                                 "command to resume") from None
     elapsed = time.perf_counter() - started
