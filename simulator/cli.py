@@ -326,6 +326,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                for s in chosen}
     simulate(SimRunPlan(base=cfg, configs=configs, out=args.out, timeline=_timeline_run(args),
                         progress_every=args.progress_every, fresh=args.fresh))
+    from flexfl.report import report_line  # the report sits above the simulator (it reads runs of both engines)
+
+    for label, c in configs.items():
+        print(f"{c.rules.aggregation.title} {report_line(args.out / label)}")
     return 0
 
 

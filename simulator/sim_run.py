@@ -177,13 +177,9 @@ def _write_summary(plan: SimRunPlan, results: Mapping[str, SimResult], *, wall_s
 
 
 def _emit_finals(plan: SimRunPlan, results: Mapping[str, SimResult], summary: Mapping[str, Any], emit: Emit) -> None:
-    from flexfl.report import report_line
-
     out = plan.out
     accs = ", ".join(f"{plan.configs[k].rules.aggregation.title} {100 * res.final_accuracy:.2f}%"
                      for k, res in results.items())
     sim_s = sum(res.wall_s for res in results.values())
     emit(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {summary['device_updates'] / sim_s:.0f} "
          f"device-updates/s | results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
-    for label in plan.configs:
-        emit(f"{plan.configs[label].rules.aggregation.title} {report_line(out / label)}")
