@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,29 +29,36 @@ class RoundDraws:
 
 
 class Participation(Protocol):
-    """What the engine asks of a source of s (simulator.run_state.RunState)."""
+    """What the engine asks of a source of s (simulator.run_state.RunState); callers may bring their own
+    (trace_recorder.fidelity's AfterStart: a live run's s, then the traces')."""
 
     @property
     def trace_names(self) -> Sequence[str]:
         """What device k follows (SimResult.trace_assignment, run.json); empty where nothing is followed."""
         ...
 
-    def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
-        """The s of devices `shards` (shard indices) in round `round_index` (from 1)."""
+    def draw(self, shard: int, round_index: int) -> int:
+        """The s of device `shard` (its shard index) in round `round_index` (from 1)."""
         ...
 
 
-class _EachDrawn:
-    """round_draws from a source's draw(shard, round_index), which knows no reasons."""
-
-    def draw(self, shard: int, round_index: int) -> int:
-        raise NotImplementedError
+@runtime_checkable
+class ExplainedParticipation(Participation, Protocol):
+    """A source that also knows why each s is what it is (a timeline's deadline rule): rows' "stop_reason"."""
 
     def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
-        return RoundDraws(s=[self.draw(k, round_index) for k in shards])
+        """The s of devices `shards` in round `round_index`, and why each stopped where it did."""
+        ...
 
 
-class FixedParticipation(_EachDrawn):
+def round_draws(participation: Participation, shards: Sequence[int], round_index: int) -> RoundDraws:
+    """The s of devices `shards` in round `round_index`, with the reasons where the source knows them."""
+    if isinstance(participation, ExplainedParticipation):
+        return participation.round_draws(shards, round_index)
+    return RoundDraws(s=[participation.draw(k, round_index) for k in shards])
+
+
+class FixedParticipation:
     """A given s per device per round (cycled), e.g. to replay a live run: schedule[round][shard]."""
 
     trace_names: Sequence[str] = ()
@@ -68,7 +75,7 @@ class FixedParticipation(_EachDrawn):
         return int(self._schedule[(round_index - 1) % len(self._schedule), shard])
 
 
-class TraceParticipation(_EachDrawn):
+class TraceParticipation:
     """Each device follows a trace (assign_traces) and draws s from it (TraceSampler).
 
     `assignment` fixes the trace (index into the first num_traces) device k follows, e.g. a
@@ -92,7 +99,7 @@ class TraceParticipation(_EachDrawn):
         return self.samplers[shard].draw(round_index)
 
 
-class SharedDraws(_EachDrawn):
+class SharedDraws:
     """A TraceParticipation that paired runs in lock-step share: each (device, round) is drawn once."""
 
     def __init__(self, participation: TraceParticipation) -> None:

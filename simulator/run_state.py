@@ -21,7 +21,7 @@ from edge_agent.trainer import steps_per_update
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.evaluation import evaluate_round
-from simulator.participation import Participation
+from simulator.participation import Participation, round_draws
 from simulator.sim_config import ExtraTest, SimConfig
 from simulator.sim_rows import SimResult, round_record
 from workloads.federated import FederatedData, initial_model, model_spec
@@ -64,7 +64,7 @@ class RunState:
     def begin(self, tau: int) -> RoundWork:
         opening = self.fed.open(tau)
         devices = list(opening.participants)
-        draws = self.participation.round_draws([self.shard[d] for d in devices], tau)
+        draws = round_draws(self.participation, [self.shard[d] for d in devices], tau)
         s = dict(zip(devices, draws.s))
         reasons = None if draws.why is None else dict(zip(devices, draws.why))
         weighing = self.fed.weigh(tau, s)

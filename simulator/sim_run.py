@@ -74,7 +74,8 @@ def _eta0_warnings(plan: SimRunPlan) -> list[str]:
     dataset = plan.base.partition.dataset
     if not is_builtin_dataset(dataset):
         return []
-    found = (eta0_warning(dataset, c.rules.unit, c.rules.eta0_for(dataset)) for c in plan.configs.values())
+    found = (eta0_warning(dataset, c.rules.unit, c.rules.eta0_for(dataset), c.rules.required_updates)
+             for c in plan.configs.values())
     return [w for w in found if w is not None]
 
 

@@ -53,7 +53,7 @@ def test_mnist_with_its_defaults_trains_and_a_pair_known_not_to_train_is_warned_
     assert accuracy[-1] > 0.3  # at 0.002 it stays near 0.11
     assert "known not to train" not in caplog.text
     assert main([*MNIST, "--rounds", "1", "--eta0", "0.002", "--out", str(tmp_path / "paper")]) == 0
-    assert "eta_0 = 0.002 with E in steps on mnist is known not to train" in caplog.text
+    assert "eta_0 = 0.002 with E = 20 steps on mnist is known not to train" in caplog.text
     assert "the default is eta_0 = 0.1" in caplog.text
 
 
