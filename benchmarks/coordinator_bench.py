@@ -25,12 +25,14 @@ The closing line fits the overhead's growth per added agent (goal: < 0.1 ms per 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,7 @@ import psutil
 from benchmarks.report import Output
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
+from coordinator.round_record import LiveRound, RoundRecord
 from flexfl.config import write_config
 from flexfl.files import atomic_file
 from flexfl.harness import Harness, HarnessError, free_port
@@ -124,17 +127,21 @@ class RssSampler:
 @dataclass
 class Run:
     agents: int
-    rows: list[dict]
+    rows: list[RoundRecord]
     rss_idle: int
     rss_joined: int
     rss_peak: int
 
-    def series(self, key: str) -> np.ndarray:
-        return np.array([r[key] for r in self.rows[1:] if r.get(key) is not None], dtype=float)
+    def series(self, of: Callable[[LiveRound], float | None]) -> np.ndarray:
+        """A live measure of each round after the first (rows that lack it left out)."""
+        values = [of(r.live) for r in self.rows[1:] if r.live is not None]
+        return np.array([v for v in values if v is not None], dtype=float)
 
     def periods(self) -> np.ndarray:
         """Opening of round r to opening of round r + 1, for r >= 2 (round 1 includes connection set-up)."""
-        return np.array([a["round_s"] + b["overhead_s"] for a, b in zip(self.rows[1:], self.rows[2:])])
+        live = [r.live for r in self.rows[1:] if r.live is not None]
+        return np.array([a.round_s + b.overhead_s for a, b in itertools.pairwise(live)
+                         if b.overhead_s is not None])
 
 
 def run_fleet(n: int, *, rounds: int, dataset: str = "mnist", evaluate: bool = True, per_process: int = 250,
@@ -204,21 +211,22 @@ def main() -> None:
         r = run_fleet(n, rounds=args.rounds, evaluate=not args.no_eval, per_process=args.agents_per_process,
                       shared_connection=args.shared_connection)
         runs.append(r)
-        reasons = {row["close_reason"] for row in r.rows}
-        eval_s = r.series("eval_s")
-        bytes_in = int(np.median([v for row in r.rows for v in row["bytes_in"].values()]))
-        bytes_out = int(np.median([v for row in r.rows for v in row["bytes_out"].values()]))
+        reasons = {row.live.close_reason for row in r.rows if row.live is not None}
+        eval_s = r.series(lambda live: live.eval_s)
+        wakeups = r.series(lambda live: live.pull_wakeups)
+        bytes_in = int(np.median([v for row in r.rows if row.live for v in row.live.bytes_in.values()]))
+        bytes_out = int(np.median([v for row in r.rows if row.live for v in row.live.bytes_out.values()]))
         rss = f"{r.rss_idle / 2**20:.0f} / {r.rss_joined / 2**20:.0f} / {r.rss_peak / 2**20:.0f}"
-        say(f"{n:>6}  {_ms(r.series('overhead_s')):>24}  {_ms(r.periods()):>26}  "
-            f"{1e3 * np.median(eval_s) if len(eval_s) else 0:6.0f}  {np.median(r.series('pull_wakeups')):8.0f}  "
+        say(f"{n:>6}  {_ms(r.series(lambda live: live.overhead_s)):>24}  {_ms(r.periods()):>26}  "
+            f"{1e3 * np.median(eval_s) if len(eval_s) else 0:6.0f}  {np.median(wakeups):8.0f}  "
             f"{rss:>23}  {(r.rss_joined - r.rss_idle) / n / 1024:9.1f}  {f'{bytes_in} / {bytes_out}':>17}"
             + ("" if reasons == {"all answered"} else f"  (closes: {sorted(reasons)})"))
-    at_50 = next((np.median(r.series("overhead_s")) * 1e3 for r in runs if r.agents == 50), None)
+    at_50 = next((np.median(r.series(lambda live: live.overhead_s)) * 1e3 for r in runs if r.agents == 50), None)
     if at_50 is not None:
         say(f"overhead at 50 agents: {at_50:.1f} ms (goal <= 20)")
     if len(runs) >= 2:
         n = np.array([r.agents for r in runs], dtype=float)
-        med = np.array([np.median(r.series("overhead_s")) for r in runs]) * 1e3
+        med = np.array([np.median(r.series(lambda live: live.overhead_s)) for r in runs]) * 1e3
         slope = np.polyfit(n, med, 1)[0]
         ends = (med[-1] - med[0]) / (n[-1] - n[0])
         say(f"overhead growth: {ends:.4f} ms per added agent from {n[0]:.0f} to {n[-1]:.0f} agents "

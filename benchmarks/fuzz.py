@@ -179,8 +179,9 @@ def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: flo
             if err > 1e-6:
                 raise FuzzFailure(f"tensor {name}: off the hand-computed model by {err:g}")
         pushed = any(kind == "PushUpdate" for kind, _ in tally)
-        if row["s"] != {HONEST[0]: 3, HONEST[1]: E, EVIL: 0} or (pushed and not row["rejected"].get(EVIL)):
-            raise FuzzFailure(f"round 1's row: s {row['s']}, rejected {list(row['rejected'])}")
+        rejected = row.live.rejected if row.live is not None else {}
+        if row.s != {HONEST[0]: 3, HONEST[1]: E, EVIL: 0} or (pushed and not rejected.get(EVIL)):
+            raise FuzzFailure(f"round 1's row: s {dict(row.s)}, rejected {list(rejected)}")
     grown = rss["after_fuzz"] - rss["after_warmup"]
     xs = np.array([x for x, _ in samples], dtype=float)
     ys = np.array([y for _, y in samples])
@@ -194,7 +195,7 @@ def run(messages: int, configs: int, *, random_seed: int = 0, rss_bound_mib: flo
         "by_code": dict(by_code), "by_kind_and_code": {f"{k} -> {c}": v for (k, c), v in sorted(tally.items())},
         "rss_mib": rss, "rss_grown_mib": grown, "rss_bound_mib": rss_bound_mib, "rss_slope_mib_per_1000_calls": slope,
         "model": "equal to the valid updates' aggregate", "wall_s": time.monotonic() - started,
-        "rejections_recorded_for_evil": len(row["rejected"].get(EVIL, [])),
+        "rejections_recorded_for_evil": len(rejected.get(EVIL, ())),
         "rss_samples_calls_mib": [(x, round(y, 1)) for x, y in samples], "coordinator_threads": threads,
     })
     log(f"gRPC: {summary['calls']} calls in {fuzz_s:.0f} s ({summary['calls_per_s']:.0f}/s) after {WARMUP_CALLS} "

@@ -304,7 +304,7 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
             agent_procs = {n: m.proc for n, m in harness.procs.items() if n.startswith("agent-")}
         # ---- checks --------------------------------------------------------------------
         rows = read_metrics(out / "coordinator" / "metrics.jsonl")
-        got = [r["round"] for r in rows]
+        got = [r.round for r in rows]
         if got != list(range(1, rounds + 1)):
             missing = sorted(set(range(1, rounds + 1)) - set(got))
             raise SoakFailure(f"metrics rows: {len(got)} for {rounds} rounds; missing {missing[:20]}, "
@@ -313,14 +313,14 @@ def run(rounds: int, devices: int, out: Path, *, seed: int = 0, deadline_s: floa
         figures["checkpoints_checked"] += 1
         if final != rounds:
             raise SoakFailure(f"the final checkpoint is of round {final}, not {rounds}")
-        figures["arrival_rounds"] = [r["round"] for r in rows if r["arrivals"]]
-        figures["departure_rounds"] = [r["round"] for r in rows if r["departures"]]
-        figures["inactive_device_rounds"] = sum(v == 0 for r in rows for v in r["s"].values())
+        figures["arrival_rounds"] = [r.round for r in rows if r.arrivals]
+        figures["departure_rounds"] = [r.round for r in rows if r.departures]
+        figures["inactive_device_rounds"] = sum(v == 0 for r in rows for v in r.s.values())
         if plan.squeeze and fleet is not None:
             lo, hi = figures.get("squeeze-on", 0), figures.get("squeeze-off", 0)
             figures["squeezed_rounds"] = [lo, hi]
             def zero_share(first: int, last: float) -> float | None:
-                s0 = [r["s"]["dev-0"] for r in rows if first <= r["round"] <= last and "dev-0" in r["s"]]
+                s0 = [r.s["dev-0"] for r in rows if first <= r.round <= last and "dev-0" in r.s]
                 return float(np.mean([s == 0 for s in s0])) if s0 else None
 
             before, after = zero_share(1, lo), zero_share(hi + 3, np.inf)

@@ -29,6 +29,8 @@ class Checkpoint:
     objective: dict
     # A strategy with a per-device memory (MIFA): coordinator.memory.UpdateMemory.snapshot(); None without
     memory: dict | None = None
+    # The run's rules as data (coordinator.round_record.rules_record); None: written before checkpoints held them
+    rules: dict | None = None
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -39,6 +41,7 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
             "completed_round": ckpt.completed_round, "run_id": ckpt.run_id,
             "registry": ckpt.registry, "objective": ckpt.objective,
             **({"memory": ckpt.memory} if ckpt.memory is not None else {}),
+            **({"rules": ckpt.rules} if ckpt.rules is not None else {}),
         }, f)
 
 
@@ -68,7 +71,8 @@ def load_checkpoint(path: Path, *, expected: dict[str, tuple[tuple[int, ...], np
     try:
         return Checkpoint(params=params, completed_round=int(raw["completed_round"]), run_id=str(raw["run_id"]),
                           registry=dict(raw["registry"]), objective=dict(raw["objective"]),
-                          memory=dict(raw["memory"]) if raw.get("memory") is not None else None)
+                          memory=dict(raw["memory"]) if raw.get("memory") is not None else None,
+                          rules=dict(raw["rules"]) if raw.get("rules") is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"checkpoint {path} is malformed: {exc!r}") from None
 

@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume-if-present", action="store_true",
                    help="continue from the output folder's checkpoint when it has one, else start (for a service "
                         "that restarts the coordinator after a crash)")
+    p.add_argument("--allow-rule-change", action="store_true",
+                   help="--resume under rules that differ from the checkpoint's (E, eta0, strategy, ...): without it "
+                        "such a resume is refused; with it the first row after the resume records what changed")
     p.add_argument("--fresh", action="store_true",
                    help="start over in an output folder that holds an earlier run: it is moved to "
                         "<folder>.previous-<time> first (without --resume or --fresh such a folder is refused)")
@@ -111,7 +114,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
     cfg = load_coordinator_config(args.config, overrides=overrides_from_args(args))
     resume = args.resume or (args.resume_if_present and (Path(cfg.output.dir) / CHECKPOINT_NAME).exists())
-    coord = Coordinator(cfg, resume=resume, fresh=args.fresh)
+    coord = Coordinator(cfg, resume=resume, fresh=args.fresh, allow_rule_change=args.allow_rule_change)
 
     def on_signal(signum, _frame):
         log.info("received %s: stopping after writing a checkpoint", signal.Signals(signum).name)

@@ -51,6 +51,7 @@ from coordinator.records import (
 from coordinator.registry import Registry
 from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
 from coordinator.round import Federation
+from coordinator.round_record import rules_record
 from flexfl.errors import UpdateRejected
 from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 
@@ -61,7 +62,7 @@ class RoundEngine:
     """Runs `run.rounds` federated rounds against whichever devices join."""
 
     def __init__(self, cfg: CoordinatorConfig, *, data: EvaluationData | FederatedData, resume: bool = False,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, allow_rule_change: bool = False) -> None:
         self.cfg = cfg
         # A plug-in model travels as its name (an import path): each agent builds it from that.
         workload = model_spec(cfg.partition.dataset, model=cfg.rules.model)
@@ -88,12 +89,14 @@ class RoundEngine:
                                      events_path=out / EVENTS_NAME)
         # Held until run() ends: a second coordinator on this folder is refused, and an earlier
         # run in it is continued (resume), moved aside (fresh) or refused, never overwritten.
-        self.folder, self.metrics, resumed_id = open_run(
+        rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
+        self.folder, self.metrics, resumed_id, resumed_rules = open_run(
             out, federation=self.federation, membership=self.membership, expected=self.expected,
-            strategy=cfg.rules.aggregation.name, resume=resume, fresh=fresh)
+            strategy=cfg.rules.aggregation.name, resume=resume, fresh=fresh, rules=rules,
+            allow_rule_change=allow_rule_change)
         self.run_id = resumed_id or self.run_id
         self.finisher = Finisher(model=model, data=data, evaluate=cfg.run.evaluate, metrics=self.metrics,
-                                 checkpoint_path=self.checkpoint_path)
+                                 checkpoint_path=self.checkpoint_path, rules=rules, resumed_rules=resumed_rules)
 
     @property
     def completed_round(self) -> int:

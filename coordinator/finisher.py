@@ -15,17 +15,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from coordinator.checkpoint import Checkpoint, save_checkpoint
-from coordinator.metrics import MetricsWriter, round_row
+from coordinator.metrics import MetricsWriter
 from coordinator.open_round import OpenRound
 from coordinator.registry import Registry
 from coordinator.round import RoundOutcome
+from coordinator.round_record import LiveRound, RoundRecord, rule_changes
 from flexfl.errors import FlexFLError
 from workloads.evaluation import evaluate
 from workloads.federated import EvaluationData, FederatedData
@@ -48,32 +49,6 @@ class ClosedRound:
     objective: dict  # the objective and the registry as they were at the close, for its checkpoint
     registry: Registry
     memory: dict | None  # the update memory at the close (MIFA), for its checkpoint; None: the strategy has none
-
-
-@dataclass(frozen=True)
-class LiveRow:
-    """What a live round's metrics row holds beside round_row's fields (coordinator/metrics.py):
-    transfers, times and refusals, per device where per device."""
-
-    time: float  # unix time the row was made
-    close_reason: str  # "all answered" or "deadline"
-    left_during_round: list[str]
-    bytes_out: dict[str, int]  # protobuf message bytes of the model sent
-    bytes_in: dict[str, int]  # protobuf message bytes of the update received
-    train_s: dict[str, float]  # as the device measured it
-    local_loss: dict[str, float]
-    previous_upload_s: dict[str, float]  # the device's measure of its previous upload
-    # why each device of `s` has the s it has (edge_agent.deadline.StopReason; rows written before it: absent)
-    stop_reason: dict[str, str]
-    arrived_after_s: dict[str, float]  # model delivered -> update arrived
-    delivered_after_s: dict[str, float]  # opening -> model handed over
-    rejected: dict[str, list[str]]  # refused updates' reasons, in order
-    round_s: float  # opening -> close
-    overhead_s: float | None  # the last close -> this opening (None: the first round of this process)
-    aggregate_s: float  # on the path between rounds
-    eval_s: float  # beside the next round
-    aggregate_eval_s: float  # close -> evaluated
-    pull_wakeups: int  # parked pulls woken while the round was open
 
 
 class Stage:
@@ -126,8 +101,18 @@ class Finisher:
     """Evaluates, records and checkpoints closed rounds in order: start(), put() each, close()."""
 
     def __init__(self, *, model: torch.nn.Module, data: EvaluationData | FederatedData, evaluate: bool,
-                 metrics: MetricsWriter, checkpoint_path: Path) -> None:
+                 metrics: MetricsWriter, checkpoint_path: Path, rules: dict[str, Any] | None = None,
+                 resumed_rules: dict[str, Any] | None = None) -> None:
+        """`rules`: the run's rules as data (round_record.rules_record), in every row and checkpoint.
+        `resumed_rules`: those of the checkpoint this run resumed from; what differs (a resume the user
+        allowed to change them) is recorded in the first row this finisher makes."""
         self.model = model
+        self.rules = rules
+        changes = rule_changes(resumed_rules, rules) if resumed_rules is not None and rules is not None else {}
+        self._rule_changes: dict[str, tuple[Any, Any]] | None = changes or None
+        # Until a row records the change, a checkpoint keeps the resumed rules: a run stopped before
+        # its next round and resumed again is then still checked against them, and its row says so.
+        self._checkpoint_rules = resumed_rules if changes else rules
         self.data = data
         self.evaluate = evaluate
         self.metrics = metrics
@@ -174,8 +159,8 @@ class Finisher:
             raise RuntimeError("evaluating or writing a closed round failed (see the log)") from error
 
     def save(self, ckpt: Checkpoint) -> None:
-        """Write a checkpoint now (the engine's, outside the pipeline: a pause, the stop)."""
-        save_checkpoint(self.checkpoint_path, ckpt)
+        """Write a checkpoint now (the engine's, outside the pipeline: a pause, the stop), with the run's rules."""
+        save_checkpoint(self.checkpoint_path, replace(ckpt, rules=self._checkpoint_rules))
 
     def _evaluate(self, closed: list[ClosedRound]) -> None:
         """Evaluator thread: test each round's model and make its metrics row; the writer takes both."""
@@ -183,7 +168,7 @@ class Finisher:
         for c in closed:
             writer.put((c, self._row(c)))
 
-    def _row(self, c: ClosedRound) -> dict[str, Any]:
+    def _row(self, c: ClosedRound) -> RoundRecord:
         r = c.r
         started = time.monotonic()
         if self.evaluate:
@@ -194,31 +179,36 @@ class Finisher:
             acc, loss = math.nan, math.nan
         evaluated = time.monotonic()
         updates = r.updates
-        live = LiveRow(
-            time=time.time(), close_reason=c.reason, left_during_round=sorted(r.left), bytes_out=dict(r.bytes_out),
-            bytes_in={d: u.bytes_in for d, u in updates.items()}, train_s={d: u.train_s for d, u in updates.items()},
+        live = LiveRound(
+            time=time.time(), close_reason=c.reason, left_during_round=tuple(sorted(r.left)),
+            bytes_out=dict(r.bytes_out), bytes_in={d: u.bytes_in for d, u in updates.items()},
+            train_s={d: u.train_s for d, u in updates.items()},
             local_loss={d: u.local_loss for d, u in updates.items()},
             previous_upload_s={d: u.previous_upload_s for d, u in updates.items()},
-            stop_reason={d: str(why) for d, why in r.stop_reasons(c.outcome.weighing.devices).items()},
             arrived_after_s={d: u.arrived_after_s for d, u in updates.items()},
             delivered_after_s={d: t - r.opened_at for d, t in r.delivered.items()},
-            rejected={d: list(v) for d, v in r.rejected.items()}, round_s=c.closed_at - r.opened_at,
+            rejected={d: tuple(v) for d, v in r.rejected.items()}, round_s=c.closed_at - r.opened_at,
             overhead_s=c.overhead_s, aggregate_s=c.aggregate_s, eval_s=evaluated - started,
             aggregate_eval_s=evaluated - c.closed_at, pull_wakeups=r.pull_wakeups)
-        return round_row(r.opening, c.outcome, test_acc=acc, test_loss=loss) | asdict(live)
+        # the evaluator thread alone makes rows, in round order: the first one takes the resume's changes
+        changes, self._rule_changes = self._rule_changes, None
+        self._checkpoint_rules = self.rules
+        return replace(RoundRecord.of(r.opening, c.outcome, test_acc=acc, test_loss=loss), live=live,
+                       stop_reason={d: str(why) for d, why in r.stop_reasons(c.outcome.weighing.devices).items()},
+                       rules=self.rules, rule_changes=changes)
 
-    def _write(self, done: list[tuple[ClosedRound, dict[str, Any]]]) -> None:
+    def _write(self, done: list[tuple[ClosedRound, RoundRecord]]) -> None:
         """Writer thread: the rounds' metrics rows, then the last one's checkpoint (each write fsynced).
 
         A writer that fell behind writes the rows of all waiting rounds with one fsync and
         only the newest checkpoint: it holds everything the older ones would, and every row
         is on disk before the checkpoint of its round or a later one.
         """
-        self.metrics.write_many([row for _, row in done])
+        self.metrics.write_many([row.to_json() for _, row in done])
         c, _ = done[-1]
         save_checkpoint(self.checkpoint_path, Checkpoint(
             params=c.outcome.params, completed_round=c.r.round_id, run_id=c.run_id,
-            registry=c.registry.to_dict(), objective=c.objective, memory=c.memory))
+            registry=c.registry.to_dict(), objective=c.objective, memory=c.memory, rules=self.rules))
         for c, row in done:
-            log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", c.r.round_id, 100 * row["test_acc"],
-                     row["test_loss"], row["s"], c.reason)
+            log.info("round %d: acc %.2f%% loss %.3f, s=%s (%s)", c.r.round_id, 100 * row.test_acc,
+                     row.test_loss, dict(row.s), c.reason)

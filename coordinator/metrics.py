@@ -1,9 +1,11 @@
 """Per-round metrics as JSON lines (one object per round), flushed as each round ends.
 
-`round_row` is the one schema of a round's record, written by the live coordinator (which
+Each line is a coordinator.round_record.RoundRecord, written by the live coordinator (which
 adds transfer sizes and timings) and by the simulator alike, so that every run is read,
 compared and reported the same way. `read_metrics` reads a finished file, `MetricsTail` one
-that a running coordinator is still writing (the trace recorder follows it).
+that a running coordinator is still writing (`flexfl live` and the trace recorder follow it).
+Both give RoundRecords; a line that is a row but not a valid record raises RoundRecordError
+naming the file and line.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coordinator.round_record import RoundRecord
 from flexfl.files import atomic_file
 
 if TYPE_CHECKING:
@@ -32,21 +35,9 @@ def clean_json(value: Any) -> Any:
 
 
 def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> dict[str, Any]:
-    """The fields every round record has: who took part, s, p, coefficients, events, test metrics."""
-    w = outcome.weighing
-    return {
-        "round": w.round_index, "lr": outcome.lr, "participants": list(opening.participants),
-        "devices": list(w.devices), "s": {d: int(v) for d, v in zip(w.devices, w.s)},
-        "p": {d: float(v) for d, v in zip(w.devices, w.p)},
-        "coefficients": {d: float(v) for d, v in zip(w.devices, w.coefficients.values)},
-        "discarded": w.coefficients.discarded, "test_acc": test_acc, "test_loss": test_loss,
-        "arrivals": list(outcome.arrivals), "founded": list(outcome.founded),
-        "departures": [d for d, _ in outcome.departures],
-        "departure_policies": {d: str(policy) for d, policy in outcome.departures},
-        "departure_gammas": dict(outcome.departure_gammas),
-        # MIFA's memories in w: the recorded coefficients are only this round's updates'
-        **({"remembered": sorted(outcome.remembered)} if outcome.remembered else {}),
-    }
+    """The JSON object of a closed round's common fields (RoundRecord.of): the simulator's rows, until it
+    keeps RoundRecords itself."""
+    return RoundRecord.of(opening, outcome, test_acc=test_acc, test_loss=test_loss).to_json()
 
 
 def write_run_info(run_dir: Path, *, kind: str, config: dict[str, Any], devices: dict[str, dict[str, Any]],
@@ -87,21 +78,21 @@ class MetricsWriter:
             self._file.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All complete lines of a metrics file (a torn last line from a crash is skipped)."""
+def read_metrics(path: Path) -> list[RoundRecord]:
+    """All complete rows of a metrics file (a torn last line from a crash is skipped)."""
     return read_metrics_and_torn(path)[0]
 
 
-def read_metrics_and_torn(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def read_metrics_and_torn(path: Path) -> tuple[list[RoundRecord], list[str]]:
     """The rows of a metrics file, and the lines that are not rows (torn by a crash mid-write,
     or not newline-terminated: a row appended after such a fragment would be glued to it)."""
     rows, torn = [], []
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        row = _row(line)
         unterminated = i == len(lines) - 1 and not text.endswith("\n")
-        if row is not None and not unterminated:
+        row = None if unterminated else _row(line, where=f"{path}:{i + 1}")
+        if row is not None:
             rows.append(row)
         elif line.strip():
             torn.append(line)
@@ -119,36 +110,44 @@ class MetricsTail:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[RoundRecord] = []
         self._offset = 0
+        self._lines = 0  # complete lines read, for the line numbers of errors
         self._file_id: tuple[int, int] | None = None
 
-    def rows(self) -> list[dict[str, Any]]:
+    @property
+    def offset(self) -> int:
+        """Bytes of the file read so far (the next call reads from here)."""
+        return self._offset
+
+    def rows(self) -> list[RoundRecord]:
         """The file's rows so far, in file order (an empty list while there is no file)."""
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:
-            self._rows, self._offset, self._file_id = [], 0, None
+            self._rows, self._offset, self._lines, self._file_id = [], 0, 0, None
             return []
         with f:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino) != self._file_id or st.st_size < self._offset:
-                self._rows, self._offset, self._file_id = [], 0, (st.st_dev, st.st_ino)
+                self._rows, self._offset, self._lines, self._file_id = [], 0, 0, (st.st_dev, st.st_ino)
             f.seek(self._offset)
             chunk = f.read()
         complete = chunk[:chunk.rfind(b"\n") + 1]
         self._offset += len(complete)
         for line in complete.decode("utf-8", errors="replace").splitlines():
-            row = _row(line)
+            self._lines += 1
+            row = _row(line, where=f"{self.path}:{self._lines}")
             if row is not None:
                 self._rows.append(row)
         return list(self._rows)
 
 
-def _row(line: str) -> dict[str, Any] | None:
-    """A metrics row (a JSON object with a round), or None for anything else (a torn line)."""
+def _row(line: str, *, where: str) -> RoundRecord | None:
+    """A metrics row, or None for a line that is not one (torn by a crash); RoundRecordError for a
+    JSON object that has a round but is not a valid record."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
         return None
-    return row if isinstance(row, dict) and "round" in row else None
+    return RoundRecord.from_json(row, where=where) if isinstance(row, dict) and "round" in row else None

@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from flexfl.config import to_dict
 from flexfl.errors import FlexFLError
+
+if TYPE_CHECKING:
+    from coordinator.round import RoundOpening, RoundOutcome
+    from coordinator.rules import RulesConfig
 
 T = TypeVar("T")
 
@@ -73,7 +78,7 @@ class RoundRecord:
     founded: tuple[str, ...] = ()  # arrivals that found an empty objective (no boost)
     departures: tuple[str, ...] = ()
     departure_policies: Mapping[str, str] = field(default_factory=dict)  # departed device -> policy applied
-    departure_gammas: Mapping[str, float] = field(default_factory=dict)
+    departure_gammas: Mapping[str, float | None] = field(default_factory=dict)  # None: no estimate yet
     remembered: tuple[str, ...] = ()  # MIFA: devices whose memory is in w (coefficients are this round's only)
     stop_reason: Mapping[str, str] | None = None  # why each s is what it is (edge_agent.deadline.StopReason)
     extra_tests: Mapping[str, Mapping[str, float]] | None = None  # simulator: test set name -> {"acc", "loss"}
@@ -83,6 +88,20 @@ class RoundRecord:
     live: LiveRound | None = None
     rules: Mapping[str, Any] | None = None  # the run's rules (flexfl.config.to_dict(RulesConfig)); old rows: None
     rule_changes: Mapping[str, tuple[Any, Any]] | None = None  # setting -> (old, new), after a changed resume
+
+    @classmethod
+    def of(cls, opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> RoundRecord:
+        """The common fields of a closed round (the live and simulated engines add their parts with replace)."""
+        w = outcome.weighing
+        return cls(
+            round=w.round_index, lr=outcome.lr, participants=tuple(opening.participants), devices=tuple(w.devices),
+            s={d: int(v) for d, v in zip(w.devices, w.s)}, p={d: float(v) for d, v in zip(w.devices, w.p)},
+            coefficients={d: float(v) for d, v in zip(w.devices, w.coefficients.values)},
+            discarded=w.coefficients.discarded, test_acc=test_acc, test_loss=test_loss,
+            arrivals=tuple(outcome.arrivals), founded=tuple(outcome.founded),
+            departures=tuple(d for d, _ in outcome.departures),
+            departure_policies={d: str(policy) for d, policy in outcome.departures},
+            departure_gammas=dict(outcome.departure_gammas), remembered=tuple(sorted(outcome.remembered)))
 
     # -- counts that follow from s and E ------------------------------------------------------------
 
@@ -152,13 +171,36 @@ class RoundRecord:
             arrivals=r.opt("arrivals", _ids) or (), founded=r.opt("founded", _ids) or (),
             departures=r.opt("departures", _ids) or (),
             departure_policies=r.opt("departure_policies", _map(_str)) or {},
-            departure_gammas=r.opt("departure_gammas", _map(_float)) or {},
+            departure_gammas=r.opt("departure_gammas", _map(_float_or_none)) or {},
             remembered=r.opt("remembered", _ids) or (), stop_reason=r.opt("stop_reason", _map(_str)),
             extra_tests=r.opt("extra_tests", _map(_map(_float))), train_loss=r.opt("train_loss", _float),
             seconds=r.opt("seconds", _float), members=r.opt("members", _int),
             live=_live(r) if "close_reason" in obj else None, rules=r.opt("rules", _object),
             rule_changes=None if changes is None else {k: r.pair(f"rule_changes.{k}", v) for k, v in changes.items()},
         )
+
+
+def rules_record(rules: RulesConfig, *, dataset: str) -> dict[str, Any]:
+    """A run's rules as the record holds them: RulesConfig as data, the paper's eta0 and batch size filled in
+    (a run that leaves eta0 out trains with the dataset's: a resume that names that value changes nothing)."""
+    return to_dict(replace(rules, eta0=rules.eta0_for(dataset), batch_size=rules.batch_size_for(dataset)))
+
+
+def rule_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Setting -> (old, new) for each setting that differs, nested tables as dotted names ("strategy.mu")."""
+    flat_old, flat_new = _flat(old), _flat(new)
+    return {k: (flat_old.get(k), flat_new.get(k)) for k in sorted(flat_old.keys() | flat_new.keys())
+            if flat_old.get(k) != flat_new.get(k)}
+
+
+def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _live(r: _Reader) -> LiveRound:
@@ -226,6 +268,10 @@ def _float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _wrong("a number", v)
     return float(v)
+
+
+def _float_or_none(v: Any) -> float | None:
+    return None if v is None else _float(v)
 
 
 def _bool(v: Any) -> bool:

@@ -27,11 +27,13 @@ UPLOAD_THREADS = 4
 class Coordinator:
     """Start with start(), wait with wait(); stop() ends training after a final checkpoint."""
 
-    def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False, fresh: bool = False) -> None:
+    def __init__(self, cfg: CoordinatorConfig, *, resume: bool = False, fresh: bool = False,
+                 allow_rule_change: bool = False) -> None:
         self.token = preflight(cfg)  # a missing token or a taken port fails now, not after loading the data
         self.cfg = cfg
         # Sample counts, test set and holdouts only: the training images stay with the devices.
-        self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume, fresh=fresh)
+        self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume, fresh=fresh,
+                                  allow_rule_change=allow_rule_change)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None

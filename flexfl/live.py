@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-from coordinator.metrics import read_metrics, write_run_info
+from coordinator.metrics import MetricsTail, write_run_info
 from coordinator.round import RulesConfig
+from coordinator.round_record import RoundRecord
 from edge_agent.config import AgentConfig, ParticipationConfig
 from edge_agent.deadline import StopReason
 from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config
@@ -295,8 +296,9 @@ class LiveRun:
             # Without a timeline each device gets its quota once joined; with one, LiveTimeline holds back.
             unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None and not self.playing else set()
             printed, dead = 0, {}
+            tail = MetricsTail(metrics)  # each poll reads only the bytes written since the last one
             while harness.running("coordinator"):
-                rows = read_metrics(metrics) if metrics.exists() else []
+                rows = tail.rows()
                 for row in rows[printed:]:
                     print(round_line(row, cfg), flush=True)
                 printed = len(rows)
@@ -317,7 +319,7 @@ class LiveRun:
                     self.playing.follow(harness.status())
                 time.sleep(0.1 if self.playing is None else POLL_S)
             harness.check("coordinator")
-            rows = read_metrics(metrics)
+            rows = tail.rows()
             for row in rows[printed:]:
                 print(round_line(row, cfg), flush=True)
         finally:
@@ -372,28 +374,28 @@ class LiveRun:
 _SAID_ELSEWHERE = (StopReason.COMPLETE, StopReason.TRACE)
 
 
-def round_line(row: dict, cfg: LiveConfig) -> str:
+def round_line(row: RoundRecord, cfg: LiveConfig) -> str:
     """The round's printed line: accuracy, loss, lr, each device's s with why it stopped short, events."""
-    why = row.get("stop_reason", {})  # rows written before the field have none
+    why = row.stop_reason or {}  # rows written before the field have none
     s = " ".join(f"{d}:{v}" + (f" ({why[d]})" if why.get(d, StopReason.COMPLETE) not in _SAID_ELSEWHERE else "")
-                 for d, v in sorted(row["s"].items()))
+                 for d, v in sorted(row.s.items()))
     extra = []
-    if row["arrivals"]:
-        extra.append("arrival: " + ",".join(row["arrivals"]) + " (fast-reboot from next round)")
-    if row["departures"]:
-        extra.append("departure: " + ",".join(f"{d} ({p})" for d, p in row.get("departure_policies", {}).items()))
+    if row.arrivals:
+        extra.append("arrival: " + ",".join(row.arrivals) + " (fast-reboot from next round)")
+    if row.departures:
+        extra.append("departure: " + ",".join(f"{d} ({p})" for d, p in row.departure_policies.items()))
     late = device_id(cfg.devices - 1)
-    if cfg.arrival and row["round"] > cfg.arrival and late in row["p"]:
-        extra.append(f"p({late})={row['p'][late]:.3f}")
-    return (f"round {row['round']:>3}  acc {100 * row['test_acc']:6.2f}%  loss {row['test_loss']:.3f}  "
-            f"lr {row['lr']:.4g}  s (E={cfg.rules.required_updates}) {s}  {'  '.join(extra)}")
+    if cfg.arrival and row.round > cfg.arrival and late in row.p:
+        extra.append(f"p({late})={row.p[late]:.3f}")
+    return (f"round {row.round:>3}  acc {100 * row.test_acc:6.2f}%  loss {row.test_loss:.3f}  "
+            f"lr {row.lr:.4g}  s (E={cfg.rules.required_updates}) {s}  {'  '.join(extra)}")
 
 
-def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: dict[str, int]) -> dict:
+def summarize(rows: list[RoundRecord], cfg: LiveConfig, *, wall_s: float, dead_agents: dict[str, int]) -> dict:
     if not rows:
         raise ConfigError("the coordinator completed no round")
-    arrival = next((r["round"] for r in rows if r["arrivals"]), None)
-    departure = next((r["round"] for r in rows if r["departures"]), None)
+    arrival = next((r.round for r in rows if r.arrivals), None)
+    departure = next((r.round for r in rows if r.departures), None)
     problems = []
     if cfg.arrival and arrival != cfg.arrival:
         late = device_id(cfg.devices - 1)
@@ -402,11 +404,11 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
                         f", not in round {cfg.arrival} as asked (see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'})")
     return {
         "problems": problems,
-        "rounds": len(rows), "final_acc": rows[-1]["test_acc"], "final_loss": rows[-1]["test_loss"],
-        "best_acc": max(r["test_acc"] for r in rows),
+        "rounds": len(rows), "final_acc": rows[-1].test_acc, "final_loss": rows[-1].test_loss,
+        "best_acc": max(r.test_acc for r in rows),
         "arrival_asked": cfg.arrival or None, "arrival_round": arrival,
         "departure_asked": cfg.departure or None, "departure_round": departure,
-        "inactive_device_rounds": sum(v == 0 for r in rows for d, v in r["s"].items() if d in r["participants"]),
+        "inactive_device_rounds": sum(v == 0 for r in rows for d, v in r.s.items() if d in r.participants),
         "stop_reasons": stop_reason_counts(rows),
         "dead_agents": dead_agents, "wall_s": wall_s, "scheme": cfg.rules.aggregation.label,
         "strategy": cfg.rules.aggregation.name, "strategy_parameters": cfg.rules.aggregation.parameters,
@@ -414,30 +416,30 @@ def summarize(rows: list[dict], cfg: LiveConfig, *, wall_s: float, dead_agents: 
     }
 
 
-def stop_reason_counts(rows: list[dict]) -> dict[str, dict[str, int]]:
+def stop_reason_counts(rows: list[RoundRecord]) -> dict[str, dict[str, int]]:
     """Per device, how many rounds ended for each reason (edge_agent.deadline.StopReason); rows without one: none."""
     counts: dict[str, Counter[str]] = {}
     for row in rows:
-        for d, why in row.get("stop_reason", {}).items():
+        for d, why in (row.stop_reason or {}).items():
             counts.setdefault(d, Counter())[why] += 1
     return {d: dict(c.most_common()) for d, c in counts.items()}
 
 
-def plot_live(rows: list[dict], path: Path, cfg: LiveConfig) -> None:
+def plot_live(rows: list[RoundRecord], path: Path, cfg: LiveConfig) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot([r["round"] for r in rows], [100 * r["test_acc"] for r in rows], color="tab:green",
+    ax.plot([r.round for r in rows], [100 * r.test_acc for r in rows], color="tab:green",
             label=cfg.rules.aggregation.description)
     for r in rows:
-        if r["arrivals"]:
+        if r.arrivals:
             # Evaluated from this round on with the newcomer's holdout; it trains from the next.
-            ax.axvline(r["round"], color="tab:blue", ls="--", lw=1, label="arrival")
-        if r["departures"]:
-            ax.axvline(r["round"], color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.rules.departure_policy})")
+            ax.axvline(r.round, color="tab:blue", ls="--", lw=1, label="arrival")
+        if r.departures:
+            ax.axvline(r.round, color="tab:red", ls=":", lw=1.2, label=f"departure ({cfg.rules.departure_policy})")
     ax.set_ylim(0, 100)  # a fixed axis: a run at chance must look like one
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.metrics import MetricsWriter
+from coordinator.round_record import RoundRecord
 from flexfl.errors import ReportError
 from loadgen.fleet_timeline import RECORD_KEYS, Change, Fleet, FleetTimeline
 from trace_recorder.timeline import TimeUnit, read_timeline
@@ -103,7 +104,7 @@ class LiveTimeline:
         self.writer.close()
 
 
-def update_s_at_full_share(rows: list[dict[str, Any]], applied: dict[int, dict[str, dict[str, Any]]]) -> dict | None:
+def update_s_at_full_share(rows: list[RoundRecord], applied: dict[int, dict[str, dict[str, Any]]]) -> dict | None:
     """What one local update cost at cpu_share 1 in a timeline run: `flexfl sim run --timeline`'s --update-s.
 
     Per device and round with s > 0: train_s / s (the agent's own timing) x the cpu_share in force,
@@ -113,9 +114,10 @@ def update_s_at_full_share(rows: list[dict[str, Any]], applied: dict[int, dict[s
     contention."""
     costs = []
     for row in rows:
-        in_force = applied.get(int(row["round"]), {})
-        for d, s in row.get("s", {}).items():
-            train_s, settings = row.get("train_s", {}).get(d), in_force.get(d)
+        in_force = applied.get(row.round, {})
+        measured = row.live.train_s if row.live is not None else {}
+        for d, s in row.s.items():
+            train_s, settings = measured.get(d), in_force.get(d)
             if s > 0 and train_s and settings and settings["online"] and settings["cpu_share"] > 0:
                 costs.append(train_s / s * settings["cpu_share"])
     if not costs:

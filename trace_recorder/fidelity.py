@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.metrics import MetricsTail, read_metrics
+from coordinator.round_record import RoundRecord
 from flexfl.config import load_config, path_field, to_dict, write_config
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file, read_secret
@@ -249,9 +250,9 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
             def progress() -> int:
                 rows = tail.rows()
                 for r in rows[shown:]:
-                    eta = (time.monotonic() - t0) / r["round"] * (N - r["round"])
-                    print(f"live round {r['round']:>4}/{N} (ETA {eta:.0f} s): acc {100 * r['test_acc']:.1f}%  "
-                          + " ".join(f"{d.trace} {r['s'].get(d.device_id, 0) / E:.2f}" for d in backend.devices),
+                    eta = (time.monotonic() - t0) / r.round * (N - r.round)
+                    print(f"live round {r.round:>4}/{N} (ETA {eta:.0f} s): acc {100 * r.test_acc:.1f}%  "
+                          + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / E:.2f}" for d in backend.devices),
                           flush=True)
                 return len(rows)
 
@@ -304,7 +305,7 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
                      seed=profile.seed, traces=TracesConfig(set=str(work.traces), num_traces=n))
     live_rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")[:cfg.live_rounds]
     ids = work.state["phases"]["live"]["devices"]
-    live_s = FixedParticipation([[int(r["s"].get(d, 0)) for d in ids] for r in live_rows],
+    live_s = FixedParticipation([[int(r.s.get(d, 0)) for d in ids] for r in live_rows],
                                 E=profile.rules.required_updates)
     seeds = [profile.seed, *band_seeds(profile.seed, cfg.sim_seeds)]
     start = live_start_rounds(live_rows, ids)
@@ -359,16 +360,16 @@ def band_seeds(live_seed: int, k: int) -> list[int]:
     return [live_seed + 1 + i for i in range(k)]
 
 
-def live_start_rounds(rows: list[dict], ids: list[str]) -> int:
+def live_start_rounds(rows: list[RoundRecord], ids: list[str]) -> int:
     """How many first live rounds the recorder's rule drops as settling (rounds up to the first all-delivered one)."""
     kept = live_kept_rounds(rows, ids)
     return kept[0] - 1 if kept else len(rows)
 
 
-def live_kept_rounds(rows: list[dict], ids: list[str]) -> list[int]:
+def live_kept_rounds(rows: list[RoundRecord], ids: list[str]) -> list[int]:
     """The live rounds whose s counts, by the recorder's own rule (select_rounds): after the first round every
     device received the model, and with a successor."""
-    return select_rounds({int(r["round"]): r for r in rows}, segments=[0], ids=ids, rounds=len(rows))
+    return select_rounds({r.round: r for r in rows}, segments=[0], ids=ids, rounds=len(rows))
 
 
 # ---- the whole run ---------------------------------------------------------------------------
@@ -413,16 +414,22 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
     E = int(m.required_updates)
     ids = phases["live"]["devices"]
     rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")[:cfg.live_rounds]
-    by_round = {int(r["round"]): r for r in rows}
+    by_round = {r.round: r for r in rows}
     kept = live_kept_rounds(rows, ids)
     devices = tuple(t.name for t in profile.traces)
     sims = {name: json.loads(work.sim_path(name).read_text()) for name in phases["simulate"]["runs"]}
 
-    def curve(source: list[dict]) -> dict[str, np.ndarray]:
-        return {k: np.array([float(r[k]) for r in source]) for k in ("round", "test_acc", "test_loss")}
+    def curve(points: list[tuple[float, float, float]]) -> dict[str, np.ndarray]:
+        """(round, test_acc, test_loss) per round as the page's arrays."""
+        columns = list(zip(*points)) or [(), (), ()]
+        return dict(zip(("round", "test_acc", "test_loss"), (np.array(c, dtype=np.float64) for c in columns)))
+
+    def sim_curve(name: str) -> dict[str, np.ndarray]:
+        # the simulate phase's own summary file (written above from the simulator's records)
+        return curve([(r["round"], r["test_acc"], r["test_loss"]) for r in sims[name]["rounds"]])
 
     seeds = [profile.seed, *band_seeds(profile.seed, cfg.sim_seeds)]
-    of = {source: {seed: curve(sims[sim_name(source, seed)]["rounds"]) for seed in seeds}
+    of = {source: {seed: sim_curve(sim_name(source, seed)) for seed in seeds}
           for source in ("traces", "live-s", "traces-after-live-start")}
     band_of = {source: {seed: c for seed, c in curves.items() if seed != profile.seed} for source, curves in of.items()}
     start = int(phases["simulate"]["start_rounds"])
@@ -449,11 +456,12 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
     return FidelityInputs(
         devices=devices, conditions={t.name: condition_text(t, profile) for t in profile.traces},
         recorded={t.name: np.asarray(t.fraction, dtype=np.float64) for t in trace_set.traces},
-        live={d: np.array([by_round[k]["s"].get(i, 0) / E for k in kept]) for d, i in zip(devices, ids)},
-        live_curve=curve(rows), band=band_of["traces"], live_s_band=band_of["live-s"], live_seed=profile.seed,
+        live={d: np.array([by_round[k].s.get(i, 0) / E for k in kept]) for d, i in zip(devices, ids)},
+        live_curve=curve([(r.round, r.test_acc, r.test_loss) for r in rows]), band=band_of["traces"],
+        live_s_band=band_of["live-s"], live_seed=profile.seed,
         traces_at_live_seed=of["traces"][profile.seed], live_s_replay=of["live-s"][profile.seed],
         traces_after_live_start=of["traces-after-live-start"], start_rounds=start,
-        live_start={d: np.array([by_round[k]["s"].get(i, 0) / E for k in range(1, start + 1)])
+        live_start={d: np.array([by_round[k].s.get(i, 0) / E for k in range(1, start + 1)])
                     for d, i in zip(devices, ids)}, facts=facts)
 
 

@@ -30,9 +30,10 @@ import secrets
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from coordinator.checkpoint import read_registry
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import MetricsTail
 from coordinator.registry import Registry
+from coordinator.round_record import LiveRound, RoundRecord
 from edge_agent.config import AgentConfig
 from flexfl import __version__
 from flexfl.config import write_config
@@ -50,6 +52,9 @@ from flexfl.signals import sigterm_as_interrupt
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
 from trace_recorder.manifest import SCHEMA_VERSION
 from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile, load_inventory, load_profile
+
+if TYPE_CHECKING:
+    from loadgen.fleet import EmulatedFleet
 
 log = logging.getLogger(__name__)
 
@@ -112,25 +117,31 @@ class EmulatedBackend:
         self.profile = profile
         self.work = work
         self.port = opts.port
-        self.fleet = None
+        self.fleet: EmulatedFleet | None = None
         self.agents: dict[int, str] = {}  # device index -> harness process name
         self.devices: list[DeviceRun] = []
-        self.loadgen_auth = None  # CURVE keys the fleet makes for this run
+        self.loadgen_auth: Any = None  # CURVE keys the fleet makes for this run
 
     def start(self) -> None:
         from loadgen.fleet import EmulatedFleet
 
-        self.fleet = EmulatedFleet.up(self.spec)
-        self.loadgen_auth = self.fleet.loadgen_auth()
-        for d in self.fleet.devices:
-            self.fleet.start_loadgen(d.index, nice=self.profile.emulation.competitor_nice)
+        self.fleet = fleet = EmulatedFleet.up(self.spec)
+        self.loadgen_auth = fleet.loadgen_auth()
+        for d in fleet.devices:
+            fleet.start_loadgen(d.index, nice=self.profile.emulation.competitor_nice)
         self.devices = [DeviceRun(device_id=t.name, trace=t.name, shard_index=i, loadgen=d.loadgen_endpoint,
                                   iface=d.iface)
-                        for i, (t, d) in enumerate(zip(self.profile.traces, self.fleet.devices))]
+                        for i, (t, d) in enumerate(zip(self.profile.traces, fleet.devices))]
+
+    def _up(self) -> EmulatedFleet:
+        """The fleet start() brought up (a RecordError before: the backend is used out of order)."""
+        if self.fleet is None:
+            raise RecordError("the emulated fleet is not up: start() first")
+        return self.fleet
 
     @property
     def coordinator_listen(self) -> str:
-        return f"{self.fleet.coordinator_host}:{self.port}"
+        return f"{self._up().coordinator_host}:{self.port}"
 
     @property
     def n_devices(self) -> int:
@@ -139,7 +150,7 @@ class EmulatedBackend:
     def start_agents(self, harness: Harness, configs: list[Path], *, timeout_s: float = 300.0) -> None:
         """Start every agent at full speed; as each one joins (Status), cap its device at its quota."""
         for i, path in enumerate(configs):
-            self.fleet.set_cpu_quota(i, None)  # start-up (imports, MNIST shard) is not what we measure
+            self._up().set_cpu_quota(i, None)  # start-up (imports, MNIST shard) is not what we measure
             self.agents[i] = f"agent-{self.devices[i].device_id}"
             harness.start_agent(self.agents[i], path, device=i)
         deadline = time.monotonic() + timeout_s
@@ -150,7 +161,7 @@ class EmulatedBackend:
             joined = {d.device_id for d in st.devices if d.connected} if st is not None else set()
             for i in [i for i in waiting if self.devices[i].device_id in joined]:
                 waiting.discard(i)
-                self.fleet.set_cpu_quota(i, self.profile.emulation.cpu_quota)
+                self._up().set_cpu_quota(i, self.profile.emulation.cpu_quota)
             if time.monotonic() > deadline:
                 raise RecordError(f"agents {sorted(waiting)} did not join within {timeout_s:g} s; see {self.work}")
             time.sleep(0.1)
@@ -163,7 +174,7 @@ class EmulatedBackend:
             raise RecordError(str(exc)) from None
 
     def facts(self) -> dict[str, Any]:
-        f = self.fleet
+        f = self._up()
         return {"mode": "emulated", "prefix": f.prefix, "subnet": f"{f.subnet}.0/24",
                 "coordinator_address": f.coordinator_host, "cfs_period_us": f.cfs_period_us,
                 "cpu_quota": self.profile.emulation.cpu_quota,
@@ -262,7 +273,7 @@ class CoordinatorProcess:
 # ---- rules ---------------------------------------------------------------------------------------
 
 
-def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_rounds: int,
+def calibrate_deadline(rows: list[RoundRecord], *, reference: list[str], E: int, skip_rounds: int,
                        statistic: str, factor: float, margin_s: float) -> tuple[float, dict[str, Any]]:
     """deadline = factor x statistic of the reference (unloaded) devices' delivery-to-arrival
     times + the agents' safety margin.
@@ -273,13 +284,15 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
     device short of E whenever the margin is a noticeable part of its time (a fast device:
     50 ms of a 50 ms round left it at s = 0).
     """
-    samples = [float(r["arrived_after_s"][d]) for r in rows if r["round"] > skip_rounds
-               for d in reference if d in r.get("arrived_after_s", {}) and r["s"].get(d) == E]
+    samples = [float(_measured(r).arrived_after_s[d]) for r in rows if r.round > skip_rounds
+               for d in reference if d in _measured(r).arrived_after_s and r.s.get(d) == E]
     if not samples:
         raise RecordError(f"no unloaded device ({', '.join(reference)}) completed all {E} updates in the "
                           f"warm-up rounds after round {skip_rounds}; nothing to calibrate the deadline on")
-    value = {"max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
-             "p95": lambda x: float(np.percentile(x, 95))}[statistic](samples)
+    statistics: dict[str, Callable[[list[float]], float]] = {
+        "max": max, "median": lambda x: float(np.median(x)), "p90": lambda x: float(np.percentile(x, 90)),
+        "p95": lambda x: float(np.percentile(x, 95))}
+    value = statistics[statistic](samples)
     deadline = round(factor * value + margin_s, 3)
     return deadline, {"reference_traces": reference, "samples": len(samples), "statistic": statistic,
                       "statistic_s": round(value, 4), "factor": factor, "agent_margin_s": margin_s,
@@ -288,7 +301,15 @@ def calibrate_deadline(rows: list[dict], *, reference: list[str], E: int, skip_r
                       "samples_max_s": round(max(samples), 4)}
 
 
-def select_rounds(rows_by_round: dict[int, dict], *, segments: list[int], ids: list[str], rounds: int) -> list[int]:
+def _measured(r: RoundRecord) -> LiveRound:
+    """A recording's row's live part (transfers and times), which every row a coordinator writes has."""
+    if r.live is None:
+        raise RecordError(f"round {r.round}'s row holds no live measurements: not a row of a live coordinator")
+    return r.live
+
+
+def select_rounds(rows_by_round: dict[int, RoundRecord], *, segments: list[int], ids: list[str],
+                  rounds: int) -> list[int]:
     """The recorded round ids: per (re)start segment, the rounds after its first all-delivered one
     that have a successor in the same segment; the first `rounds` of those."""
     kept: list[int] = []
@@ -298,27 +319,28 @@ def select_rounds(rows_by_round: dict[int, dict], *, segments: list[int], ids: l
         settled = False
         for k in ids_in:
             if not settled:
-                settled = all(d in rows_by_round[k].get("bytes_out", {}) for d in ids)
+                settled = all(d in _measured(rows_by_round[k]).bytes_out for d in ids)
                 continue
             if k + 1 in rows_by_round and (end is None or k + 1 <= end):
                 kept.append(k)
     return kept[:rounds]
 
 
-def build_traces(rows_by_round: dict[int, dict], kept: list[int], devices: list[DeviceRun], E: int) -> list[Trace]:
+def build_traces(rows_by_round: dict[int, RoundRecord], kept: list[int], devices: list[DeviceRun],
+                 E: int) -> list[Trace]:
     traces = []
     for d in devices:
         frac, train, upload, nbytes, arrived = [], [], [], [], []
         for k in kept:
-            r, nxt = rows_by_round[k], rows_by_round[k + 1]
-            came = d.device_id in r.get("train_s", {})
-            frac.append(int(r["s"].get(d.device_id, 0)) / E)
-            train.append(round(float(r["train_s"][d.device_id]), 4) if came else 0.0)
-            nbytes.append(int(r.get("bytes_in", {}).get(d.device_id, 0)))
+            r, live, nxt = rows_by_round[k], _measured(rows_by_round[k]), _measured(rows_by_round[k + 1])
+            came = d.device_id in live.train_s
+            frac.append(int(r.s.get(d.device_id, 0)) / E)
+            train.append(round(float(live.train_s[d.device_id]), 4) if came else 0.0)
+            nbytes.append(int(live.bytes_in.get(d.device_id, 0)))
             arrived.append(1 if came else 0)
             # The next header reports the upload of the round before it, if the device took part in k.
-            up = nxt.get("previous_upload_s", {}).get(d.device_id)
-            upload.append(round(float(up), 4) if up is not None and d.device_id in r.get("bytes_out", {}) else 0.0)
+            up = nxt.previous_upload_s.get(d.device_id)
+            upload.append(round(float(up), 4) if up is not None and d.device_id in live.bytes_out else 0.0)
         traces.append(Trace(name=d.trace, round=np.array(kept, dtype=np.int64), fraction=np.array(frac),
                             extra={"train_s": np.array(train), "upload_s": np.array(upload),
                                    "upload_bytes": np.array(nbytes, dtype=np.int64),
@@ -370,8 +392,9 @@ def apply_loads(profile: Profile, backend: Any) -> None:
         messages[d.loadgen] = {"cmd": "set_cpu", "percent": conditions[d.trace].cpu_load_pct}
     with FleetClient([d.loadgen for d in backend.devices], timeout_s=10, auth=backend.loadgen_auth) as fleet:
         fleet.call_each(messages)
-        shaped = {d.loadgen: bandwidth_message(profile.rate_kbit(conditions[d.trace]), iface=d.iface)
-                  for d in backend.devices if conditions[d.trace].bandwidth}
+        rates = {d.loadgen: (profile.rate_kbit(conditions[d.trace]), d.iface) for d in backend.devices}
+        shaped = {loadgen: bandwidth_message(rate, iface=iface) for loadgen, (rate, iface) in rates.items()
+                  if rate is not None}
         if shaped:
             fleet.call_each(shaped)
     log.info("loads set: %s", ", ".join(f"{d.trace}: cpu {conditions[d.trace].cpu_load_pct:g}%"
@@ -457,9 +480,9 @@ class Recording:
         with atomic_file(self.state_path) as f:
             json.dump(self.state, f, indent=1)
 
-    def _rows(self) -> dict[int, dict]:
+    def _rows(self) -> dict[int, RoundRecord]:
         """The coordinator's rows by round (the last one of a round wins); reads only what is new."""
-        return {int(row["round"]): row for row in self._metrics.rows()}
+        return {row.round: row for row in self._metrics.rows()}
 
     def _forget_metrics(self) -> None:
         for stale in (self.metrics_path, self.metrics_path.parent / "checkpoint.pt"):
@@ -508,7 +531,7 @@ class Recording:
             backend.check(harness)
             time.sleep(0.2)
         coordinator.stop()
-        rows = sorted(self._rows().values(), key=lambda r: r["round"])
+        rows = sorted(self._rows().values(), key=lambda r: r.round)
         reference = [t.name for t in self.profile.traces if t.unloaded]
         ids = {d.trace: d.device_id for d in backend.devices}
         if self.opts.deadline_s is not None:
@@ -549,7 +572,7 @@ class Recording:
                 r = rows[k]
                 rate = (time.monotonic() - started) / max(1, len(kept))
                 print(f"round {k:>4} ({len(kept):>3}/{R}, ETA {int(rate * (R - len(kept)))} s): "
-                      + " ".join(f"{d.trace} {r['s'].get(d.device_id, 0) / self.E:.2f}" for d in backend.devices),
+                      + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / self.E:.2f}" for d in backend.devices),
                       flush=True)
             shown = len(kept)
             if len(kept) >= R:

@@ -16,8 +16,9 @@ A folder is one of three kinds (`detect`):
 A live run that followed a device timeline also has `conditions.jsonl` (the conditions the
 emulated fleet applied per round; read by flexfl.live_conditions, its writer's module).
 
-`read_run` is the adapter: every field of a round record goes through `_round_row`, so a
-format change is absorbed there. Optional fields may be missing (None: shown as "n/a").
+`read_run` is the adapter: a metrics.jsonl row is read as a coordinator.round_record.RoundRecord
+(which reads every older row), a rounds.csv row as its aggregates; `RoundRow` shows either.
+Optional fields may be missing (None: shown as "n/a").
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import csv
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.round_record import LiveRound, RoundRecord, RoundRecordError
 from flexfl.errors import ConfigError, FlexFLError, ReportError
 from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
 
@@ -44,31 +47,114 @@ SWEEP_RUN_RE = re.compile(r"^(?P<setting>[a-z]+)_T(?P<num_traces>\d+)_seed(?P<se
 
 @dataclass(frozen=True)
 class RoundRow:
-    """One round of a run. None means the run's output does not record the field."""
+    """One round of a run as the report shows it: its RoundRecord (a metrics.jsonl row), or only the
+    aggregates a rounds.csv keeps (record None). A field is None where the run's output does not record it."""
 
     round: int
     scheme: str | None = None  # set when one file holds several schemes (a simulation)
-    lr: float | None = None
-    close_reason: str | None = None
-    participants: tuple[str, ...] | None = None  # devices the round was opened for
-    devices: tuple[str, ...] | None = None  # the objective's members (rows of s, p, coefficients)
-    s: dict[str, int] | None = None
-    p: dict[str, float] | None = None
-    coefficients: dict[str, float] | None = None
-    discarded: bool | None = None
-    test_acc: float | None = None
-    test_loss: float | None = None
-    bytes_out: dict[str, int] | None = None
-    bytes_in: dict[str, int] | None = None
-    train_s: dict[str, float] | None = None
-    arrived_after_s: dict[str, float] | None = None
-    rejected: dict[str, str] | None = None
-    stop_reason: dict[str, str] | None = None  # why each device's s is what it is (edge_agent.deadline.StopReason)
-    arrivals: tuple[str, ...] = ()
-    departures: tuple[str, ...] = ()
-    round_s: float | None = None
-    aggregate_eval_s: float | None = None
-    overhead_s: float | None = None
+    record: RoundRecord | None = None
+    # rounds.csv's aggregates, where there is no record
+    csv_lr: float | None = None
+    csv_discarded: bool | None = None
+    csv_test_acc: float | None = None
+    csv_test_loss: float | None = None
+
+    @property
+    def lr(self) -> float | None:
+        return _finite(self.record.lr) if self.record else self.csv_lr
+
+    @property
+    def discarded(self) -> bool | None:
+        return self.record.discarded if self.record else self.csv_discarded
+
+    @property
+    def test_acc(self) -> float | None:
+        return _finite(self.record.test_acc) if self.record else self.csv_test_acc
+
+    @property
+    def test_loss(self) -> float | None:
+        return _finite(self.record.test_loss) if self.record else self.csv_test_loss
+
+    @property
+    def participants(self) -> tuple[str, ...] | None:
+        """Devices the round was opened for."""
+        return self.record.participants if self.record else None
+
+    @property
+    def devices(self) -> tuple[str, ...] | None:
+        """The objective's members (the keys of s, p, coefficients)."""
+        return self.record.devices if self.record else None
+
+    @property
+    def s(self) -> Mapping[str, int] | None:
+        return self.record.s if self.record else None
+
+    @property
+    def p(self) -> Mapping[str, float] | None:
+        return self.record.p if self.record else None
+
+    @property
+    def coefficients(self) -> Mapping[str, float] | None:
+        return self.record.coefficients if self.record else None
+
+    @property
+    def stop_reason(self) -> Mapping[str, str] | None:
+        """Why each device's s is what it is (edge_agent.deadline.StopReason)."""
+        return self.record.stop_reason if self.record else None
+
+    @property
+    def arrivals(self) -> tuple[str, ...]:
+        return self.record.arrivals if self.record else ()
+
+    @property
+    def departures(self) -> tuple[str, ...]:
+        return self.record.departures if self.record else ()
+
+    @property
+    def live(self) -> LiveRound | None:
+        """The live part of the record (transfers, times, refusals); None in a simulation."""
+        return self.record.live if self.record else None
+
+    @property
+    def close_reason(self) -> str | None:
+        return self.live.close_reason if self.live else None
+
+    @property
+    def bytes_out(self) -> Mapping[str, int] | None:
+        return self.live.bytes_out if self.live else None
+
+    @property
+    def bytes_in(self) -> Mapping[str, int] | None:
+        return self.live.bytes_in if self.live else None
+
+    @property
+    def train_s(self) -> Mapping[str, float] | None:
+        return self.live.train_s if self.live else None
+
+    @property
+    def arrived_after_s(self) -> Mapping[str, float] | None:
+        return self.live.arrived_after_s if self.live else None
+
+    @property
+    def rejected(self) -> Mapping[str, tuple[str, ...]] | None:
+        """Refused updates' reasons per device, in order."""
+        return self.live.rejected if self.live else None
+
+    @property
+    def round_s(self) -> float | None:
+        return self.live.round_s if self.live else None
+
+    @property
+    def aggregate_eval_s(self) -> float | None:
+        return self.live.aggregate_eval_s if self.live else None
+
+    @property
+    def overhead_s(self) -> float | None:
+        return self.live.overhead_s if self.live else None
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -303,7 +389,11 @@ def _read_metrics_jsonl(path: Path) -> tuple[RoundRow, ...]:
             if i == len(lines):  # a torn last line from a crash: the rounds before it stand
                 break
             raise ReportError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-        rows.append(_round_row(record, where=f"{path}:{i}"))
+        try:
+            rec = RoundRecord.from_json(record, where=f"{path}:{i}")
+        except RoundRecordError as exc:
+            raise ReportError(str(exc)) from None
+        rows.append(RoundRow(round=rec.round, record=rec))
     return tuple(rows)
 
 
@@ -314,14 +404,16 @@ def _read_rounds_csv(path: Path) -> tuple[RoundRow, ...]:
         rows = []
         for row in reader:
             where = f"{path}:{reader.line_num}"
-            rows.append(_round_row({
-                "round": _number(row.get("round"), int, where, "round"),
-                "scheme": row.get("scheme") or None,
-                "lr": _number(row.get("lr"), float, where, "lr"),
-                "discarded": row.get("discarded") == "True" if row.get("discarded") else None,
-                "test_acc": _number(row.get("test_acc"), float, where, "test_acc"),
-                "test_loss": _number(row.get("test_loss"), float, where, "test_loss"),
-            }, where=where))
+            rnd = _number(row.get("round"), int, where, "round")
+            if rnd is None:
+                raise ReportError(f"{where}: field 'round': missing")
+            discarded = row.get("discarded")
+            rows.append(RoundRow(
+                round=rnd, scheme=row.get("scheme") or None, csv_lr=_number(row.get("lr"), float, where, "lr"),
+                csv_discarded=discarded == "True" if discarded else None,
+                csv_test_acc=_opt(_number(row.get("test_acc"), float, where, "test_acc"), float, where, "test_acc"),
+                csv_test_loss=_opt(_number(row.get("test_loss"), float, where, "test_loss"), float, where,
+                                   "test_loss")))
     return tuple(rows)
 
 
@@ -332,52 +424,6 @@ def _number(text: str | None, kind: type, where: str, name: str) -> Any:
         return kind(text)
     except ValueError:
         raise ReportError(f"{where}: field '{name}': expected {kind.__name__}, got {text!r}") from None
-
-
-def _round_row(record: Any, *, where: str) -> RoundRow:
-    """One per-round record (coordinator schema) as a RoundRow; missing fields are None."""
-    if not isinstance(record, dict):
-        raise ReportError(f"{where}: expected a JSON object per line")
-    if "round" not in record:
-        raise ReportError(f"{where}: field 'round': missing")
-
-    def scalar(name: str, kind: type) -> Any:
-        return _opt(record.get(name), kind, where, name)
-
-    def ids(name: str) -> tuple[str, ...] | None:
-        value = record.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ReportError(f"{where}: field '{name}': expected a list of device ids, got {value!r}")
-        return tuple(value)
-
-    def per_device(name: str, kind: type) -> dict | None:
-        value = record.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ReportError(f"{where}: field '{name}': expected an object of device id -> {kind.__name__}")
-        if kind is str:
-            return {str(k): str(v) for k, v in value.items()}
-        out = {str(k): _opt(v, kind, where, f"{name}.{k}") for k, v in value.items()}
-        return {k: v for k, v in out.items() if v is not None}
-
-    discarded = record.get("discarded")
-    if discarded is not None and not isinstance(discarded, bool):
-        raise ReportError(f"{where}: field 'discarded': expected true or false, got {discarded!r}")
-    return RoundRow(
-        round=scalar("round", int), scheme=scalar("scheme", str), lr=scalar("lr", float),
-        close_reason=scalar("close_reason", str), participants=ids("participants"), devices=ids("devices"),
-        s=per_device("s", int), p=per_device("p", float), coefficients=per_device("coefficients", float),
-        discarded=discarded, test_acc=scalar("test_acc", float), test_loss=scalar("test_loss", float),
-        bytes_out=per_device("bytes_out", int), bytes_in=per_device("bytes_in", int),
-        train_s=per_device("train_s", float), arrived_after_s=per_device("arrived_after_s", float),
-        rejected=per_device("rejected", str), stop_reason=per_device("stop_reason", str),
-        arrivals=ids("arrivals") or (), departures=ids("departures") or (),
-        round_s=scalar("round_s", float), aggregate_eval_s=scalar("aggregate_eval_s", float),
-        overhead_s=scalar("overhead_s", float),
-    )
 
 
 def _legacy_live_meta(path: Path) -> tuple[dict[str, Any], list[str]]:

@@ -125,7 +125,7 @@ def device_table(run: Run, rows: list[RoundRow]) -> list[DeviceRow]:
         info = run.devices.get(d, DeviceInfo())
         rounds = [r for r in rows if d in participants_of(r)]
         s_values = [(r.s or {}).get(d, 0) for r in rounds]
-        reasons = Counter((r.rejected or {})[d] for r in rows if d in (r.rejected or {}))
+        reasons = Counter(why for r in rows for why in (r.rejected or {}).get(d, ()))  # each refused update
         stopped = Counter((r.stop_reason or {})[d] for r in rows if d in (r.stop_reason or {}))
         out.append(DeviceRow(
             device=d, trace=info.trace, shard=info.shard, rounds_participant=len(rounds),

@@ -181,20 +181,20 @@ def test_agent_trains_rounds_against_a_host_coordinator(target: Target, provisio
     hardware = coordinator.engine.registry.get(device).hardware
     assert hardware["machine"] == target.platform.machine, hardware
     rows = read_metrics(out / "metrics.jsonl")
-    assert [row["round"] for row in rows] == list(range(1, ROUNDS + 1)), rows
+    assert [row.round for row in rows] == list(range(1, ROUNDS + 1)), rows
     for row in rows:
-        assert row["close_reason"] == "all answered", row
-        assert row["s"][device] > 0 and row["coefficients"][device] > 0, row
-        assert row["bytes_in"][device] > 0 and not row["rejected"], row
+        assert row.live is not None and row.live.close_reason == "all answered", row
+        assert row.s[device] > 0 and row.coefficients[device] > 0, row
+        assert row.live.bytes_in[device] > 0 and not row.live.rejected, row
     final = coordinator.engine.params
     assert any(not torch.equal(initial[name], final[name]) for name in initial), "the aggregated model did not change"
     assert all(torch.isfinite(value).all() for value in final.values())
 
-    per_update_s = [row["train_s"][device] / row["s"][device] for row in rows]
+    per_update_s = [row.live.train_s[device] / row.s[device] for row in rows if row.live is not None]
     figures = {
         f"{arch}: time per local update, rounds 1..{ROUNDS} ({where})":
             " / ".join(f"{1000 * t:.1f} ms" for t in per_update_s)
-            + f" (train_s / s, s = {rows[-1]['s'][device]}; MNIST MLP, batch {cfg.batch_size})",
+            + f" (train_s / s, s = {rows[-1].s[device]}; MNIST MLP, batch {cfg.batch_size})",
         f"{arch}: agent start to join (torch import, MNIST, partition; {where})": f"{join_s:.1f} s",
         f"{arch}: agent RSS after join / VmHWM after the last round ({where})":
             f"{idle['VmRSS']:.0f} MiB / {peak.get('VmHWM', math.nan):.0f} MiB",

@@ -54,9 +54,9 @@ def test_every_device_departing_pauses_the_run_until_one_comes_back_also_after_r
     agents(port, 1, participation=FAST)  # dev-1 comes back: it arrives and the run goes on to the end
     assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
     rows = read_metrics(metrics)
-    assert [r["round"] for r in rows] == list(range(1, 7))
-    after = [r for r in rows if r["round"] > paused_at]
-    assert after and all(list(r["s"]) == ["dev-1"] and r["s"]["dev-1"] > 0 for r in after), [r["s"] for r in after]
+    assert [r.round for r in rows] == list(range(1, 7))
+    after = [r for r in rows if r.round > paused_at]
+    assert after and all(list(r.s) == ["dev-1"] and r.s["dev-1"] > 0 for r in after), [r.s for r in after]
 
 
 def test_on_empty_stop_ends_with_exit_code_3_and_one_line_and_resume_continues(tmp_path, procs, agents, wait_for):
@@ -79,4 +79,4 @@ def test_on_empty_stop_ends_with_exit_code_3_and_one_line_and_resume_continues(t
     procs.append(resumed)
     agents(port, 2, participation=FAST)
     assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
-    assert [r["round"] for r in read_metrics(metrics)] == [1, 2, 3, 4]
+    assert [r.round for r in read_metrics(metrics)] == [1, 2, 3, 4]

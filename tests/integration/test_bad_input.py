@@ -347,7 +347,7 @@ def test_an_update_with_s_but_no_payload_says_so_and_every_rejection_is_kept(liv
     assert dev.push(*_update("evil", header.round_id, zero, s=E)).accepted
     assert fleet.coordinator.wait(timeout=30)
     row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
-    reasons = row["rejected"]["evil"]
-    assert isinstance(reasons, list) and len(reasons) == 2, reasons
+    reasons = row.live.rejected["evil"]
+    assert isinstance(reasons, tuple) and len(reasons) == 2, reasons
     assert "carries no model delta" in reasons[0] and "outside 0..E" in reasons[1]
-    assert row["s"]["evil"] == E  # the valid update that followed counts
+    assert row.s["evil"] == E  # the valid update that followed counts

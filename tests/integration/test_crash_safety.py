@@ -26,7 +26,7 @@ def crash_between_the_writes_of_round(monkeypatch):
         def wrapper(*args, **kwargs):
             # The writer may put several rounds' rows in one write (it fell behind).
             # A writer that fell behind also skips older checkpoints: a later one holds round N too.
-            covers = (state["round"] in [r["round"] for r in args[-1]] if kind == "metrics"
+            covers = (state["round"] in [r["round"] for r in args[-1]] if kind == "metrics"  # the JSON objects written
                       else state["round"] is not None and args[-1].completed_round >= state["round"])
             if state["dead"]:
                 raise Crash(f"{kind} write after the crash")
@@ -69,7 +69,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
     assert state["dead"], "the crash point was never reached"
     out = first.coordinator.out_dir
     ckpt = load_checkpoint(out / "checkpoint.pt", expected=first.coordinator.engine.expected)
-    rows_at_crash = [r["round"] for r in read_metrics(out / "metrics.jsonl")]
+    rows_at_crash = [r.round for r in read_metrics(out / "metrics.jsonl")]
     # Whichever write came first, the disk now holds round 3 in exactly one of the two files
     # (a writer that fell behind writes several rows at once and skips older checkpoints: the
     # last one may be round 1's, the rows may reach round 4).
@@ -81,7 +81,7 @@ def test_a_crash_between_the_row_and_the_checkpoint_loses_no_row(live_config, cr
     with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         _train(cfg, resume=True)
     rows = read_metrics(out / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r.round for r in rows] == [1, 2, 3, 4, 5]
     redone = [r for r in rows_at_crash if r > ckpt.completed_round]
     if redone:
         assert f"metrics hold rows of rounds {redone} that the checkpoint does not: they run again" in caplog.text
@@ -91,7 +91,7 @@ def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
     cfg = live_config(rounds=2, n_devices=3, min_devices=3, deadline_s=5.0)
     fleet = _train(cfg)
     metrics = fleet.coordinator.out_dir / "metrics.jsonl"
-    MetricsWriter.rewrite(metrics, [r for r in read_metrics(metrics) if r["round"] != 1])  # as a crash used to
+    MetricsWriter.rewrite(metrics, [r.to_json() for r in read_metrics(metrics) if r.round != 1])  # as a crash used to
     with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         Fleet(cfg, resume=True).close()
     assert "metrics have no row for rounds [1]" in caplog.text
@@ -129,6 +129,6 @@ def test_a_torn_last_row_is_set_aside_and_the_rerun_rounds_row_is_whole(live_con
         f.write(fragment)
     with caplog.at_level(logging.WARNING, logger="coordinator.resume"):
         _train(with_changes(cfg, run={"rounds": 3}), resume=True)
-    assert [r["round"] for r in read_metrics(metrics)] == [1, 2, 3]  # round 3's row was not glued to it
+    assert [r.round for r in read_metrics(metrics)] == [1, 2, 3]  # round 3's row was not glued to it
     assert (metrics.parent / "metrics.jsonl.torn").read_text() == fragment + "\n"
     assert "1 torn line(s)" in caplog.text

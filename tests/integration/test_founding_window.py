@@ -30,19 +30,19 @@ def _run_with_late_joiners(live_config, fleet_factory, wait_for, *, founding_rou
 def test_devices_joining_in_the_founding_window_are_members_without_boost_or_shift(live_config, fleet_factory,
                                                                                     wait_for):
     rows = _run_with_late_joiners(live_config, fleet_factory, wait_for, founding_rounds=1)
-    joined = next(r for r in rows if r["founded"])
-    assert sorted(joined["founded"]) == ["dev-1", "dev-2", "dev-3"] and not any(r["arrivals"] for r in rows)
+    joined = next(r for r in rows if r.founded)
+    assert sorted(joined.founded) == ["dev-1", "dev-2", "dev-3"] and not any(r.arrivals for r in rows)
     last = rows[-1]
-    assert sorted(last["participants"]) == ["dev-0", "dev-1", "dev-2", "dev-3"]
+    assert sorted(last.participants) == ["dev-0", "dev-1", "dev-2", "dev-3"]
     # No fast-reboot boost: p is each device's share of the samples, summing to 1.
-    assert abs(sum(last["p"].values()) - 1.0) < 1e-9, last["p"]
+    assert abs(sum(last.p.values()) - 1.0) < 1e-9, last.p
     # No objective shift: the learning rate follows round 1's schedule (eta_0 / tau) without a restart.
-    assert last["lr"] < rows[0]["lr"] and abs(last["lr"] * last["round"] - rows[0]["lr"]) < 1e-12
+    assert last.lr < rows[0].lr and abs(last.lr * last.round - rows[0].lr) < 1e-12
 
 
 def test_with_no_founding_rounds_late_joiners_are_boosted_arrivals(live_config, fleet_factory, wait_for):
     rows = _run_with_late_joiners(live_config, fleet_factory, wait_for, founding_rounds=0)
-    arrived = sorted(d for r in rows for d in r["arrivals"])
-    assert arrived == ["dev-1", "dev-2", "dev-3"] and not any(r["founded"] for r in rows)
-    after = next(r for r in rows if r["round"] > max(r2["round"] for r2 in rows if r2["arrivals"]))
-    assert sum(after["p"].values()) > 1.0  # fast-reboot boosts the newcomers
+    arrived = sorted(d for r in rows for d in r.arrivals)
+    assert arrived == ["dev-1", "dev-2", "dev-3"] and not any(r.founded for r in rows)
+    after = next(r for r in rows if r.round > max(r2.round for r2 in rows if r2.arrivals))
+    assert sum(after.p.values()) > 1.0  # fast-reboot boosts the newcomers

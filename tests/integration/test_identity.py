@@ -115,8 +115,8 @@ def test_a_refused_update_can_be_resent_on_a_new_session_within_the_deadline(liv
         assert reply.accepted and reply.round_id == header.round_id, reply
         assert fleet.coordinator.wait(timeout=30)
         row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
-        assert row["s"] == {"dev-0": E}
-        assert len(row["rejected"]["dev-0"]) == 1 and "checksum" in row["rejected"]["dev-0"][0]
+        assert row.s == {"dev-0": E}
+        assert len(row.live.rejected["dev-0"]) == 1 and "checksum" in row.live.rejected["dev-0"][0]
     finally:
         dev.close()
         resend.close()
@@ -185,9 +185,9 @@ def test_every_refusal_of_a_devices_upload_counts_in_the_rounds_rejected(live_co
                 assert p.push(pb.UpdateHeader(device_id=p.device_id, round_id=header.round_id), b"").accepted
         assert fleet.coordinator.wait(timeout=30)
         row = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")[-1]
-        assert row["close_reason"] == "all answered"
-        assert sorted(row["rejected"]) == sorted(s.device_id for s in sessions.values())
-        assert row["s"]["dev-4"] == E  # a refused duplicate leaves the accepted update as it was
+        assert row.live.close_reason == "all answered"
+        assert sorted(row.live.rejected) == sorted(s.device_id for s in sessions.values())
+        assert row.s["dev-4"] == E  # a refused duplicate leaves the accepted update as it was
     finally:
         for label in labels:
             sessions[label].close()

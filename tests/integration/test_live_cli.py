@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
 from coordinator.metrics import read_metrics
+from coordinator.round_record import RoundRecord
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
 from flexfl.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
@@ -55,7 +57,7 @@ def test_live_reports_an_agent_killed_mid_run_and_goes_on(tmp_path):
     assert summary["dead_agents"] == {"agent-1": -9} and summary["rounds"] == 6
     assert (out / "accuracy.png").stat().st_size > 0
     rows = read_metrics(out / "coordinator" / "metrics.jsonl")
-    assert rows[-1]["s"]["dev-1"] == 0 and rows[-1]["s"]["dev-0"] > 0
+    assert rows[-1].s["dev-1"] == 0 and rows[-1].s["dev-0"] > 0
 
 
 def test_live_with_one_device_and_no_events(tmp_path):
@@ -155,38 +157,43 @@ def test_emulated_cpu_and_upload_are_per_device_and_cycled_and_one_cpu_value_sti
         LiveConfig(emulate=EmulationConfig(cpu=(0.25, -0.1)))
 
 
+def _row(**fields) -> RoundRecord:
+    """A round record with what these tests do not look at left neutral."""
+    return RoundRecord(**({"round": 1, "lr": 0.5, "participants": (), "devices": (), "s": {}, "p": {},
+                           "coefficients": {}, "discarded": False, "test_acc": 0.5, "test_loss": 1.0} | fields))
+
+
 def test_a_round_line_says_why_a_device_stopped_short_and_rows_from_before_the_reason_print_as_before():
     cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
-    row = {"round": 2, "test_acc": 0.5, "test_loss": 1.0, "lr": 0.5, "arrivals": [], "departures": [],
-           "s": {"dev-0": 20, "dev-1": 7, "dev-2": 0, "dev-3": 0, "dev-4": 12}, "p": {}}
+    row = _row(round=2, test_acc=0.5, test_loss=1.0, lr=0.5,
+               s={"dev-0": 20, "dev-1": 7, "dev-2": 0, "dev-3": 0, "dev-4": 12})
     old = round_line(row, cfg)
     assert "s (E=20) dev-0:20 dev-1:7 dev-2:0 dev-3:0 dev-4:12" in old
     why = {"dev-0": "complete", "dev-1": "upload", "dev-2": "missed", "dev-3": "compute", "dev-4": "trace"}
-    line = round_line({**row, "stop_reason": why}, cfg)
+    line = round_line(replace(row, stop_reason=why), cfg)
     # complete is what s = E says, trace what the agents' traces do: only the other reasons are printed
     assert "s (E=20) dev-0:20 dev-1:7 (upload) dev-2:0 (missed) dev-3:0 (compute) dev-4:12" in line, line
 
 
 def test_the_summary_counts_each_devices_stop_reasons_and_rows_without_them_count_nothing():
     cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
-    base = {"arrivals": [], "departures": [], "test_acc": 0.5, "test_loss": 1.0, "participants": ["a", "b"],
-            "s": {"a": 20, "b": 3}}
-    rows = [{**base, "round": 1},  # written before the field
-            {**base, "round": 2, "stop_reason": {"a": "complete", "b": "upload"}},
-            {**base, "round": 3, "stop_reason": {"a": "complete", "b": "compute"}},
-            {**base, "round": 4, "stop_reason": {"a": "complete", "b": "upload"}}]
+    base = _row(participants=("a", "b"), s={"a": 20, "b": 3})
+    rows = [replace(base, round=1),  # written before the field
+            replace(base, round=2, stop_reason={"a": "complete", "b": "upload"}),
+            replace(base, round=3, stop_reason={"a": "complete", "b": "compute"}),
+            replace(base, round=4, stop_reason={"a": "complete", "b": "upload"})]
     assert summarize(rows, cfg, wall_s=1.0, dead_agents={})["stop_reasons"] == \
         {"a": {"complete": 3}, "b": {"upload": 2, "compute": 1}}
 
 
 def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():
     cfg = LiveConfig(rounds=6, arrive_round=2, depart_round=0)
-    row = {"round": 1, "arrivals": [], "departures": [], "test_acc": 0.5, "test_loss": 1.0, "s": {}, "participants": []}
+    row = _row(round=1)
     never = summarize([row], cfg, wall_s=1.0, dead_agents={})
     assert never["problems"] and "dev-4 never arrived, not in round 2 as asked" in never["problems"][0]
-    late = summarize([row, {**row, "round": 3, "arrivals": ["dev-4"]}], cfg, wall_s=1.0, dead_agents={})
+    late = summarize([row, replace(row, round=3, arrivals=("dev-4",))], cfg, wall_s=1.0, dead_agents={})
     assert "arrived in round 3, not in round 2" in late["problems"][0]
-    on_time = summarize([row, {**row, "round": 2, "arrivals": ["dev-4"]}], cfg, wall_s=1.0, dead_agents={})
+    on_time = summarize([row, replace(row, round=2, arrivals=("dev-4",))], cfg, wall_s=1.0, dead_agents={})
     assert on_time["problems"] == [] and on_time["arrival_round"] == 2
 
 
@@ -228,7 +235,7 @@ def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_p
     assert (summary["strategy"], summary["strategy_parameters"]) == ("fedprox", {"mu": 0.1})
     # The coordinator aggregated as FedProx does (Scheme B's c_k = p_k), not as the default Scheme C.
     rows = read_metrics(out / "coordinator" / "metrics.jsonl")
-    assert any(0 < s < 20 for row in rows for s in row["s"].values()), [row["s"] for row in rows]
+    assert any(0 < s < 20 for row in rows for s in row.s.values()), [row.s for row in rows]
     for row in rows:
-        assert all(row["coefficients"][d] == pytest.approx(row["p"][d] if row["s"][d] > 0 else 0.0) for d in row["p"])
+        assert all(row.coefficients[d] == pytest.approx(row.p[d] if row.s[d] > 0 else 0.0) for d in row.p)
     assert 'Aggregation strategy: <b class="strategy">FedProx (mu = 0.1)</b>' in (out / "report.html").read_text()

@@ -14,6 +14,7 @@ from coordinator import server
 from coordinator.aggregation import coefficients
 from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
+from coordinator.round_record import RoundRecord
 from coordinator.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
 from simulator.engine import (
@@ -33,6 +34,11 @@ from .conftest import make_config
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _records(rows) -> list[RoundRecord]:
+    """The simulator's rows as records (JSON objects until the simulator keeps RoundRecords itself)."""
+    return [r if isinstance(r, RoundRecord) else RoundRecord.from_json(r, where="simulation") for r in rows]
+
+
 def _metrics(fleet):
     return read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")
 
@@ -44,14 +50,14 @@ def test_rounds_complete_and_accuracy_rises(live_config, fleet_factory):
         fleet.start_agent(i)
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
-    assert [r["round"] for r in rows] == list(range(1, 7))
-    assert all(set(r["s"].values()) == {5} for r in rows)  # no deadline pressure at this size
-    assert rows[-1]["test_loss"] < rows[0]["test_loss"]
-    assert rows[-1]["test_acc"] > rows[0]["test_acc"]
+    assert [r.round for r in rows] == list(range(1, 7))
+    assert all(set(r.s.values()) == {5} for r in rows)  # no deadline pressure at this size
+    assert rows[-1].test_loss < rows[0].test_loss
+    assert rows[-1].test_acc > rows[0].test_acc
     # Bytes on the wire: the model out and the delta in, each at least the model's size.
     model_bytes = sum(p.numel() * 4 for p in fleet.coordinator.engine.params.values())
-    assert all(model_bytes <= v < 1.1 * model_bytes for v in rows[-1]["bytes_out"].values())
-    assert all(model_bytes <= v < 1.1 * model_bytes for v in rows[-1]["bytes_in"].values())
+    assert all(model_bytes <= v < 1.1 * model_bytes for v in rows[-1].live.bytes_out.values())
+    assert all(model_bytes <= v < 1.1 * model_bytes for v in rows[-1].live.bytes_in.values())
     assert (fleet.coordinator.out_dir / "checkpoint.pt").exists()
 
 
@@ -67,7 +73,7 @@ def test_a_device_idled_by_a_slow_upload_tries_again(live_config, fleet_factory)
     fleet.start_agent(0, before_run=after_a_slow_upload)
     fleet.start_agent(1)
     assert fleet.coordinator.wait(timeout=60)
-    s0 = [r["s"].get("dev-0", 0) for r in _metrics(fleet)]
+    s0 = [r.s.get("dev-0", 0) for r in _metrics(fleet)]
     assert s0[0] == 0, s0  # the estimate kept it from training
     # 16 -> 8 -> 4 -> 2 -> 1 s: from round 5 it fits the 2 s deadline again.
     assert all(s > 0 for s in s0[5:]), s0
@@ -108,8 +114,8 @@ def test_live_model_equals_simulated_model_under_forced_participation(live_confi
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
     rows = _metrics(fleet)
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
-    np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+    assert [[r.s[f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
+    np.testing.assert_allclose([r.test_acc for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     assert len(threads) == 12 and all(name.startswith(worker) for name in threads), threads
 
 
@@ -122,23 +128,23 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
     mu = {"mu": 2.0} if strategy == "fedprox" else {}  # large, so that the term shows in 3 rounds
     cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, strategy=strategy, **mu)
     rows = _metrics(fleet)
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
-    for live_row, sim_row, s in zip(rows, sim.rows, FORCED, strict=True):
-        assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
-        p = [live_row["p"][f"dev-{i}"] for i in range(4)]
+    assert [[r.s[f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
+    for live_row, sim_row, s in zip(rows, _records(sim.rows), FORCED, strict=True):
+        assert live_row.coefficients == pytest.approx(sim_row.coefficients)
+        p = [live_row.p[f"dev-{i}"] for i in range(4)]
         # The strategy's own coefficients, not Scheme C's, reached the live round.
         expected = coefficients(strategy, s=s, E=cfg.rules.required_updates, p=p).values
-        np.testing.assert_allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], expected, rtol=1e-9)
+        np.testing.assert_allclose([live_row.coefficients[f"dev-{i}"] for i in range(4)], expected, rtol=1e-9)
         if strategy != "mifa":  # MIFA's this-round coefficients are Scheme C's; its memories are checked below
             assert not np.allclose(expected, coefficients("C", s=s, E=cfg.rules.required_updates, p=p).values)
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose([r["test_acc"] for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
+    np.testing.assert_allclose([r.test_acc for r in rows], [r.test_acc for r in sim.records], atol=1e-6)
     if strategy == "mifa":  # dev-3, inactive in round 2, applied its round-1 memory on both sides: not Scheme C
-        assert [r["remembered"] for r in rows] == [r["remembered"] for r in sim.rows] == \
-            [["dev-0", "dev-1", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"]]
+        assert [r.remembered for r in rows] == [r.remembered for r in _records(sim.rows)] == \
+            [("dev-0", "dev-1", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3")]
         plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"), rounds=3,
                                          seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
@@ -154,13 +160,13 @@ def test_fednova_under_epochs_counts_each_devices_steps_live_and_simulated(live_
     # float32 rounding until even the simulator's own trainers differ by 1e-2 (they agree to 1e-7 here)
     cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, strategy="fednova", unit="epoch", eta0=0.05)
     rows = _metrics(fleet)
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED  # recorded in epochs
-    for live_row, sim_row, s in zip(rows, sim.rows, FORCED, strict=True):
-        assert live_row["coefficients"] == pytest.approx(sim_row["coefficients"])
-        p = [live_row["p"][f"dev-{i}"] for i in range(4)]
+    assert [[r.s[f"dev-{i}"] for i in range(4)] for r in rows] == FORCED  # recorded in epochs
+    for live_row, sim_row, s in zip(rows, _records(sim.rows), FORCED, strict=True):
+        assert live_row.coefficients == pytest.approx(sim_row.coefficients)
+        p = [live_row.p[f"dev-{i}"] for i in range(4)]
         # Reading the epochs as steps would give other coefficients (the devices' sizes differ)
         as_steps = coefficients("fednova", s=s, E=cfg.rules.required_updates, p=p).values
-        assert not np.allclose([live_row["coefficients"][f"dev-{i}"] for i in range(4)], as_steps)
+        assert not np.allclose([live_row.coefficients[f"dev-{i}"] for i in range(4)], as_steps)
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
         torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
@@ -210,8 +216,8 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
             join_in_round=3 if i == n - 1 else 0, leave_after_round=5 if i == 0 else 0))
     assert fleet.coordinator.wait(timeout=120)
     rows = _metrics(fleet)
-    arrival = next(r["round"] for r in rows if r["arrivals"])
-    departure = next(r["round"] for r in rows if r["departures"])
+    arrival = next(r.round for r in rows if r.arrivals)
+    departure = next(r.round for r in rows if r.departures)
     assert (arrival, departure) == (3, 5)  # the scripted rounds
     sim = run_simulation(SimConfig(
         partition=cfg.partition, rules=cfg.rules, rounds=rounds, seed=cfg.run.seed,
@@ -219,16 +225,16 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
         schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=n - 1, round=arrival),),
                                 departures=(DepartureEvent(device=0, round=departure),))))
     # The same s per device per round (one trace sampler), p, coefficients and rates ...
-    for live_row, sim_row in zip(rows, sim.rows, strict=True):
-        assert live_row["s"] == sim_row["s"], live_row["round"]
-        assert sorted(live_row["participants"]) == sorted(sim_row["participants"])
-        for key in ("p", "coefficients"):
-            assert live_row[key] == pytest.approx(sim_row[key]), (key, live_row["round"])
-        assert live_row["lr"] == pytest.approx(sim_row["lr"])
+    for live_row, sim_row in zip(rows, _records(sim.rows), strict=True):
+        assert live_row.s == sim_row.s, live_row.round
+        assert sorted(live_row.participants) == sorted(sim_row.participants)
+        assert live_row.p == pytest.approx(sim_row.p), live_row.round
+        assert live_row.coefficients == pytest.approx(sim_row.coefficients), live_row.round
+        assert live_row.lr == pytest.approx(sim_row.lr)
         # The departed device's Gamma estimate: from updates summed as they arrived, and stacked.
-        assert live_row["departure_gammas"] == pytest.approx(sim_row["departure_gammas"], rel=1e-3, abs=1e-9)
-    assert rows[departure - 1]["departure_gammas"]["dev-0"] is not None  # dev-0 contributed in rounds 1-5
-    assert any(0 < s < cfg.rules.required_updates for r in rows for s in r["s"].values())  # incomplete work
+        assert live_row.departure_gammas == pytest.approx(sim_row.departure_gammas, rel=1e-3, abs=1e-9)
+    assert rows[departure - 1].departure_gammas["dev-0"] is not None  # dev-0 contributed in rounds 1-5
+    assert any(0 < s < cfg.rules.required_updates for r in rows for s in r.s.values())  # incomplete work
     # ... and the same global model.
     live = fleet.coordinator.engine.params
     for name, value in sim.final_params.items():
@@ -248,21 +254,21 @@ def test_late_joiner_gets_boosted_coefficient_and_rate_reset(live_config, fleet_
     fleet.start_agent(3, participation=ParticipationConfig(join_in_round=4))
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
-    arrival = next(r for r in rows if "dev-3" in r["arrivals"])
-    tau0 = arrival["round"]
+    arrival = next(r for r in rows if "dev-3" in r.arrivals)
+    tau0 = arrival.round
     assert tau0 == 4
     first, second = rows[tau0], rows[tau0 + 1]  # rounds tau0 + 1 and tau0 + 2
     n = fleet.coordinator.engine.objective.sample_counts
     p_l = n["dev-3"] / sum(n.values())
-    assert first["p"]["dev-3"] == pytest.approx(3 * p_l)  # fast-reboot: 3 p_l at arrival
-    assert second["p"]["dev-3"] == pytest.approx(p_l * (1 + 2 / 4))  # decaying as (r + 1)^-2
+    assert first.p["dev-3"] == pytest.approx(3 * p_l)  # fast-reboot: 3 p_l at arrival
+    assert second.p["dev-3"] == pytest.approx(p_l * (1 + 2 / 4))  # decaying as (r + 1)^-2
     eta0 = cfg.eta0
-    assert first["lr"] == pytest.approx(eta0)  # eta_0 / (tau - tau_0) restarts
-    assert second["lr"] == pytest.approx(eta0 / 2)
-    assert rows[tau0 - 1]["lr"] == pytest.approx(eta0 / tau0)
+    assert first.lr == pytest.approx(eta0)  # eta_0 / (tau - tau_0) restarts
+    assert second.lr == pytest.approx(eta0 / 2)
+    assert rows[tau0 - 1].lr == pytest.approx(eta0 / tau0)
     # The existing devices' weights were renormalised over the enlarged objective.
-    assert first["p"]["dev-0"] == pytest.approx(n["dev-0"] / sum(n.values()))
-    assert first["s"]["dev-3"] > 0 and first["coefficients"]["dev-3"] > 0
+    assert first.p["dev-0"] == pytest.approx(n["dev-0"] / sum(n.values()))
+    assert first.s["dev-3"] > 0 and first.coefficients["dev-3"] > 0
 
 
 @pytest.mark.parametrize("policy", ["include", "exclude"])
@@ -276,19 +282,19 @@ def test_departure_policy_changes_p_as_specified(live_config, fleet_factory, pol
         fleet.start_agent(i, participation=ParticipationConfig(leave_after_round=3 if i == 2 else 0))
     assert fleet.coordinator.wait(timeout=60)
     rows = _metrics(fleet)
-    dep = next(r for r in rows if "dev-2" in r["departures"])
-    assert dep["round"] == 3  # the scripted round
-    after = rows[dep["round"]]  # first round after the departure took effect
+    dep = next(r for r in rows if "dev-2" in r.departures)
+    assert dep.round == 3  # the scripted round
+    after = rows[dep.round]  # first round after the departure took effect
     n = {d: len(fleet.agents[d][0].shard) for d in ("dev-0", "dev-1", "dev-2")}
     if policy == "include":
-        assert after["p"]["dev-2"] == pytest.approx(n["dev-2"] / sum(n.values()))
-        assert after["s"]["dev-2"] == 0 and after["coefficients"]["dev-2"] == 0
-        assert after["lr"] == pytest.approx(cfg.eta0 / after["round"])
+        assert after.p["dev-2"] == pytest.approx(n["dev-2"] / sum(n.values()))
+        assert after.s["dev-2"] == 0 and after.coefficients["dev-2"] == 0
+        assert after.lr == pytest.approx(cfg.eta0 / after.round)
     else:
-        assert "dev-2" not in after["p"]
-        assert after["p"]["dev-0"] == pytest.approx(n["dev-0"] / (n["dev-0"] + n["dev-1"]))
-        assert after["lr"] == pytest.approx(cfg.eta0)  # objective shift
-    assert "dev-2" not in after["participants"]
+        assert "dev-2" not in after.p
+        assert after.p["dev-0"] == pytest.approx(n["dev-0"] / (n["dev-0"] + n["dev-1"]))
+        assert after.lr == pytest.approx(cfg.eta0)  # objective shift
+    assert "dev-2" not in after.participants
 
 
 def test_live_emnist_run_from_a_user_given_folder(tmp_path, fleet_factory, make_emnist, monkeypatch):
@@ -306,7 +312,7 @@ def test_live_emnist_run_from_a_user_given_folder(tmp_path, fleet_factory, make_
     fleet.start_agent(1, partition=replace(cfg.partition, emnist_root=str(root)))
     assert fleet.coordinator.wait(timeout=120)
     rows = _metrics(fleet)
-    assert [r["round"] for r in rows] == [1, 2]
-    assert all(r["s"] == {"dev-0": 2, "dev-1": 2} for r in rows)
+    assert [r.round for r in rows] == [1, 2]
+    assert all(r.s == {"dev-0": 2, "dev-1": 2} for r in rows)
     assert fleet.coordinator.engine.model_description.architecture == "cnn"
     assert {len(a.shard) for a, _ in fleet.agents.values()} == {150}

@@ -37,13 +37,13 @@ def test_agent_killed_mid_round_counts_as_inactive(live_config, fleet_factory, t
     wait_for(dev2_training_in_round_2, what="dev-2 to be mid-round 2")
     agent.send_signal(signal.SIGKILL)
     assert fleet.coordinator.wait(timeout=60)
-    rows = {r["round"]: r for r in read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")}
-    assert rows[1]["s"]["dev-2"] == 5
-    assert rows[2]["s"]["dev-2"] == 0 and rows[2]["close_reason"] == "deadline"
-    assert rows[2]["s"]["dev-0"] == 5 and rows[2]["s"]["dev-1"] == 5
-    assert rows[2]["coefficients"]["dev-2"] == 0
+    rows = {r.round: r for r in read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")}
+    assert rows[1].s["dev-2"] == 5
+    assert rows[2].s["dev-2"] == 0 and rows[2].live.close_reason == "deadline"
+    assert rows[2].s["dev-0"] == 5 and rows[2].s["dev-1"] == 5
+    assert rows[2].coefficients["dev-2"] == 0
     # A silent device stays in the objective.
-    assert rows[4]["p"]["dev-2"] > 0 and "dev-2" in rows[4]["participants"]
+    assert rows[4].p["dev-2"] > 0 and "dev-2" in rows[4].participants
 
 
 def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_factory, live_config, tmp_path, procs,
@@ -75,11 +75,11 @@ def test_coordinator_killed_and_resumed_continues_and_agents_reconnect(fleet_fac
     coord2 = flexfl_process("coordinator", "--config", str(config), "--resume", log=tmp_path / "c2.log")
     procs.append(coord2)
     assert coord2.wait(timeout=90) == 0, (tmp_path / "c2.log").read_text()[-2000:]
-    rounds = [r["round"] for r in read_metrics(metrics)]
+    rounds = [r.round for r in read_metrics(metrics)]
     assert rounds == [1, 2, 3, 4, 5, 6], rounds  # one row per round: a row the checkpoint lacked was redone
-    after = [r for r in read_metrics(metrics) if r["round"] > ckpt.completed_round]
+    after = [r for r in read_metrics(metrics) if r.round > ckpt.completed_round]
     # All three agents reconnected and trained after the restart.
-    assert all(all(v == 5 for v in r["s"].values()) for r in after), [r["s"] for r in after]
+    assert all(all(v == 5 for v in r.s.values()) for r in after), [r.s for r in after]
     assert all(any(d["round"] > ckpt.completed_round for d in a.rounds_done) for a in agents)
     assert "resumed from" in (tmp_path / "c2.log").read_text()
 
@@ -132,6 +132,6 @@ def test_a_departure_announced_before_a_crash_is_not_lost(tmp_path, procs, agent
     agents(port, 0, participation=ParticipationConfig(min_update_s=0.05))
     assert resumed.wait(timeout=120) == 0, (tmp_path / "c2.log").read_text()[-3000:]
     rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    assert rows[1]["departures"] == ["dev-1"], [r["departures"] for r in rows]
-    assert "dev-1" not in rows[2]["participants"] and "dev-1" not in rows[2]["p"]
+    assert [r.round for r in rows] == [1, 2, 3]
+    assert rows[1].departures == ("dev-1",), [r.departures for r in rows]
+    assert "dev-1" not in rows[2].participants and "dev-1" not in rows[2].p

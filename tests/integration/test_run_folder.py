@@ -38,7 +38,7 @@ def test_a_second_coordinator_on_the_same_folder_is_refused_and_a_restart_needs_
     assert second.returncode == 2, printed[-2000:]
     assert "is in use by another FlexFL process" in printed and f"pid {first.pid}" in printed, printed[-2000:]
     rows = read_metrics(metrics)
-    assert rows[0]["round"] == 1 and first.poll() is None  # the first one's rows are intact and it runs on
+    assert rows[0].round == 1 and first.poll() is None  # the first one's rows are intact and it runs on
 
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=30) == 0
@@ -62,7 +62,7 @@ def test_a_second_coordinator_on_the_same_folder_is_refused_and_a_restart_needs_
     assert fresh.returncode == 0, printed[-2000:]
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("out.previous-")]
     assert len(aside) == 1 and (aside[0] / "metrics.jsonl").read_bytes() == before
-    assert [r["round"] for r in read_metrics(metrics)] == [1]
+    assert [r.round for r in read_metrics(metrics)] == [1]
 
 
 def test_resume_removes_the_temporaries_of_a_write_killed_midway(tmp_path, procs):

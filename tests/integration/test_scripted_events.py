@@ -10,7 +10,7 @@ from edge_agent.config import ParticipationConfig
 
 
 def _rows(fleet) -> dict[int, dict]:
-    return {r["round"]: r for r in read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")}
+    return {r.round: r for r in read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")}
 
 
 def test_a_late_agent_started_after_its_round_is_waited_for(live_config, fleet_factory, wait_for):
@@ -31,8 +31,8 @@ def test_a_late_agent_started_after_its_round_is_waited_for(live_config, fleet_f
     fleet.start_agent(3, participation=ParticipationConfig(join_in_round=2))
     assert fleet.coordinator.wait(timeout=60)
     rows = _rows(fleet)
-    assert rows[2]["arrivals"] == ["dev-3"], {k: r["arrivals"] for k, r in rows.items()}
-    assert "dev-3" in rows[3]["participants"] and rows[3]["s"]["dev-3"] == 5
+    assert rows[2].arrivals == ("dev-3",), {k: r.arrivals for k, r in rows.items()}
+    assert "dev-3" in rows[3].participants and rows[3].s["dev-3"] == 5
 
 
 def test_a_scripted_arrival_that_never_comes_is_logged_and_the_run_goes_on(live_config, fleet_factory, caplog):
@@ -44,7 +44,7 @@ def test_a_scripted_arrival_that_never_comes_is_logged_and_the_run_goes_on(live_
     with caplog.at_level(logging.ERROR, logger="coordinator.membership"):
         assert fleet.coordinator.wait(timeout=60)
     rows = _rows(fleet)
-    assert sorted(rows) == [1, 2, 3] and not any(r["arrivals"] for r in rows.values())
+    assert sorted(rows) == [1, 2, 3] and not any(r.arrivals for r in rows.values())
     assert "round 2: scripted arrival/departure of dev-3 did not happen within run.expected_wait_s = 0.5 s" \
         in caplog.text
 
@@ -59,5 +59,5 @@ def test_a_scripted_departure_takes_effect_in_its_round_even_when_it_answers_las
         fleet.start_agent(i)
     assert fleet.coordinator.wait(timeout=60)
     rows = _rows(fleet)
-    assert rows[2]["departures"] == ["dev-0"] and rows[2]["s"]["dev-0"] == 5
-    assert "dev-0" not in rows[3]["participants"]
+    assert rows[2].departures == ("dev-0",) and rows[2].s["dev-0"] == 5
+    assert "dev-0" not in rows[3].participants

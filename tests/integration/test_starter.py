@@ -26,8 +26,8 @@ def _flexfl(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProces
 
 def _rounds_with_accuracy(path: Path) -> list[int]:
     rows = read_metrics(path)
-    assert all(math.isfinite(r["test_acc"]) and 0 <= r["test_acc"] <= 1 for r in rows), rows
-    return [r["round"] for r in rows]
+    assert all(math.isfinite(r.test_acc) and 0 <= r.test_acc <= 1 for r in rows), rows
+    return [r.round for r in rows]
 
 
 def test_the_starter_runs_in_simulation_and_live_from_another_folder(tmp_path: Path) -> None:

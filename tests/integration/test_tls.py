@@ -63,7 +63,7 @@ def test_rounds_complete_over_tls(live_config, fleet_factory, pki, mutual):
         fleet.start_agent(i, tls_ca=str(pki / "ca.pem"), **client)
     assert fleet.coordinator.wait(timeout=60)
     rows = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2] and all(v == 5 for v in rows[-1]["s"].values())
+    assert [r.round for r in rows] == [1, 2] and all(v == 5 for v in rows[-1].s.values())
 
 
 def test_plaintext_agent_and_agent_without_client_cert_are_refused(live_config, fleet_factory, pki):

@@ -33,10 +33,10 @@ def test_bandwidth_limited_agent_is_inactive_while_the_unlimited_one_stays_activ
     finally:
         assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
     rows = read_metrics(tmp_path / "coordinator" / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    assert [r["s"]["dev-1"] for r in rows] == [0, 0, 0], rows
-    assert all(r["s"]["dev-0"] > 0 for r in rows), [r["s"] for r in rows]
-    assert all("dev-1" not in r["bytes_in"] or r["bytes_in"]["dev-1"] == 0 for r in rows)
+    assert [r.round for r in rows] == [1, 2, 3]
+    assert [r.s["dev-1"] for r in rows] == [0, 0, 0], rows
+    assert all(r.s["dev-0"] > 0 for r in rows), [r.s for r in rows]
+    assert all("dev-1" not in r.live.bytes_in or r.live.bytes_in["dev-1"] == 0 for r in rows)
 
 
 def test_in_deadline_mode_the_cpu_share_and_the_upload_rate_decide_s_and_the_metrics_say_why(
@@ -62,15 +62,15 @@ def test_in_deadline_mode_the_cpu_share_and_the_upload_rate_decide_s_and_the_met
     finally:
         assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
     rows = read_metrics(tmp_path / "coordinator" / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r.round for r in rows] == [1, 2, 3, 4, 5, 6]
     # (a) no agent followed a trace: none was configured, and no round ended at a trace's cap
     assert [load_agent_config(tmp_path / f"agent-{i}.toml").participation.trace for i in range(3)] == ["", "", ""]
-    why = [r["stop_reason"] for r in rows]
-    assert all(set(w) == set(r["s"]) for w, r in zip(why, rows)), why  # a reason for every device with an s
+    why = [r.stop_reason for r in rows]
+    assert all(set(w) == set(r.s) for w, r in zip(why, rows)), why  # a reason for every device with an s
     allowed = {str(m) for m in StopReason} - {StopReason.TRACE, StopReason.UNKNOWN}
     assert {v for w in why for v in w.values()} <= allowed, why
     # (b) the 0.1-CPU device completes fewer updates than the one without a quota, on average, for its CPU's sake
-    s = {d: [r["s"][d] for r in rows] for d in ("dev-0", "dev-1", "dev-2")}
+    s = {d: [r.s[d] for r in rows] for d in ("dev-0", "dev-1", "dev-2")}
     assert sum(s["dev-1"]) < 0.75 * sum(s["dev-0"]), s
     # round 1 may start before the quota is set (agents get it once joined: flexfl.live)
     assert all(w["dev-1"] in (StopReason.COMPUTE, StopReason.MISSED) for w in why[1:]), why

@@ -140,7 +140,7 @@ def test_a_live_run_follows_a_round_timeline_and_records_it(fleet_host, tmp_path
     finally:
         assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
     rows = read_metrics(out / "coordinator" / "metrics.jsonl")
-    assert [r["round"] for r in rows] == list(range(1, 10))
+    assert [r.round for r in rows] == list(range(1, 10))
     assert summary["timeline"]["at_share_1"]["device_rounds"] >= 20  # sim run's --update-s, measured
     # (a) the conditions in force at every round's opening are recorded
     applied = read_conditions(out / CONDITIONS_FILE)
@@ -149,12 +149,12 @@ def test_a_live_run_follows_a_round_timeline_and_records_it(fleet_host, tmp_path
     assert [applied[r]["dev-2"]["online"] for r in range(1, 10)] == [True, True, False, False] + [True] * 5
     assert all(applied[r][d]["up_kbit_s"] == 100000 for r in applied for d in applied[r])
     # (b) dev-1's s falls once its share does, for its CPU's sake
-    s1 = [r["s"]["dev-1"] for r in rows]
+    s1 = [r.s["dev-1"] for r in rows]
     before, after = s1[1:3], s1[4:]  # round 1 starts from a cold agent; round 4's quota comes a poll late
     assert sum(after) / len(after) < 0.75 * sum(before) / len(before), s1
-    assert all(r["stop_reason"]["dev-1"] == StopReason.COMPUTE for r in rows[4:]), [r["stop_reason"] for r in rows]
+    assert all(r.stop_reason["dev-1"] == StopReason.COMPUTE for r in rows[4:]), [r.stop_reason for r in rows]
     # (c) dev-2 contributes nothing while offline, and again once back
-    s2, why2 = [r["s"]["dev-2"] for r in rows], [r["stop_reason"]["dev-2"] for r in rows]
+    s2, why2 = [r.s["dev-2"] for r in rows], [r.stop_reason["dev-2"] for r in rows]
     assert s2[2:4] == [0, 0] and set(why2[2:4]) <= {StopReason.OFFLINE, StopReason.MISSED}, (s2, why2)
     assert why2[3] == StopReason.OFFLINE, why2  # a whole round with its link down: it never took the model
     assert sum(v > 0 for v in s2[4:]) >= 3 and s2[-1] > 0, (s2, why2)

@@ -116,8 +116,8 @@ def test_the_engine_closes_rounds_from_the_running_sum_and_writes_rows_before_ch
     for n, p in eng.params.items():
         torch.testing.assert_close(p, start[n] + 4.0)
     rows = read_metrics(eng.out_dir / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [1, 2]
-    assert all(np.isfinite(r["test_acc"]) and r["close_reason"] == "all answered" for r in rows)
+    assert [r.round for r in rows] == [1, 2]
+    assert all(np.isfinite(r.test_acc) and r.live.close_reason == "all answered" for r in rows)
     saved = torch.load(eng.checkpoint_path, weights_only=True)
     assert saved["completed_round"] == 2
     # The Gamma state (sketches as tensors) survives a weights-only load: a resumed run keeps it.
@@ -237,7 +237,7 @@ def test_one_round_through_domain_records_alone(tmp_path):
     devices = [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices]
     assert devices == [("solo", 2, True, True)]
     row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
-    assert (row["s"], row["bytes_in"], row["bytes_out"], row["close_reason"], row["stop_reason"]) == \
+    assert (row.s, row.live.bytes_in, row.live.bytes_out, row.live.close_reason, row.stop_reason) == \
         ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered", {"solo": "complete"})
 
 

@@ -121,3 +121,62 @@ def test_a_row_without_a_required_field_or_not_an_object_is_refused() -> None:
         RoundRecord.from_json(obj, where="m.jsonl:2")
     with pytest.raises(RoundRecordError, match=r"m\.jsonl:3: expected a JSON object per line, got list"):
         RoundRecord.from_json([1, 2], where="m.jsonl:3")
+
+
+def test_the_rules_record_fills_in_the_papers_eta0_so_naming_that_value_on_resume_changes_nothing() -> None:
+    from coordinator.round_record import rule_changes, rules_record
+    from coordinator.rules import RulesConfig
+
+    left_out = rules_record(RulesConfig(), dataset="mnist")
+    assert left_out["eta0"] == RulesConfig().eta0_for("mnist") and left_out["required_updates"] == 20
+    assert rule_changes(left_out, rules_record(RulesConfig(eta0=left_out["eta0"]), dataset="mnist")) == {}
+    assert rule_changes(left_out, rules_record(RulesConfig(eta0=0.5, unit="epoch"), dataset="mnist")) == {
+        "eta0": (left_out["eta0"], 0.5), "unit": ("step", "epoch")}
+
+
+def test_rule_changes_name_a_nested_table_setting_by_its_dotted_name() -> None:
+    from coordinator.round_record import rule_changes
+
+    old = {"strategy": {"name": "fedprox", "mu": 0.1}, "fast_reboot": True}
+    new = {"strategy": {"name": "fedprox", "mu": 0.5}, "fast_reboot": True, "batch_size": 32}
+    assert rule_changes(old, new) == {"batch_size": (None, 32), "strategy.mu": (0.1, 0.5)}
+
+
+def test_a_changed_resume_is_refused_with_each_change_unless_allowed(tmp_path, caplog) -> None:
+    from coordinator.checkpoint import Checkpoint
+    from coordinator.resume import changed_rules
+    from flexfl.errors import ConfigError
+
+    def ckpt(rules):
+        return Checkpoint(params={}, completed_round=3, run_id="r", registry={}, objective={}, rules=rules)
+
+    old, new = {"eta0": 0.5, "required_updates": 5}, {"eta0": 0.1, "required_updates": 5}
+    path = tmp_path / "out" / "checkpoint.pt"
+    with pytest.raises(ConfigError, match=r"--resume: the rules differ .* \(eta0: 0\.5 -> 0\.1\).*--allow-rule-change"):
+        changed_rules(ckpt(old), new, path=path, allow_rule_change=False)
+    assert changed_rules(ckpt(old), new, path=path, allow_rule_change=True) == {"eta0": (0.5, 0.1)}
+    assert changed_rules(ckpt(old), dict(old), path=path, allow_rule_change=False) == {}
+    assert changed_rules(ckpt(None), new, path=path, allow_rule_change=False) == {}  # an older checkpoint
+    assert "records no rules" in caplog.text
+
+
+def test_a_checkpoint_keeps_the_resumed_rules_until_a_row_has_recorded_their_change(tmp_path) -> None:
+    """A resume allowed to change the rules and stopped before its first round: the next resume must
+    still see the old rules (and be refused, or record the change), not the new ones as if nothing changed."""
+    import torch
+
+    from coordinator.checkpoint import Checkpoint, load_checkpoint
+    from coordinator.finisher import Finisher
+    from coordinator.metrics import MetricsWriter
+
+    params = {"w": torch.zeros(2)}
+    finisher = Finisher(model=torch.nn.Linear(2, 2), data=None, evaluate=False,
+                        metrics=MetricsWriter(tmp_path / "metrics.jsonl", append=True),
+                        checkpoint_path=tmp_path / "checkpoint.pt", rules={"eta0": 0.1}, resumed_rules={"eta0": 0.5})
+    finisher.save(Checkpoint(params=params, completed_round=3, run_id="r", registry={}, objective={}))
+    assert load_checkpoint(tmp_path / "checkpoint.pt", expected={"w": ((2,), None)}).rules == {"eta0": 0.5}
+    unchanged = Finisher(model=torch.nn.Linear(2, 2), data=None, evaluate=False,
+                         metrics=MetricsWriter(tmp_path / "metrics.jsonl", append=True),
+                         checkpoint_path=tmp_path / "checkpoint.pt", rules={"eta0": 0.1}, resumed_rules={"eta0": 0.1})
+    unchanged.save(Checkpoint(params=params, completed_round=3, run_id="r", registry={}, objective={}))
+    assert load_checkpoint(tmp_path / "checkpoint.pt", expected={"w": ((2,), None)}).rules == {"eta0": 0.1}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from flexfl.proto import fleet_pb2 as pb
 
+from coordinator.round_record import LiveRound, RoundRecord
 from flexfl.errors import ConfigError, ReportError, TraceFormatError
 from flexfl.live import load_live_config
 from flexfl.live_conditions import (
@@ -146,15 +147,23 @@ def test_conditions_records_off_the_schema_are_refused_naming_line_and_field(tmp
     assert list(read_conditions(path)) == [1]
 
 
+def _row(k: int, *, s: dict[str, int], train_s: dict[str, float]) -> RoundRecord:
+    """A live round's record with only s and the devices' training times to go on."""
+    live = LiveRound(time=0.0, close_reason="deadline", bytes_out={}, bytes_in={}, train_s=train_s, local_loss={},
+                     rejected={}, round_s=1.0, aggregate_eval_s=0.0, overhead_s=None)
+    return RoundRecord(round=k, lr=0.1, participants=tuple(s), devices=tuple(s), s=s, p={}, coefficients={},
+                       discarded=False, test_acc=0.5, test_loss=1.0, live=live)
+
+
 def test_the_cost_of_an_update_at_full_share_scales_each_timing_by_the_share_in_force() -> None:
     from flexfl.live_conditions import update_s_at_full_share
 
     on = {"cpu_share": 1.0, "cpu_quota": None, "up_kbit_s": 8000, "down_kbit_s": 8000, "online": True}
     applied = {1: {"dev-0": on, "dev-1": {**on, "cpu_share": 0.1, "cpu_quota": 0.1}},
                2: {"dev-0": on, "dev-1": {**on, "online": False}}}
-    rows = [{"round": 1, "s": {"dev-0": 2000, "dev-1": 500}, "train_s": {"dev-0": 0.8, "dev-1": 1.9}},
-            {"round": 2, "s": {"dev-0": 1000, "dev-1": 0}, "train_s": {"dev-0": 0.5}},
-            {"round": 3, "s": {"dev-0": 2000}, "train_s": {"dev-0": 9.9}}]  # no conditions recorded: left out
+    rows = [_row(1, s={"dev-0": 2000, "dev-1": 500}, train_s={"dev-0": 0.8, "dev-1": 1.9}),
+            _row(2, s={"dev-0": 1000, "dev-1": 0}, train_s={"dev-0": 0.5}),
+            _row(3, s={"dev-0": 2000}, train_s={"dev-0": 9.9})]  # no conditions recorded: left out
     # 0.8 / 2000 = 4e-4; 1.9 / 500 x 0.1 = 3.8e-4; 0.5 / 1000 = 5e-4: the median of three device-rounds
     assert update_s_at_full_share(rows, applied) == {"update_s": pytest.approx(4e-4), "device_rounds": 3}
     assert update_s_at_full_share(rows[2:], applied) is None

@@ -35,7 +35,8 @@ def _round(n: int, *, participants, devices, s, rejected=None, arrivals=(), depa
         "train_s": {d: 0.1 * s[d] for d in updates}, "local_loss": {d: 0.5 for d in updates},
         "previous_upload_s": {d: 0.01 for d in updates}, "stop_reason": why,
         "arrived_after_s": {d: 0.1 * s[d] + 0.05 for d in updates},
-        "rejected": dict(rejected or {}), "arrivals": list(arrivals), "departures": list(departures),
+        "rejected": {d: [reason] for d, reason in (rejected or {}).items()}, "arrivals": list(arrivals),
+        "departures": list(departures),
         "round_s": 1.5, "aggregate_eval_s": 0.02, "overhead_s": None if n == 1 else 0.01,
     }
 

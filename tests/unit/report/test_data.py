@@ -26,7 +26,7 @@ def test_todays_live_folder_gets_deadline_E_and_traces_from_its_tomls(live_dir):
     assert [r.round for r in run.rounds] == [1, 2, 3, 4]
     r2 = run.rounds[1]
     assert r2.s == {"dev-0": 10, "dev-1": 0, "dev-2": 6}
-    assert r2.rejected == {"dev-1": "tensor 'fc.weight' has shape (3,) not (10, 5)"}
+    assert r2.rejected == {"dev-1": ("tensor 'fc.weight' has shape (3,) not (10, 5)",)}
     assert r2.arrivals == ("dev-3",) and r2.departures == ()
     assert r2.bytes_out == {"dev-0": 1000, "dev-1": 1000, "dev-2": 1000}
     assert run.rounds[0].overhead_s is None and run.rounds[1].overhead_s == 0.01
@@ -61,9 +61,9 @@ def test_a_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error(live_dir)
 
 @pytest.mark.parametrize("field, value, message", [
     ("s", ["dev-0"], r"metrics\.jsonl:1: field 's': expected an object"),
-    ("s", {"dev-0": 2.5}, r"metrics\.jsonl:1: field 's\.dev-0': expected int, got 2\.5"),
-    ("test_acc", "high", r"field 'test_acc': expected float, got 'high'"),
-    ("participants", "dev-0", r"field 'participants': expected a list of device ids"),
+    ("s", {"dev-0": 2.5}, r"metrics\.jsonl:1: field 's': at key 'dev-0': expected an integer, got 2\.5"),
+    ("test_acc", "high", r"field 'test_acc': expected a number, got 'high'"),
+    ("participants", "dev-0", r"field 'participants': expected a list of strings \(device ids"),
     ("discarded", "no", r"field 'discarded': expected true or false"),
 ])
 def test_a_malformed_field_names_file_line_and_field(live_dir, field, value, message):

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from coordinator.round_record import LiveRound, RoundRecord
 from flexfl.cli import main
 from flexfl.errors import ConfigError
 from trace_recorder.fidelity import (
@@ -78,10 +79,14 @@ def _phases_record_and_live_done(work: WorkFolder) -> None:
     rows = []
     for i in range(6):
         arrived = ["T0"] if i == 0 else ["T0", "T90"]
-        rows.append({"round": i + 1, "s": {t: LIVE_S[t][i] for t in LIVE_S}, "bytes_out": {t: 100 for t in arrived},
-                     "test_acc": 0.3 + 0.05 * i, "test_loss": 1.2 - 0.1 * i})
+        live = LiveRound(time=0.0, close_reason="deadline", bytes_out={t: 100 for t in arrived}, bytes_in={},
+                         train_s={}, local_loss={}, rejected={}, round_s=0.2, aggregate_eval_s=0.0, overhead_s=None)
+        s = {t: LIVE_S[t][i] for t in LIVE_S}
+        rows.append(RoundRecord(round=i + 1, lr=0.1, participants=tuple(s), devices=tuple(s), s=s, p={},
+                                coefficients={}, discarded=False, test_acc=0.3 + 0.05 * i, test_loss=1.2 - 0.1 * i,
+                                live=live))
     (work.live / "coordinator").mkdir(parents=True)
-    (work.live / "coordinator" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work.live / "coordinator" / "metrics.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
     work.finish("record", elapsed_s=60.0, loadavg=[1.0, 1.2])
     work.finish("live", elapsed_s=30.0, loadavg=[1.1], devices=["T0", "T90"], cpu_achieved={"T90": 80.2})
 
@@ -139,7 +144,14 @@ def test_after_start_takes_the_live_s_in_the_start_rounds_and_the_traces_after()
 
 
 def test_live_rounds_kept_by_the_recorders_rule():
-    rows = [{"round": k, "bytes_out": {"a": 1, "b": 1} if k > 2 else {"a": 1}} for k in range(1, 8)]
+    def row(k: int) -> RoundRecord:
+        live = LiveRound(time=0.0, close_reason="deadline", bytes_out={"a": 1, "b": 1} if k > 2 else {"a": 1},
+                         bytes_in={}, train_s={}, local_loss={}, rejected={}, round_s=1.0, aggregate_eval_s=0.0,
+                         overhead_s=None)
+        return RoundRecord(round=k, lr=0.1, participants=("a", "b"), devices=("a", "b"), s={"a": 1, "b": 1}, p={},
+                           coefficients={}, discarded=False, test_acc=0.5, test_loss=1.0, live=live)
+
+    rows = [row(k) for k in range(1, 8)]
     # settled in round 3 (the first in which both received the model); 7 has no successor
     assert live_kept_rounds(rows, ["a", "b"]) == [4, 5, 6]
     assert live_start_rounds(rows, ["a", "b"]) == 3

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from coordinator.round_record import LiveRound, RoundRecord
 from trace_recorder.format import read_trace_set, write_trace_set
 from trace_recorder.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
 
@@ -13,11 +16,14 @@ DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}"
 
 
 def row(k: int, *, s: dict, delivered: tuple = ("T0", "T90"), arrived: tuple = ("T0", "T90"),
-        upload: dict | None = None, after: dict | None = None) -> dict:
-    return {"round": k, "s": s, "bytes_out": {d: 800_000 for d in delivered},
-            "bytes_in": {d: 796_840 if s[d] else 0 for d in arrived}, "train_s": {d: 0.1 * s[d] for d in arrived},
-            "previous_upload_s": upload or {d: 0.05 for d in arrived},
-            "arrived_after_s": after or {d: 0.3 for d in arrived}}
+        upload: dict | None = None, after: dict | None = None) -> RoundRecord:
+    live = LiveRound(time=0.0, close_reason="deadline", bytes_out={d: 800_000 for d in delivered},
+                     bytes_in={d: 796_840 if s[d] else 0 for d in arrived}, train_s={d: 0.1 * s[d] for d in arrived},
+                     local_loss={}, rejected={}, round_s=1.0, aggregate_eval_s=0.0, overhead_s=None,
+                     previous_upload_s=upload or {d: 0.05 for d in arrived},
+                     arrived_after_s=after or {d: 0.3 for d in arrived})
+    return RoundRecord(round=k, lr=0.1, participants=tuple(s), devices=tuple(s), s=s, p={}, coefficients={},
+                       discarded=False, test_acc=0.5, test_loss=1.0, live=live)
 
 
 def test_deadline_is_factor_times_the_statistic_of_complete_unloaded_rounds_plus_the_agents_margin() -> None:
@@ -138,14 +144,13 @@ def test_the_recorder_follows_a_metrics_file_that_a_resumed_coordinator_rewrote(
     path = recording.metrics_path
     path.parent.mkdir(parents=True)
 
-    def lines(rounds, run):
-        return "".join(json.dumps({"round": k, "run": run}) + "\n" for k in rounds)
+    def lines(rounds, lr):  # the learning rate tells the first run's rows from the resumed one's
+        return "".join(json.dumps(replace(row(k, s={"T0": 20, "T90": 3}), lr=lr).to_json()) + "\n" for k in rounds)
 
-    path.write_text(lines(range(1, 6), "first"))
+    path.write_text(lines(range(1, 6), 0.1))
     assert sorted(recording._rows()) == [1, 2, 3, 4, 5]
-    MetricsWriter.rewrite(path, read_metrics(path)[:3])
+    MetricsWriter.rewrite(path, [r.to_json() for r in read_metrics(path)[:3]])
     assert sorted(recording._rows()) == [1, 2, 3]
     with open(path, "a", encoding="utf-8") as f:
-        f.write(lines((4, 5, 6), "again"))
-    assert {k: r["run"] for k, r in recording._rows().items()} == {
-        1: "first", 2: "first", 3: "first", 4: "again", 5: "again", 6: "again"}
+        f.write(lines((4, 5, 6), 0.2))
+    assert {k: r.lr for k, r in recording._rows().items()} == {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.2, 5: 0.2, 6: 0.2}
