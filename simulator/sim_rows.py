@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordinator.metrics import round_row
 from coordinator.round import RoundOpening, RoundOutcome, Weighing
 from coordinator.round_record import RoundRecord
 from simulator.sim_config import SimConfig
@@ -49,16 +48,16 @@ class SimResult:
 def round_record(*, opening: RoundOpening, weighing: Weighing, outcome: RoundOutcome, rules: Mapping[str, Any],
                  losses: np.ndarray, test_acc: float, test_loss: float, seconds: float, members: int,
                  extra: Mapping[str, Mapping[str, float]], reasons: Mapping[str, str] | None) -> RoundRecord:
-    """The round's record: the fields a live round has (coordinator.metrics.round_row) and the simulator's.
+    """The round's record: the fields a live round has (RoundRecord.of) and the simulator's.
 
     `losses` are the contributors' mean minibatch losses (weighing.contributors' order); `rules`
     the run's rules as data (flexfl.config.to_dict), which also give E for `complete`.
     """
-    common = round_row(opening, outcome, test_acc=test_acc, test_loss=test_loss)
     coef = dict(zip(weighing.devices, weighing.coefficients.values))
     w = np.array([coef[d] for d in weighing.contributors])
     train_loss = float(np.dot(w, losses) / w.sum()) if len(w) and w.sum() > 0 else float("nan")
-    return replace(RoundRecord.from_json(common, where=f"round {opening.round_index}"), lr=opening.lr,
+    common = RoundRecord.of(opening, outcome, test_acc=test_acc, test_loss=test_loss)
+    return replace(common, lr=opening.lr,
                    extra_tests=dict(extra) or None, stop_reason=None if reasons is None else dict(reasons),
                    train_loss=train_loss, seconds=seconds, members=members, rules=rules)
 
