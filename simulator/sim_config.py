@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from coordinator.objective import DeparturePolicy
-from coordinator.round import RulesConfig
+from coordinator.rules import RulesConfig
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from simulator.paper import DEFAULT_PARTITION
