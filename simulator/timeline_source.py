@@ -154,9 +154,9 @@ def sim_run_argv(*, partition: PartitionSpec, rules: RulesConfig, rounds: int, s
             argv += [f"--{name.replace('_', '-')}", f"{value:g}"]
     argv += _flags_for({"partition": to_dict(partition), "rules": to_dict(rules)},
                        {"partition": to_dict(base.partition), "rules": to_dict(base.rules)})
-    argv += ["--scheme", str(rules.strategy or rules.scheme)]
-    if rules.mu is not None:
-        argv += ["--mu", f"{rules.mu:g}"]
+    argv += ["--scheme", rules.aggregation.name]
+    if rules.aggregation.proximal_mu:
+        argv += ["--mu", f"{rules.aggregation.proximal_mu:g}"]
     if rounds != base.rounds:
         argv += ["--rounds", str(rounds)]
     if seed != base.seed:
