@@ -54,7 +54,7 @@ live: setup ## a live run: make live DEVICES=8 DATASET=mnist ROUNDS=40 [ARRIVE=5
 	$(BIN)/flexfl live --devices $(DEVICES) --dataset $(DATASET) --rounds $(ROUNDS) $(LIVE_EVENTS) --out out/live --fresh
 
 sim-run: setup ## one simulation: Schemes A/B/C on SYNTHETIC(1,1), 50 devices, 8 paper traces, 200 rounds -> out/sim
-	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim
+	$(BIN)/flexfl sim run --dataset synthetic --non-iid --devices 50 --num-traces 8 --rounds 200 --out out/sim --fresh
 
 sim: paper-table3-synthetic ## the paper's scheme comparison (Table 3) on SYNTHETIC under every reading (~15 min on 2 cores, results/table3_timing.json) -> results/table3.md
 

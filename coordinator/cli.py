@@ -13,7 +13,7 @@ from coordinator.choices import DeparturePolicy, Scheme
 from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
 from trace_recorder.sampler import Sampling, SRule
-from workloads.defaults import DEFAULTS
+from workloads.defaults import DEFAULTS, default_eta0
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     from coordinator.strategies import strategy_names
     from flexfl.plugins import STRATEGY, PluginChoices
 
-    eta0 = {str(ds): d.eta0 for ds, d in DEFAULTS.items()} | dict(eta0_defaults or {})
+    eta0 = {str(ds): default_eta0(ds, "step") for ds in DEFAULTS} | dict(eta0_defaults or {})
+    in_epochs = ", ".join(f"{ds} {default_eta0(ds, 'epoch'):g}" for ds in DEFAULTS)
     g = p.add_argument_group("rules ([rules] table)")
     if scheme:
         agg = g.add_mutually_exclusive_group()
@@ -41,11 +42,12 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
         agg.add_argument("--scheme", dest=dest("scheme"), choices=enum_choices(Scheme),
                          help="aggregation scheme of the paper, the same as --strategy scheme-a|b|c (default C)")
     g.add_argument("--mu", dest=dest("mu"), type=float,
-                   help="--strategy fedprox: mu of the proximal term mu/2 ||w - w_G||^2 (required there)")
+                   help=f"{'--strategy' if scheme else '--scheme'} fedprox: mu of the proximal term "
+                        "mu/2 ||w - w_G||^2 (required there)")
     g.add_argument("--E", dest=dest("required_updates"), type=int, help="required local updates per round (default 20)")
     per_dataset = ", ".join(f"{dataset} {value:g}" for dataset, value in eta0.items())
     g.add_argument("--eta0", dest=dest("eta0"), type=float,
-                   help=f"initial learning rate eta_0 (default: {per_dataset})")
+                   help=f"initial learning rate eta_0 (default with E in steps: {per_dataset}; in epochs: {in_epochs})")
     g.add_argument("--batch-size", dest=dest("batch_size"), type=int, help="minibatch size (default: the paper's)")
     g.add_argument("--unit", dest=dest("unit"), choices=enum_choices(Unit),
                    help="one local update = one SGD step (default) or one pass over the device's data")

@@ -20,6 +20,7 @@ from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms
 from trace_recorder.sampler import Sampling, SRule
+from workloads.defaults import default_eta0
 from workloads.federated import DEFAULTS
 from workloads.models import MODEL_NAMES, model_plugin
 from workloads.partition_spec import Dataset, is_builtin_dataset
@@ -205,7 +206,11 @@ class RulesConfig:
         return self.model is not None and self.model not in MODEL_NAMES
 
     def eta0_for(self, dataset: Dataset | str) -> float:
-        return self.eta0 if self.eta0 is not None else self._paper(dataset).eta0
+        """The given eta_0, else the default for the dataset and E's unit (workloads.defaults.default_eta0)."""
+        if self.eta0 is not None:
+            return self.eta0
+        self._paper(dataset)  # a plug-in dataset has no default: raises, naming what to give
+        return default_eta0(dataset, self.unit)
 
     def batch_size_for(self, dataset: Dataset | str) -> int:
         return self.batch_size if self.batch_size is not None else self._paper(dataset).batch_size

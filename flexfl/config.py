@@ -356,6 +356,15 @@ def write_config(path: Path, obj: Any, *, header: str = "", perms: int = 0o644) 
     return Path(path)
 
 
+def write_toml(path: Path, tables: Mapping[str, Any]) -> Path:
+    """Write plain tables (not a config dataclass, e.g. a protocol's choices) as TOML, atomically."""
+    import tomli_w
+
+    with atomic_file(Path(path)) as f:
+        f.write(tomli_w.dumps(dict(tables)))
+    return Path(path)
+
+
 # ---- command-line flags ----------------------------------------------------------------------
 
 FLAG_PREFIX = "cfg."

@@ -158,12 +158,16 @@ def cmd_live(args: argparse.Namespace) -> int:
     timeline = s.get("timeline") or {}
     cost, round_s = timeline.get("at_share_1"), timeline.get("round_s")
     if cost:
+        from simulator.timeline_source import TimelineRun, sim_run_argv, sim_run_hint
+
         # A timeline in seconds is read at each round's start: the simulator needs the live rounds' pace too.
-        pace = f" --round-s {round_s:.3g}" if round_s and timeline.get("unit") == "s" else ""
-        print(f"timeline: one local update took {cost['update_s']:.3g} s at cpu_share 1 (median of "
-              f"{cost['device_rounds']} device-rounds, train_s / s x cpu_share): `flexfl sim run --timeline "
-              f"{cfg.emulate.timeline} --deadline-s {cfg.deadline_s:g} --update-s {cost['update_s']:.3g}{pace}` "
-              "derives s from the same timeline")
+        pace = float(f"{round_s:.3g}") if round_s and timeline.get("unit") == "s" else None
+        run = TimelineRun(path=str(cfg.emulate.timeline), deadline_s=cfg.deadline_s,
+                          update_s=float(f"{cost['update_s']:.3g}"), round_s=pace)
+        argv = sim_run_argv(partition=cfg.partition, rules=cfg.rules, rounds=cfg.rounds, seed=cfg.seed, run=run,
+                            arrivals=[(cfg.devices - 1, cfg.arrival)] if cfg.arrival else [],
+                            departures=[(0, cfg.departure)] if cfg.departure else [])
+        print(sim_run_hint(argv, update_s=cost["update_s"], device_rounds=cost["device_rounds"]))
     from flexfl.report import report_line
 
     print(report_line(Path(cfg.out)))

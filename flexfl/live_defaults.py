@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from workloads.defaults import ETA0_IN_STEPS
 from workloads.partition_spec import Dataset
 
 # `flexfl live`'s own defaults for a dataset, below the config file and the flags (an explicit
@@ -14,7 +15,8 @@ from workloads.partition_spec import Dataset
 # because with one label per device (the paper's non-IID MNIST) 5 devices hold 4-5 labels
 # and no eta_0 trains in 30 rounds: simulated with this run's schedule, eta_0 = 0.002 / 0.03
 # / 0.1 / 0.3 end at 16 / 29 / 32 / 32 % non-IID, and 13 / 74 / 88 / 89 % IID.
-LIVE_DEFAULTS: dict[Dataset | str, dict] = {Dataset.MNIST: {"partition": {"iid": True}, "rules": {"eta0": 0.1}}}
+LIVE_DEFAULTS: dict[Dataset | str, dict] = {Dataset.MNIST: {"partition": {"iid": True},
+                                                            "rules": {"eta0": ETA0_IN_STEPS[Dataset.MNIST]}}}
 
 # `flexfl live --emulate`'s own defaults, below the config file and the flags (like
 # LIVE_DEFAULTS, which they join). Deadline mode: agents follow no participation trace and

@@ -171,7 +171,7 @@ class CacheTrainer:
 def sparse_inputs(x: np.ndarray) -> bool:
     """Whether at most SPARSE_INPUTS of the features of x [N, in] (its first SPARSE_SAMPLE samples) are not zero."""
     head = x[:SPARSE_SAMPLE]
-    return bool(head.size) and np.count_nonzero(head) <= SPARSE_INPUTS * head.size
+    return bool(head.size) and bool(np.count_nonzero(head) <= SPARSE_INPUTS * head.size)
 
 
 EVAL_BLOCK = 20  # samples per block of the evaluation (h scratch: 20 x 784 floats for MNIST, in L1/L2)

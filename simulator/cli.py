@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,11 +15,12 @@ from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
-from simulator.paper import PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
+from simulator.paper import DEFAULT_PARTITION, PAPER_DEVICES, SETTINGS, SWEEP_DATASETS
 from simulator.trainer_kind import TrainerKind
 
 if TYPE_CHECKING:
     from simulator.timeline_source import TimelineRun
+    from workloads.partition_spec import PartitionSpec
 
 # Simulation modules (torch, the trainers) are imported by the handlers, so that building
 # the `flexfl` parser stays light for the edge agent.
@@ -28,13 +29,20 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from coordinator.strategies import strategy_names
-
     sim = sub.add_parser("sim", help="simulate federated training over participation traces")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    _register_run(sim_sub)
+    _register_schemes(sim_sub)
+    _register_tables(sim_sub)
+    _register_protocols(sim_sub)
+    _register_figure(sim_sub)
+
+
+def _register_run(sim_sub: argparse._SubParsersAction) -> None:
+    from coordinator.strategies import strategy_names
 
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
-    _add_config_flags(run)
+    _add_config_flags(run, partition=DEFAULT_PARTITION)
     run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
                      help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
                           "MODULE:CLASS) to run, repeatable (default: A, B and C); each run's strategy, whatever "
@@ -42,10 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
     run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
+    run.add_argument("--fresh", action="store_true",
+                     help="if --out holds an earlier run, move it aside to <out>.previous-<time> (nothing is deleted) "
+                          "and start a new one; without it such a folder is refused")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")
     _add_timeline_flags(run)
     run.set_defaults(func=cmd_run)
 
+
+def _register_schemes(sim_sub: argparse._SubParsersAction) -> None:
     cmp_ = sim_sub.add_parser("schemes", help="the paper's Table 3: Schemes A/B/C over |T| = 1..8, IID and non-IID")
     _add_config_flags(cmp_)
     cmp_.add_argument("--settings", default="iid,niid", help="comma-separated: iid, niid (default both)")
@@ -63,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(cmp_, "schemes_<dataset>_final.csv")
     cmp_.set_defaults(func=cmd_schemes)
 
+
+def _register_tables(sim_sub: argparse._SubParsersAction) -> None:
+    """The paper's Tables 3, 4 and 5."""
     t3 = sim_sub.add_parser("table3", help="Table 3 under several readings of the paper's setup (sensitivity study)")
     t3.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="synthetic")
     t3.add_argument("--readings", default="all", help="comma-separated readings, or all (see results/table3.md)")
@@ -85,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(t5, "table5_runs.csv")
     t5.set_defaults(func=cmd_table5)
 
+
+def _register_protocols(sim_sub: argparse._SubParsersAction) -> None:
+    """The operating-point protocol and the strategies page."""
     op = sim_sub.add_parser("operating-point",
                             help="the operating-point protocol: eta_0 for a dataset and E's unit, "
                                  "chosen on full-participation FedAvg (simulator/operating_point.py)")
@@ -117,6 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_replace_page_flag(strat, "strategies_runs.csv")
     strat.set_defaults(func=cmd_strategies)
 
+
+def _register_figure(sim_sub: argparse._SubParsersAction) -> None:
     fig = sim_sub.add_parser("arrivals-figure", help="the multi-arrival figure: 7 devices, then 3 arrivals")
     _add_sweep_flags(fig, seeds="0-4")
     fig.add_argument("--dataset", choices=enum_choices(SWEEP_DATASETS), default="mnist",
@@ -155,7 +176,8 @@ def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
         raise ConfigError("--timeline needs --deadline-s SECONDS (the round deadline its devices race)")
     from simulator.timeline_source import TimelineRun
 
-    return TimelineRun(path=str(args.timeline), **flags)
+    return TimelineRun(path=str(args.timeline), deadline_s=flags["deadline_s"], update_s=flags["update_s"],
+                       sample_s=flags["sample_s"], round_s=flags["round_s"])
 
 
 def _add_replace_page_flag(p: argparse.ArgumentParser, runs_csv: str) -> None:
@@ -190,12 +212,12 @@ def _add_sweep_flags(p: argparse.ArgumentParser, *, seeds: str) -> None:
     p.add_argument("--report-only", action="store_true", help="write the page from finished runs; compute nothing")
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, *, partition: PartitionSpec | None = None) -> None:
     from coordinator.cli import add_rules_flags
     from workloads.cli import add_partition_flags
 
     p.add_argument("--config", type=Path, help="TOML file with SimConfig tables (flags override it)")
-    add_partition_flags(p)
+    add_partition_flags(p, defaults=partition)
     add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
     p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
     p.add_argument("--seed", dest=flag_dest("seed"), type=int,
@@ -285,19 +307,10 @@ def _schemes(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
-    from coordinator.metrics import write_run_info
     from coordinator.strategies import Scheme, get_strategy
-    from flexfl.config import flag_dest, to_dict, write_config
-    from simulator.engine import device_id, load_data, records_as_rows, run_simulation
-    from simulator.report import plot_accuracy_curves, write_csv_atomic, write_jsonl_atomic
-    from trace_recorder.format import read_trace_set
+    from flexfl.config import flag_dest
+    from simulator.sim_run import SimRunPlan, simulate
 
-    # One compute thread: torch's default two collapse when another job holds a core
-    # (python -m benchmarks.threads); sweeps run one such process per core instead.
-    torch.set_num_threads(1)
     # --mu is FedProx's: set aside so that the base rules load whatever their strategy, and given to
     # the fedprox run (with_strategy leaves it out of the others).
     mu_flag = flag_dest("rules", "mu")
@@ -309,71 +322,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # unknown name or a missing mu refused) before any run.
     # A plug-in is named by its import path and labelled by its own label (its folder's name).
     chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s) for s in _schemes(args)]
-    schemes = [s.label for s in chosen]
     configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
                for s in chosen}
-    timeline = _timeline_run(args)
-    started = time.perf_counter()
-    data = load_data(cfg)
-    if timeline is None:
-        traces, participation = read_trace_set(Path(cfg.traces.set)), None
-        source = f"|T|={cfg.traces.num_traces} of {traces.path}"
-    else:
-        from simulator.timeline_source import timeline_participation
+    simulate(SimRunPlan(base=cfg, configs=configs, out=args.out, timeline=_timeline_run(args),
+                        progress_every=args.progress_every, fresh=args.fresh))
+    from flexfl.report import report_line  # the report sits above the simulator (it reads runs of both engines)
 
-        traces, participation = None, timeline_participation(cfg, timeline, sample_counts=data.sample_counts)
-        source = f"timeline {timeline.path} (deadline {timeline.deadline_s:g} s)"
-        if participation.rounds_covered() < cfg.rounds:
-            log.warning("the timeline covers rounds 1..%d of %d; after it every device is offline (s = 0)",
-                        participation.rounds_covered(), cfg.rounds)
-    every = args.progress_every or max(1, cfg.rounds // 10)
-    rows, curves, finals, updates, sim_s = [], {}, {}, 0, 0.0
-    out: Path = args.out
-    schedule = cfg.schedule
-    events = ", ".join([f"device {a.device} arrives in round {a.round}" for a in schedule.arrivals]
-                       + [f"device {d.device} departs after round {d.round} ({d.policy or cfg.rules.departure_policy})"
-                          for d in schedule.departures])
-    print(f"flexfl sim: {cfg.partition.describe()}, {source}, "
-          f"E={cfg.rules.required_updates}, {cfg.rounds} rounds, "
-          f"{', '.join(configs[s].rules.aggregation.description for s in schemes)}"
-          f"{'; ' + events if events else ''}", flush=True)
-    for scheme in schemes:
-        c = configs[scheme]
-        t0 = time.perf_counter()
-
-        def progress(r, title=c.rules.aggregation.title, t0=t0, c=c):
-            if r.round % every == 0 or r.round == c.rounds or r.events:
-                print(f"  {title} round {r.round}/{c.rounds}: test acc {100 * r.test_acc:.2f}% "
-                      f"loss {r.test_loss:.3f} lr {r.lr:.4g} active {r.active}/{r.members}"
-                      f"{'  ' + r.events if r.events else ''} ({time.perf_counter() - t0:.1f} s)", flush=True)
-
-        result = run_simulation(c, data=data, traces=traces, participation=participation, on_round=progress)
-        rows.extend(records_as_rows(result))
-        run_dir = out / scheme
-        write_jsonl_atomic(run_dir / "metrics.jsonl", result.rows)
-        write_config(run_dir / "sim.toml", c, header=f"flexfl sim run, scheme {scheme}")
-        write_run_info(run_dir, kind="sim", config=to_dict(c), deadline_s=timeline.deadline_s if timeline else None,
-                       required_updates=c.rules.required_updates,
-                       devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
-        curves[scheme] = np.array([r.test_acc for r in result.records])
-        finals[scheme] = result.final_accuracy
-        updates += result.device_updates
-        sim_s += result.wall_s
-    write_csv_atomic(out / "rounds.csv", rows)
-    panel = f"|T| = {cfg.traces.num_traces}" if timeline is None else "timeline"
-    plot_accuracy_curves(out / "accuracy.png", {panel: curves}, title=f"{cfg.partition.describe()}")
-    summary = {"config": to_dict(cfg), "final_acc": finals, "wall_s": time.perf_counter() - started,
-               "device_updates": updates, "device_updates_per_s": updates / sim_s if sim_s else None,
-               **({"timeline": asdict(timeline)} if timeline else {})}
-    with atomic_file(out / "summary.json") as f:
-        json.dump(summary, f, indent=1)
-    accs = ", ".join(f"{configs[k].rules.aggregation.title} {100 * v:.2f}%" for k, v in finals.items())
-    print(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {updates / sim_s:.0f} device-updates/s | "
-          f"results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
-    from flexfl.report import report_line
-
-    for scheme in schemes:
-        print(f"{configs[scheme].rules.aggregation.title} {report_line(out / scheme)}")
+    for label, c in configs.items():
+        print(f"{c.rules.aggregation.title} {report_line(args.out / label)}")
     return 0
 
 

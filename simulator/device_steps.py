@@ -5,7 +5,7 @@ round, the contributors of Federation.weigh (Scheme A: the devices with s = E; B
 every device with s > 0) train s x steps_per_update(n_k) SGD steps each. Who contributes
 depends on the s draws, the scheme and the objective's weights, never on the model's
 values (an auto departure's include-or-exclude, decided from the updates, changes p, not who
-is active), so `round_work` runs simulator.engine's own round (_Run.begin, then _Run.end with
+is active), so `round_work` runs simulator.engine's own round (RunState.begin, then RunState.end with
 zero deltas) on a one-image test set and a stand-in linear model: the draws, the weighing
 and the steps per update are the engine's, and a round of an MNIST Scheme B run (~98 zero
 deltas) takes 3.4 ms instead of 19 ms with the MLP's update sum and Gamma sketches (2-core
@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simulator.engine import SimConfig, TraceParticipation, _RoundWork, _Run
+from simulator.participation import TraceParticipation
+from simulator.run_state import RoundWork, RunState
+from simulator.sim_config import SimConfig
 from simulator.sweep import Group
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.datasets import ArrayDataset
@@ -44,7 +46,7 @@ class StepCount:
                          self.rounds + other.rounds)
 
 
-def round_work(cfg: SimConfig, *, data: FederatedData, traces: TraceSet | None = None) -> Iterator[_RoundWork]:
+def round_work(cfg: SimConfig, *, data: FederatedData, traces: TraceSet | None = None) -> Iterator[RoundWork]:
     """Each round's work of the run `cfg` in order (work.shards trains work.steps), nothing trained.
 
     The rounds close with zero updates, so the model never changes; the draws and who
@@ -53,7 +55,7 @@ def round_work(cfg: SimConfig, *, data: FederatedData, traces: TraceSet | None =
     traces = traces if traces is not None else read_trace_set(Path(cfg.traces.set))
     # One test image and no holdouts: the engine evaluates every round, the count needs none of it.
     light = replace(data, test=ArrayDataset(x=data.test.x[:1], y=data.test.y[:1]), device_test=None)
-    run = _Run(cfg, light, TraceParticipation(traces, cfg))
+    run = RunState(cfg, light, TraceParticipation(traces, cfg))
     run.model = LogisticRegression(data.in_features, data.num_classes)
     run.fed.params = {n: p.detach().clone() for n, p in run.model.named_parameters()}
     zeros = {n: torch.zeros((len(data.train), *p.shape)) for n, p in run.fed.params.items()}

@@ -112,7 +112,7 @@ class RayExecutor:
 
         started_here = not ray.is_initialized()
         if started_here and self.address in (None, "local"):
-            ray.init(address=self.address, **({"num_cpus": self.num_cpus} if self.num_cpus else {}))
+            ray.init(address=self.address, num_cpus=self.num_cpus or None)
         elif started_here:
             self._connect(ray)
         log.info("Ray: %s CPUs in the cluster", ray.cluster_resources().get("CPU", 0))
@@ -135,7 +135,7 @@ class RayExecutor:
         A refused or absent head makes Ray retry for ~20 s and print a warning per try from its
         C++ core (20 lines, then a traceback); they go to a file the error names instead. A host that
         does not answer at all would take Ray 20 tries of 40 s: a TCP connection is tried first."""
-        gcs = self.address.removeprefix("ray://")
+        gcs = (self.address or "").removeprefix("ray://")
         if ":" in gcs:  # not "auto"
             problem = tcp_problem(gcs, what="--ray-address")
             if problem:

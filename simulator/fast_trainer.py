@@ -146,6 +146,17 @@ class FastTrainer:
         idle = order_t[n_training:]  # rows with 0 steps: zero delta
         for d in deltas.values():
             d.index_fill_(0, idle, 0.0)
+        self._train_chunks(start, stacked, deltas, plan_t, order_t[:n_training], source_t[:n_training],
+                           s_sorted[:n_training], lr_sorted[:n_training], mu_sorted[:n_training], losses)
+        loss_sum = np.zeros(n_rows)
+        loss_sum[order[:n_training]] = losses.to(torch.float64).sum(dim=0).numpy()
+        return deltas, mean_losses(steps, loss_sum)
+
+    def _train_chunks(self, start: dict[str, torch.Tensor], stacked: dict[str, bool], deltas: dict[str, torch.Tensor],
+                      plan_t: torch.Tensor, rows_t: torch.Tensor, source_t: torch.Tensor, s_sorted: np.ndarray,
+                      lr_sorted: np.ndarray, mu_sorted: np.ndarray, losses: torch.Tensor) -> None:
+        """Train the training rows (sorted by steps, descending) chunk by chunk; their deltas go to `deltas`."""
+        n_training = len(rows_t)
         chunk = min(self.chunk_rows, n_training)
         # One chunk's weights at a time, trained in place while they sit in cache, then
         # turned into deltas; the buffers are reused by every step of every chunk.
@@ -153,7 +164,7 @@ class FastTrainer:
         buffers = self._dense_buffers(chunk) if self.kind != "cnn" else None
         for lo in range(0, n_training, max(chunk, 1)):
             hi = min(lo + chunk, n_training)
-            rows, sources = order_t[lo:hi], source_t[lo:hi]
+            rows, sources = rows_t[lo:hi], source_t[lo:hi]
             w = {n: work[n][: hi - lo] for n in work}
             for n, wn in w.items():
                 if stacked[n]:
@@ -168,15 +179,12 @@ class FastTrainer:
                 self._cnn_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi],
                                 mu_sorted[lo:hi], w0)
             else:
+                assert buffers is not None  # made above for every kind but the CNN
                 self._dense_steps(w, plan_t[:, lo:hi], s_sorted[lo:hi], lr_sorted[lo:hi], losses[:, lo:hi], buffers,
                                   mu_sorted[lo:hi], w0)
             for n, wn in w.items():
                 wn.sub_(start[n].index_select(0, sources) if stacked[n] else start[n])
                 deltas[n].index_copy_(0, rows, wn)
-
-        loss_sum = np.zeros(n_rows)
-        loss_sum[order[:n_training]] = losses.to(torch.float64).sum(dim=0).numpy()
-        return deltas, mean_losses(steps, loss_sum)
 
     def _dense_buffers(self, rows: int) -> dict[str, list[torch.Tensor]]:
         """Inputs, pre-activations and input gradients of every layer for `rows` rows."""

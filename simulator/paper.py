@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workloads.partition_spec import Dataset
+from workloads.partition_spec import Dataset, PartitionSpec
 
 # The datasets FlexFL's paper sweeps (Tables 3-5, Figure 6, the operating point) run on; the paper's
 # EMNIST rows need a local copy of EMNIST (no download), so no sweep offers them.
@@ -26,6 +26,9 @@ PAPER_TABLE3: dict[tuple[str, str], list[tuple[float, float]]] = {
 
 # Section 5.1: devices per dataset in the scheme comparison.
 PAPER_DEVICES = {"mnist": 100, "emnist": 62, "synthetic": 50}
+# What a simulation splits when its config names no partition (SimConfig; `flexfl sim run --help` states it):
+# SYNTHETIC(1,1) non-IID over the paper's 50 devices.
+DEFAULT_PARTITION = PartitionSpec(n_devices=PAPER_DEVICES["synthetic"])
 
 # Setting name -> [partition] fields (Section 5.1). Non-IID SYNTHETIC is (alpha, beta) = (1, 1)
 # unless --alpha/--beta say otherwise (workloads.partition_spec: the defaults for non-IID);

@@ -26,6 +26,7 @@ from edge_agent.units import Unit
 from flexfl.config import enum_choices
 from flexfl.errors import ConfigError
 from simulator.choices_file import read_choices
+from workloads.defaults import default_eta0
 from workloads.partition_spec import Dataset
 
 if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` builds this module's flags
@@ -33,8 +34,6 @@ if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` b
 
 OPERATING_POINT_FILE = Path(__file__).resolve().parent.parent / "results" / "operating_point.toml"
 SOURCES = ("default", "paper", "protocol")
-# The step reading's MNIST rate, fixed before the protocol (results/README.md, "Learning rate on MNIST").
-STEP_READING_MNIST_ETA0 = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,10 @@ class Regime:
         if self.eta0 == "paper":
             return DEFAULTS[dataset].eta0
         if self.eta0 == "default":
-            return STEP_READING_MNIST_ETA0 if dataset is Dataset.MNIST and self.unit is Unit.STEP else None
+            # None where the default is the paper's value: the configs of runs saved so far say so
+            # (an explicit number would make them new runs: simulator.sim_config.runs_alike).
+            value = default_eta0(dataset, self.unit)
+            return None if value == DEFAULTS[dataset].eta0 else value
         if self.eta0 == "protocol":
             return protocol_eta0(dataset, self.unit, table=self.table)
         return float(self.eta0)

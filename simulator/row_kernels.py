@@ -46,6 +46,7 @@ their meaning, so a diverging run shows nan as the torch trainers do.
 from __future__ import annotations
 
 import platform
+from typing import Any
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -65,9 +66,9 @@ def _wide_registers() -> bool:
 # Chosen once: numba compiles the kernels for the host CPU, and its cache keys them by CPU too.
 WIDE_REGISTERS = _wide_registers()
 
-_KERNEL = {"cache": True, "fastmath": {"reassoc", "contract"}, "boundscheck": False, "nogil": True}
+_KERNEL: dict[str, Any] = {"cache": True, "fastmath": {"reassoc", "contract"}, "boundscheck": False, "nogil": True}
 # Without reassociation, so that LLVM keeps the narrow update's FMA chains as written (contraction: FMA).
-_NARROW_UPDATE = _KERNEL | {"fastmath": {"contract"}}
+_NARROW_UPDATE: dict[str, Any] = _KERNEL | {"fastmath": {"contract"}}
 
 
 @njit(**_KERNEL)
@@ -396,7 +397,7 @@ def difference_transposed(wt: np.ndarray, wt0: np.ndarray, out: np.ndarray) -> N
     k_end, j_end = n_in - n_in % 8, n_out - n_out % 8
     for j0 in range(0, j_end, 8):
         for k0 in range(0, k_end, 8):
-            _difference_transposed_8x8(wt, wt0, out, k0, j0)
+            _difference_transposed_8x8(wt, wt0, out, k0, j0)  # type: ignore[call-arg]  # an intrinsic: numba passes its typing context
     for j in range(n_out):  # the columns and rows past the last whole block
         for k in range(k_end if j < j_end else 0, n_in):
             out[j, k] = wt[k, j] - wt0[k, j]
@@ -575,4 +576,4 @@ def evaluate_chain(x, y, scale, w, bias, h, chunk, first_transposed) -> tuple[in
             if (start + r + 1) % chunk == 0:
                 loss_sum += chunk_sum
                 chunk_sum = np.float32(0)
-    return correct, loss_sum + chunk_sum, inputs_used
+    return correct, loss_sum + chunk_sum, inputs_used  # type: ignore[return-value]  # numba boxes a float32 as a float

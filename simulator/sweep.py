@@ -287,6 +287,34 @@ def run_sweep(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict] = {}
+    tasks = _pending_tasks(groups, work_dir=work_dir, summaries=summaries)
+    executor = executor if executor is not None else LocalExecutor(jobs=1)
+    if getattr(executor, "shares_files", False):
+        # Long groups (MNIST with E in epochs: about an hour) survive an interruption mid-run.
+        tasks = [replace(t, checkpoint=str((work_dir / f".{t.runs[0].name}.partial.pt").resolve())) for t in tasks]
+    total, cached = len(runs), len(summaries)
+    to_compute = total - cached
+    report(f"sweep: {total} runs, {cached} already in {work_dir} (cached), {to_compute} to compute in "
+           f"{len(tasks)} groups on {executor.describe()}")
+    started = time.perf_counter()
+    failed: dict[str, str] = {}
+    results: Iterator[list[RunOutput]] = executor.run(tasks) if tasks else iter(())
+    computed = _take_outputs(results, work_dir=work_dir, summaries=summaries, failed=failed, report=report,
+                             total=total, cached=cached, started=started)
+    elapsed = time.perf_counter() - started
+    report(f"sweep: {total} runs in {_minutes(elapsed)}: {computed - len(failed)} computed, {cached} cached, "
+           f"{len(failed)} failed; results in {work_dir}")
+    if failed and failures == "return":
+        by_name = {r.name: r for r in runs}
+        summaries.update({n: {"name": n, **by_name[n].labels, "error": e, "cached": False} for n, e in failed.items()})
+    elif failed:
+        raise SweepError(f"{len(failed)} of {total} runs failed (the others are saved in {work_dir}): "
+                         + "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:5]))
+    return [summaries[n] for n in names]
+
+
+def _pending_tasks(groups: Sequence[Group], *, work_dir: Path, summaries: dict[str, dict]) -> list[GroupTask]:
+    """A task per group with runs not finished in `work_dir`; the finished runs' summaries go to `summaries`."""
     tasks = []
     trace_sets: dict[str, TraceSet] = {}
     for group in groups:
@@ -307,18 +335,14 @@ def run_sweep(
                 trace_sets[r.config.traces.set] = read_trace_set(Path(r.config.traces.set))
         tasks.append(GroupTask(runs=task_runs, wanted=frozenset(wanted),
                                trace_sets={r.config.traces.set: trace_sets[r.config.traces.set] for r in task_runs}))
-    executor = executor if executor is not None else LocalExecutor(jobs=1)
-    if getattr(executor, "shares_files", False):
-        # Long groups (MNIST with E in epochs: about an hour) survive an interruption mid-run.
-        tasks = [replace(t, checkpoint=str((work_dir / f".{t.runs[0].name}.partial.pt").resolve())) for t in tasks]
-    total, cached = len(runs), len(summaries)
-    to_compute = total - cached
-    report(f"sweep: {total} runs, {cached} already in {work_dir} (cached), {to_compute} to compute in "
-           f"{len(tasks)} groups on {executor.describe()}")
-    started = time.perf_counter()
-    computed = 0
-    failed: dict[str, str] = {}
-    results = executor.run(tasks) if tasks else (o for o in ())
+    return tasks
+
+
+def _take_outputs(results: Iterator[list[RunOutput]], *, work_dir: Path, summaries: dict[str, dict],
+                  failed: dict[str, str], report: Callable[[str], None], total: int, cached: int,
+                  started: float) -> int:
+    """Save and report each run as its group comes back (failures into `failed`); returns the runs computed."""
+    computed, to_compute = 0, total - cached
     try:
         for outputs in results:
             first = computed  # a group's runs finish together: the ETA counts them all at once
@@ -340,21 +364,14 @@ def run_sweep(
     except KeyboardInterrupt:
         # Ctrl-C (its workers ignore it: simulator.executors): stop them now, wherever it hit the driver,
         # and say in one line what is kept (flexfl.cli prints it, no traceback).
-        results.close()
-        saved = sum(not s["cached"] for s in summaries.values())
-        raise KeyboardInterrupt(f"the sweep in {work_dir}, after {saved} of its {to_compute} runs to compute; "
+        close = getattr(results, "close", None)  # a generator: its finally blocks stop the workers
+        if close is not None:
+            close()
+        kept = sum(not s["cached"] for s in summaries.values())
+        raise KeyboardInterrupt(f"the sweep in {work_dir}, after {kept} of its {to_compute} runs to compute; "
                                 "finished runs are saved there (long groups also keep a checkpoint): rerun the same "
                                 "command to resume") from None
-    elapsed = time.perf_counter() - started
-    report(f"sweep: {total} runs in {_minutes(elapsed)}: {computed - len(failed)} computed, {cached} cached, "
-           f"{len(failed)} failed; results in {work_dir}")
-    if failed and failures == "return":
-        by_name = {r.name: r for r in runs}
-        summaries.update({n: {"name": n, **by_name[n].labels, "error": e, "cached": False} for n, e in failed.items()})
-    elif failed:
-        raise SweepError(f"{len(failed)} of {total} runs failed (the others are saved in {work_dir}): "
-                         + "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:5]))
-    return [summaries[n] for n in names]
+    return computed
 
 
 def finished(groups: Iterable[Group], *, work_dir: Path) -> list[dict]:

@@ -6,7 +6,7 @@ round tau is what the agent's deadline rule completes under the conditions at th
 start (trace_recorder.deadline.updates_before_deadline): no randomness, so s is a pure
 function of (device, round) as with traces.
 
-- Devices: simulated device k is `dev-k` (simulator.engine.device_id, the ids `flexfl live`
+- Devices: simulated device k is `dev-k` (workloads.partition_spec.device_id, the ids `flexfl live`
   gives its agents and the importers give theirs) and follows that device's rows; devices of
   the timeline beyond the simulation's are not used.
 - Time: a `start_round` timeline is read at round id tau; a `start_s` one at
@@ -24,13 +24,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from coordinator.rules import RulesConfig
 from edge_agent.config import AgentConfig
 from edge_agent.units import Unit
+from flexfl.config import to_dict
 from flexfl.errors import ConfigError
-from simulator.engine import SimConfig, device_id
+from simulator.participation import RoundDraws
+from simulator.sim_config import SimConfig
 from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline
 from trace_recorder.timeline import Timeline, TimeUnit, describe_names, read_timeline
+from workloads.partition_spec import PartitionSpec, device_id
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,11 @@ class TimelineParticipation:
     def draw(self, shard: int, round_index: int) -> int:
         return self.outcome(shard, round_index).s
 
+    def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
+        """s and why (rows' "stop_reason", as a live run's rows record it) for devices `shards`."""
+        outcomes = [self.outcome(k, round_index) for k in shards]
+        return RoundDraws(s=[o.s for o in outcomes], why=[str(o.why) for o in outcomes])
+
     def rounds_covered(self) -> int:
         """Rounds that start before the timeline ends (after it, every device is offline)."""
         if self.timeline.unit is TimeUnit.ROUND:
@@ -126,3 +136,66 @@ def timeline_participation(cfg: SimConfig, run: TimelineRun, *, sample_counts: S
     """Read `run.path` and make the participation source for `cfg`."""
     return TimelineParticipation(read_timeline(Path(run.path)), cfg, run, sample_counts=sample_counts,
                                  model_bytes=model_bytes(cfg))
+
+
+def sim_run_argv(*, partition: PartitionSpec, rules: RulesConfig, rounds: int, seed: int, run: TimelineRun,
+                 arrivals: Sequence[tuple[int, int]] = (), departures: Sequence[tuple[int, int]] = ()) -> list[str]:
+    """`flexfl sim run` with the flags that make its config this one (e.g. a live run's) over `run`'s timeline.
+
+    Every [partition] and [rules] value that differs from sim run's default is given by the flag
+    that sets it (found on the flags' own parsers, so a new flag needs nothing here); `arrivals`
+    and `departures` are (device, round) pairs (--arrive / --depart); the strategy is --scheme.
+    """
+    base = SimConfig()
+    argv = ["flexfl", "sim", "run", "--timeline", run.path, "--deadline-s", f"{run.deadline_s:g}"]
+    for name in ("update_s", "sample_s", "round_s"):
+        value = getattr(run, name)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", f"{value:g}"]
+    argv += _flags_for({"partition": to_dict(partition), "rules": to_dict(rules)},
+                       {"partition": to_dict(base.partition), "rules": to_dict(base.rules)})
+    argv += ["--scheme", rules.aggregation.name]
+    if rules.aggregation.proximal_mu:
+        argv += ["--mu", f"{rules.aggregation.proximal_mu:g}"]
+    if rounds != base.rounds:
+        argv += ["--rounds", str(rounds)]
+    if seed != base.seed:
+        argv += ["--seed", str(seed)]
+    argv += [arg for k, r in arrivals for arg in ("--arrive", f"{k}@{r}")]
+    argv += [arg for k, r in departures for arg in ("--depart", f"{k}@{r}")]
+    return argv
+
+
+def _flags_for(values: dict[str, dict[str, Any]], defaults: dict[str, dict[str, Any]]) -> list[str]:
+    """The partition and rules flags (workloads.cli, coordinator.cli) that set `values` where not `defaults`."""
+    import argparse
+
+    from coordinator.cli import add_rules_flags
+    from flexfl.config import FLAG_PREFIX
+    from workloads.cli import add_partition_flags
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_partition_flags(parser)
+    add_rules_flags(parser, scheme=False)
+    out: list[str] = []
+    for action in parser._actions:
+        table, _, key = action.dest.removeprefix(FLAG_PREFIX).partition(".")
+        if not action.dest.startswith(FLAG_PREFIX) or key == "mu":  # mu goes with --scheme fedprox
+            continue
+        value = values.get(table, {}).get(key)
+        if value is None or value == defaults.get(table, {}).get(key):
+            continue
+        if action.nargs == 0:  # --iid / --non-iid, --fast-reboot / --no-fast-reboot: the one that sets value
+            if action.const == value:
+                out.append(action.option_strings[0])
+        else:
+            out += [action.option_strings[0], f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
+def sim_run_hint(command: Sequence[str], *, update_s: float, device_rounds: int) -> str:
+    """The line `flexfl live --emulate --timeline` prints after its run: the measured cost and the matching sim run."""
+    import shlex
+
+    return (f"timeline: one local update took {update_s:.3g} s at cpu_share 1 (median of {device_rounds} "
+            f"device-rounds, train_s / s x cpu_share): `{shlex.join(command)}` derives s from the same timeline")

@@ -6,29 +6,41 @@ import argparse
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from workloads.partition_spec import PartitionSpec
 
 log = logging.getLogger(__name__)
 
 
-def add_partition_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("partition",)) -> None:
-    """The flags that override a config's [partition] table (workloads.partition_spec.PartitionSpec)."""
+def add_partition_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("partition",),
+                        defaults: PartitionSpec | None = None) -> None:
+    """The flags that override a config's [partition] table (workloads.partition_spec.PartitionSpec).
+
+    `defaults`: the command's partition when neither its config nor a flag sets one, stated in the help."""
     from flexfl.config import enum_choices, flag_dest
     from workloads.partition_spec import Dataset, Sizes
+
+    def default(key: str) -> str:
+        return "" if defaults is None else f" (default {getattr(defaults, key)})"
 
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
     g = p.add_argument_group("data partition ([partition] table)")
-    g.add_argument("--dataset", dest=dest("dataset"), choices=enum_choices(Dataset))
+    g.add_argument("--dataset", dest=dest("dataset"), choices=enum_choices(Dataset),
+                   help=f"the dataset to split over the devices{default('dataset')}")
     iid = g.add_mutually_exclusive_group()
     iid.add_argument("--iid", dest=dest("iid"), action="store_true", default=None, help="IID data")
     iid.add_argument("--non-iid", dest=dest("iid"), action="store_false",
                      help="non-IID: one label per device (MNIST/EMNIST), the alpha/beta formula (SYNTHETIC)")
     g.add_argument("--alpha", dest=dest("alpha"), type=float, help="SYNTHETIC alpha (non-IID default 1)")
     g.add_argument("--beta", dest=dest("beta"), type=float, help="SYNTHETIC beta (non-IID default 1)")
-    g.add_argument("--devices", dest=dest("n_devices"), type=int, metavar="N", help="number of devices (shards)")
+    g.add_argument("--devices", dest=dest("n_devices"), type=int, metavar="N",
+                   help=f"number of devices (shards){default('n_devices')}")
     g.add_argument("--total-samples", dest=dest("total_samples"), type=int, help="samples spread over devices")
     g.add_argument("--sizes", dest=dest("sizes"), choices=enum_choices(Sizes),
                    help="samples per device: a reading of the paper's Type-I Pareto(0.5), or equal "

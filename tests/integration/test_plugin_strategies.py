@@ -74,10 +74,10 @@ def test_a_plug_in_strategy_with_its_own_memory_runs_live_as_in_simulation(live_
     name = plugin_module(STALE)
     cfg, fleet, sim = _live_and_simulated(live_config, fleet_factory, strategy=f"{name}:StaleAverage")
     rows = read_metrics(fleet.coordinator.out_dir / "metrics.jsonl")
-    assert [[r["s"][f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
+    assert [[r.s[f"dev-{i}"] for i in range(4)] for r in rows] == FORCED
     # Its memory, not Federation's: who it remembered after each round, the same on both sides
-    assert [r["remembered"] for r in rows] == [r["remembered"] for r in sim.rows] == \
-        [["dev-0", "dev-1", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"], ["dev-0", "dev-1", "dev-2", "dev-3"]]
+    assert [r.remembered for r in rows] == [r.remembered for r in sim.records] == \
+        [("dev-0", "dev-1", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3")]
     live = fleet.coordinator.engine.params
     for tensor_name, value in sim.final_params.items():
         # Agents train per device, the simulator all devices at once: float32 rounding apart.

@@ -12,7 +12,7 @@ def test_a_missing_file_has_no_choices_and_a_corrupt_one_is_named(tmp_path) -> N
     assert read_choices(tmp_path / "none.toml") == {}
     bad = tmp_path / "bad.toml"
     bad.write_text("[mnist\neta0 = ")
-    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
         read_choices(bad)
 
 

@@ -126,5 +126,5 @@ def test_a_page_without_a_plan_and_a_bad_mu_file_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"needs mu, a number > 0"):
         chosen_mu(tmp_path, "synthetic", REGIME)
     (tmp_path / "strategies_mu.toml").write_text("[oops\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match="invalid TOML"):
         chosen_mu(tmp_path, "synthetic", REGIME)
