@@ -31,7 +31,7 @@ MAX_CHUNK_BYTES = 1 << 20  # gRPC's default message cap is 4 MiB; 1 MiB chunks s
 # (protocol 3, fleet.proto) they are 0.93x the one-message SHA-256 rounds at 1,000 agents.
 UPLOAD_CHUNK_BYTES = 256 << 10
 
-_DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT64: np.dtype("<f8"), pb.INT64: np.dtype("<i8")}
+_DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT64: np.dtype("<f8"), pb.INT64: np.dtype("<i8")}
 _CODES = {np.dtype(np.float32): pb.FLOAT32, np.dtype(np.float64): pb.FLOAT64, np.dtype(np.int64): pb.INT64}
 
 

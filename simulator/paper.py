@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from workloads.partition_spec import Dataset, PartitionSpec
 
 # The datasets FlexFL's paper sweeps (Tables 3-5, Figure 6, the operating point) run on; the paper's
@@ -33,7 +35,7 @@ DEFAULT_PARTITION = PartitionSpec(n_devices=PAPER_DEVICES["synthetic"])
 # Setting name -> [partition] fields (Section 5.1). Non-IID SYNTHETIC is (alpha, beta) = (1, 1)
 # unless --alpha/--beta say otherwise (workloads.partition_spec: the defaults for non-IID);
 # IID SYNTHETIC is the shared-model variant, alpha = beta = 0.
-SETTINGS = {
+SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "synthetic": {"iid": {"iid": True}, "niid": {"iid": False}},
     "mnist": {"iid": {"iid": True}, "niid": {"iid": False}},
     "emnist": {"iid": {"iid": True}, "niid": {"iid": False}},

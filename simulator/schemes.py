@@ -103,7 +103,7 @@ def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_di
     final_csv = f"schemes_{dataset}_final.csv"
     out_dir = page_dir(out_dir, final_csv, final_rows, RUN_KEY, replace=replace_page)
     paths: dict[str, Path | str] = {"dir": out_dir, "final_csv": out_dir / final_csv}
-    write_csv_atomic(paths["final_csv"], final_rows)
+    write_csv_atomic(out_dir / final_csv, final_rows)
     curves: dict[str, dict[str, dict[str, list]]] = {st: {} for st in settings}
     for r in final_rows:
         name = _run_name(r["setting"], r["num_traces"], r["seed"], r["scheme"])
