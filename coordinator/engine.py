@@ -36,7 +36,12 @@ from coordinator.membership import Membership
 from coordinator.objective import Objective
 from coordinator.open_round import OpenRound, check_open, check_report
 from coordinator.parking import ParkedPulls
-from coordinator.records import (
+from coordinator.registry import Registry
+from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
+from coordinator.round import Federation
+from coordinator.round_record import rules_record
+from flexfl.errors import PluginError, UpdateRejected
+from flexfl.exchange import (
     Accepted,
     Delta,
     FleetState,
@@ -48,11 +53,6 @@ from coordinator.records import (
     RoundTerms,
     UpdateReport,
 )
-from coordinator.registry import Registry
-from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
-from coordinator.round import Federation
-from coordinator.round_record import rules_record
-from flexfl.errors import PluginError, UpdateRejected
 from workloads.federated import EvaluationData, FederatedData, initial_model, model_spec
 
 log = logging.getLogger(__name__)

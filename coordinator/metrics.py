@@ -11,27 +11,15 @@ naming the file and line.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.round_record import RoundRecord
+from coordinator.round_record import RoundRecord, clean_json
 from flexfl.files import atomic_file
 
 if TYPE_CHECKING:
     from coordinator.round import RoundOpening, RoundOutcome
-
-
-def clean_json(value: Any) -> Any:
-    # JSON has no NaN/Inf; write null so every line parses with strict readers.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): clean_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean_json(v) for v in value]
-    return value
 
 
 def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> dict[str, Any]:

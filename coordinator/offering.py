@@ -20,8 +20,8 @@ from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 
 from coordinator.engine import RoundEngine
-from coordinator.records import OfferStatus, RoundOffer, RoundTerms
 from coordinator.turns import Turn
+from flexfl.exchange import OfferStatus, RoundOffer, RoundTerms
 
 # At most this many streams are sent a round's model at once; the others wait their turn. With all of
 # a thousand offers in flight together the coordinator's RSS rose by ~1.5 MB per stream while they

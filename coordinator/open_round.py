@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from coordinator.records import Delta, UpdateReport
 from coordinator.round import RoundOpening, RoundSum
 from edge_agent.deadline import StopReason
 from flexfl.errors import UpdateRejected, WrongRoundState
+from flexfl.exchange import Delta, UpdateReport
 
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
 

@@ -146,14 +146,14 @@ class RoundRecord:
             value = getattr(self, f.name)
             if f.name == "live":
                 if value is not None:
-                    out.update({lf.name: _plain(getattr(value, lf.name)) for lf in fields(LiveRound)})
+                    out.update({lf.name: clean_json(getattr(value, lf.name)) for lf in fields(LiveRound)})
             elif f.name == "rule_changes":
                 if value:
-                    out[f.name] = {k: [_plain(old), _plain(new)] for k, (old, new) in value.items()}
+                    out[f.name] = {k: [clean_json(old), clean_json(new)] for k, (old, new) in value.items()}
             elif value is None or (f.name == "remembered" and not value):
                 continue  # rows stay as they were where a part does not apply
             else:
-                out[f.name] = _plain(value)
+                out[f.name] = clean_json(value)
         return out
 
     @classmethod
@@ -312,12 +312,13 @@ def _map(kind: Callable[[Any], T]) -> Callable[[Any], dict[str, T]]:
     return read
 
 
-def _plain(value: Any) -> Any:
-    """JSON values: tuples and mappings as lists and objects, non-finite floats as null."""
+def clean_json(value: Any) -> Any:
+    """JSON values: tuples and mappings as lists and objects, non-finite floats as null (JSON has no
+    NaN/Inf: every line then parses with strict readers). Every metrics and run file is written through it."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [clean_json(v) for v in value]
     return value

@@ -1,6 +1,6 @@
 """The gRPC servicer: the wire format in and out, and the work handed to the round engine.
 
-Each request's protobuf message becomes a domain record (coordinator/records.py) and each
+Each request's protobuf message becomes a domain record (flexfl/exchange.py, shared with the agent) and each
 answer a message again: the engine never sees protobuf. Calls are authenticated first
 (coordinator/callers.py); domain errors end a call with the status code and reason of the
 one table in coordinator/status.py.
@@ -33,10 +33,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from coordinator.listen import bind
 from coordinator.offering import Offers
-from coordinator.records import Join
 from coordinator.status import mapped
 from coordinator.uploading import Uploads, kind
 from flexfl.errors import ProtocolMismatch, UpdateRejected
+from flexfl.exchange import Join
 
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.

@@ -22,11 +22,11 @@ from flexfl.proto import tensors as wire
 
 from coordinator.callers import same_device
 from coordinator.engine import RoundEngine
-from coordinator.records import UpdateReport
 from coordinator.turns import Turn
 from edge_agent.deadline import AGENT_REASONS, StopReason
 from edge_agent.memory import release_freed
 from flexfl.errors import IdentityMismatch, UpdateRejected, WrongRoundState
+from flexfl.exchange import UpdateReport
 
 log = logging.getLogger(__name__)
 

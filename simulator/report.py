@@ -58,7 +58,7 @@ def write_jsonl_atomic(path: Path, rows: Sequence[dict]) -> None:
     """One JSON object per line (the coordinator's metrics.jsonl format), written atomically."""
     import json
 
-    from coordinator.metrics import clean_json
+    from coordinator.round_record import clean_json
 
     with atomic_file(path) as f:
         for row in rows:

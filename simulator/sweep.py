@@ -165,7 +165,7 @@ def saved_summary(work_dir: Path, run: Run) -> dict | None:
 
 def write_run(work_dir: Path, out: RunOutput) -> None:
     """The run's per-round CSV and metrics, then its summary JSON (the finished mark), each atomically."""
-    from coordinator.metrics import clean_json
+    from coordinator.round_record import clean_json
     from simulator.report import write_csv_atomic
 
     write_csv_atomic(work_dir / f"{out.name}.csv", out.rounds_csv)

@@ -100,7 +100,7 @@ def test_resume_reports_rounds_that_have_no_row(live_config, caplog):
 def test_joins_and_leaves_while_a_resumed_coordinator_waits_for_its_fleet(live_config):
     """Found by the soak: before its first resumed round, a new device's join was refused (INVALID_ARGUMENT)."""
     from coordinator.config import with_changes
-    from coordinator.records import Join
+    from flexfl.exchange import Join
 
     cfg = live_config(rounds=2, n_devices=4, min_devices=3, deadline_s=5.0)
     _train(cfg)

@@ -14,9 +14,9 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.objective import Objective
-from coordinator.records import Join, OfferStatus, RoundOffer, UpdateReport
 from coordinator.rules import RulesConfig
 from edge_agent.deadline import StopReason
+from flexfl.exchange import Join, OfferStatus, RoundOffer, UpdateReport
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 

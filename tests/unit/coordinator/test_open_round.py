@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from coordinator.open_round import OpenRound, check_open, check_report, with_grace
-from coordinator.records import UpdateReport
 from coordinator.round import Arrival, Federation
 from coordinator.rules import RulesConfig
 from edge_agent.deadline import StopReason
 from flexfl.errors import UpdateRejected, WrongRoundState
+from flexfl.exchange import UpdateReport
 
 OPENED, DEADLINE = 100.0, 10.0
 
