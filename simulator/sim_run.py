@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from simulator.sim_rows import RoundRecord, SimResult
     from simulator.timeline_source import TimelineRun
     from trace_recorder.format import TraceSet
+    from workloads.federated import FederatedData
 
 log = logging.getLogger(__name__)
 Emit = Callable[[str], None]
@@ -56,12 +57,13 @@ def simulate(plan: SimRunPlan, *, emit: Emit = _print) -> dict[str, Any]:
     torch.set_num_threads(1)
     for warning in dict.fromkeys(_eta0_warnings(plan)):
         log.warning("%s", warning)
+    inputs = _inputs(plan)  # what can fail (the data, the traces, a plug-in model) fails before the folder is claimed
     folder = claim_run_folder(plan.out, what="flexfl sim run", holds_run=entries_besides_lock, fresh=plan.fresh,
                               resumable=False)
     try:
         if folder.moved_aside is not None:
             emit(f"the earlier run in {plan.out} was moved to {folder.moved_aside}")
-        return _simulate(plan, emit)
+        return _simulate(plan, inputs, emit)
     finally:
         folder.release()
 
@@ -79,15 +81,33 @@ def _eta0_warnings(plan: SimRunPlan) -> list[str]:
     return [w for w in found if w is not None]
 
 
-def _simulate(plan: SimRunPlan, emit: Emit) -> dict[str, Any]:
-    from simulator.engine import load_data, records_as_rows, run_simulation
+@dataclass(frozen=True)
+class _Inputs:
+    data: FederatedData
+    traces: TraceSet | None
+    participation: Participation | None
+    source: str  # where s comes from, for the banner
+
+
+def _inputs(plan: SimRunPlan) -> _Inputs:
+    """The run's data and s source, each config's model built once (a plug-in's probe runs here)."""
+    from simulator.engine import load_data
+    from workloads.federated import initial_model, model_spec
+
+    data = load_data(plan.base)
+    traces, participation, source = _participation(plan, data.sample_counts)
+    for c in plan.configs.values():
+        initial_model(model_spec(c.partition.dataset, model=c.rules.model), seed=c.seed)
+    return _Inputs(data=data, traces=traces, participation=participation, source=source)
+
+
+def _simulate(plan: SimRunPlan, inputs: _Inputs, emit: Emit) -> dict[str, Any]:
+    from simulator.engine import records_as_rows, run_simulation
     from simulator.report import write_csv_atomic
 
     started = time.perf_counter()
-    cfg = plan.base
-    data = load_data(cfg)
-    traces, participation, source = _participation(plan, data.sample_counts)
-    emit(_banner(plan, source))
+    data, traces, participation = inputs.data, inputs.traces, inputs.participation
+    emit(_banner(plan, inputs.source))
     rows: list[dict] = []
     results: dict[str, SimResult] = {}
     for label, c in plan.configs.items():
