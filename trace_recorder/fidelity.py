@@ -244,32 +244,8 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
             apply_loads(profile, backend)
             print(f"live: {N} rounds of FL, deadline {deadline_s:g} s, E = {E}, {profile.rules.aggregation.label}",
                   flush=True)
-            tail, shown, last_sample = MetricsTail(work.live / "coordinator" / "metrics.jsonl"), 0, time.monotonic()
-            t0 = time.monotonic()
-
-            def progress() -> int:
-                rows = tail.rows()
-                for r in rows[shown:]:
-                    eta = (time.monotonic() - t0) / r.round * (N - r.round)
-                    print(f"live round {r.round:>4}/{N} (ETA {eta:.0f} s): acc {100 * r.test_acc:.1f}%  "
-                          + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / E:.2f}" for d in backend.devices),
-                          flush=True)
-                return len(rows)
-
-            def sample() -> None:
-                for trace, pct in sample_cpu(backend)[0].items():
-                    cpu.setdefault(trace, []).append(pct)
-                load.append(_loadavg())
-
-            while harness.running("coordinator"):
-                backend.check(harness)
-                shown = progress()
-                if time.monotonic() - last_sample > 10:  # the daemons measure over their last window
-                    sample()
-                    last_sample = time.monotonic()
-                time.sleep(0.2)
-            shown = progress()
-            sample()  # the competitors still run (cleared below): their last window is the run's end
+            _watch_live(harness, backend, metrics=work.live / "coordinator" / "metrics.jsonl", rounds=N,
+                        required_updates=E, cpu=cpu, load=load)
             coordinator.check()  # it ended by itself: with code 0 after N rounds, or the error is raised here
         finally:
             coordinator.stop()
@@ -278,6 +254,46 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
         if harness is not None:
             harness.close()
         backend.close()  # agents, daemons, stress-ng, namespaces, links, cgroups
+    _finish_live(work, backend, rounds=N, started=started, load=load, cpu=cpu)
+
+
+def _watch_live(harness: Harness, backend: EmulatedBackend, *, metrics: Path, rounds: int, required_updates: int,
+                cpu: dict[str, list[float]], load: list[float]) -> None:
+    """Print each live round as it lands and sample the devices' CPU and the load into `cpu` and `load`
+    until the coordinator ends."""
+    N, E = rounds, required_updates
+    tail, shown, last_sample = MetricsTail(metrics), 0, time.monotonic()
+    t0 = time.monotonic()
+
+    def progress() -> int:
+        rows = tail.rows()
+        for r in rows[shown:]:
+            eta = (time.monotonic() - t0) / r.round * (N - r.round)
+            print(f"live round {r.round:>4}/{N} (ETA {eta:.0f} s): acc {100 * r.test_acc:.1f}%  "
+                  + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / E:.2f}" for d in backend.devices),
+                  flush=True)
+        return len(rows)
+
+    def sample() -> None:
+        for trace, pct in sample_cpu(backend)[0].items():
+            cpu.setdefault(trace, []).append(pct)
+        load.append(_loadavg())
+
+    while harness.running("coordinator"):
+        backend.check(harness)
+        shown = progress()
+        if time.monotonic() - last_sample > 10:  # the daemons measure over their last window
+            sample()
+            last_sample = time.monotonic()
+        time.sleep(0.2)
+    shown = progress()
+    sample()  # the competitors still run (cleared by the caller): their last window is the run's end
+
+
+def _finish_live(work: WorkFolder, backend: EmulatedBackend, *, rounds: int, started: float, load: list[float],
+                 cpu: dict[str, list[float]]) -> None:
+    """Check that the live run did all its rounds; record the phase as finished with what it measured."""
+    N = rounds
     rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")
     if len(rows) < N:
         raise ConfigError(f"the live run completed {len(rows)} of {N} rounds; see {work.live}")
