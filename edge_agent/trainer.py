@@ -107,13 +107,7 @@ def train_local(
     mu (w - w_G), taken at the weights before the step (the reported loss stays the
     minibatch cross-entropy), as simulator.fast_trainer and simulator.cache_trainer do.
     """
-    unit = _unit(unit)
-    if updates < 0:
-        raise ConfigError(f"updates must be >= 0, got {updates}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"learning rate must be a positive number, got {lr!r}")
-    if not (math.isfinite(mu) and mu >= 0):
-        raise ConfigError(f"mu (FedProx's proximal weight) must be a number >= 0, got {mu!r}")
+    unit = _checked(unit, updates=updates, lr=lr, mu=mu)
     start = time.perf_counter()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     x_all = torch.from_numpy(data.x)
@@ -128,18 +122,7 @@ def train_local(
         for _ in range(per_update):
             idx = next(stream)
             index = torch.from_numpy(idx)
-            loss = loss_fn(model(scaled(x_all[index])), y_all[index])
-            model.zero_grad(set_to_none=True)
-            loss.backward()
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    grad = p.grad
-                    if grad is None:  # a parameter the loss does not reach: its gradient is 0, and so is w - w_G
-                        continue
-                    if mu > 0:  # FedProx: the gradient of mu/2 ||w - w_G||^2, before this step's update
-                        grad.add_(p - initial[name], alpha=mu)
-                    p.sub_(grad, alpha=lr)
-            loss_sum += float(loss.detach())
+            loss_sum += _sgd_step(model, loss_fn, x_all[index], y_all[index], lr=lr, mu=mu, initial=initial)
             steps += 1
             samples += len(idx)
         done += 1
@@ -152,6 +135,36 @@ def train_local(
         mean_loss=loss_sum / steps if steps else float("nan"),
         train_s=time.perf_counter() - start,
     )
+
+
+def _checked(unit: Unit | str, *, updates: int, lr: float, mu: float) -> Unit:
+    """The unit, once train_local's arguments are known to be usable."""
+    unit = _unit(unit)
+    if updates < 0:
+        raise ConfigError(f"updates must be >= 0, got {updates}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"learning rate must be a positive number, got {lr!r}")
+    if not (math.isfinite(mu) and mu >= 0):
+        raise ConfigError(f"mu (FedProx's proximal weight) must be a number >= 0, got {mu!r}")
+    return unit
+
+
+def _sgd_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, mu: float,
+              initial: dict[str, torch.Tensor]) -> float:
+    """One minibatch SGD step on `model` in place, with FedProx's proximal gradient when mu > 0; returns the
+    minibatch loss before the step."""
+    loss = loss_fn(model(scaled(x)), y)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            grad = p.grad
+            if grad is None:  # a parameter the loss does not reach: its gradient is 0, and so is w - w_G
+                continue
+            if mu > 0:  # FedProx: the gradient of mu/2 ||w - w_G||^2, before this step's update
+                grad.add_(p - initial[name], alpha=mu)
+            p.sub_(grad, alpha=lr)
+    return float(loss.detach())
 
 
 def device_rng(seed: int, round_index: int, device_index: int) -> np.random.Generator:

@@ -279,7 +279,6 @@ class LiveRun:
                                   resumable=False)  # a live run starts over; its coordinator resumes, not flexfl live
         if folder.moved_aside is not None:
             print(f"--fresh: moved the earlier run in {self.out} to {folder.moved_aside}", flush=True)
-        metrics = self.out / "coordinator" / "metrics.jsonl"
         started = time.monotonic()
         harness = None
         try:
@@ -287,75 +286,105 @@ class LiveRun:
             address = f"{host}:{free_port(host)}"
             coord_path, agent_paths, token = write_configs(cfg, self.out, address)
             harness = Harness(self.out, fleet=self.fleet)
-            harness.start_coordinator(coord_path, address=address, token=token)
-            harness.wait_ready()
-            for i, path in enumerate(agent_paths):
-                if self.fleet is not None:
-                    self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
-                harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
-            # Without a timeline each device gets its quota once joined; with one, LiveTimeline holds back.
-            unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None and not self.playing else set()
-            printed, dead = 0, {}
-            tail = MetricsTail(metrics)  # each poll reads only the bytes written since the last one
-            while harness.running("coordinator"):
-                rows = tail.rows()
-                for row in rows[printed:]:
-                    print(round_line(row, cfg), flush=True)
-                printed = len(rows)
-                for name, code in harness.exits().items():
-                    if name != "coordinator" and code != 0:
-                        st = harness.status()
-                        if st is not None and not st.started:
-                            # Without it the coordinator would wait for run.min_devices forever.
-                            raise HarnessError(f"{harness.exited(name)} before training started; "
-                                               f"see {self.out / (name + '.log')}")
-                        # The coordinator copes (the device counts as silent); the run goes on.
-                        dead[name] = code
-                        print(f"{name} exited with code {code} after round {len(rows)}; the coordinator treats it "
-                              f"as silent from now on (see {self.out / (name + '.log')})", flush=True)
-                if unquoted:
-                    unquoted = self._quotas(harness, unquoted)
-                if self.playing is not None:
-                    self.playing.follow(harness.status())
-                time.sleep(0.1 if self.playing is None else POLL_S)
-            harness.check("coordinator")
+            self._start_processes(harness, coord_path, agent_paths, address=address, token=token)
+            rows, dead = self._supervise(harness)
+        finally:
+            self._stop(harness)
+            folder.release()
+        return self._finish(rows, dead_agents=dead, started=started)
+
+    def _start_processes(self, harness: Harness, coord_path: Path, agent_paths: list[Path], *,
+                         address: str, token: str) -> None:
+        """The coordinator, once it answers, then every agent (on its device when emulating)."""
+        harness.start_coordinator(coord_path, address=address, token=token)
+        harness.wait_ready()
+        for i, path in enumerate(agent_paths):
+            if self.fleet is not None:
+                self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
+            harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
+
+    def _supervise(self, harness: Harness) -> tuple[list[RoundRecord], dict[str, int]]:
+        """Print each round as it lands until the coordinator ends; returns the rows and the agents that died."""
+        cfg = self.cfg
+        # Without a timeline each device gets its quota once joined; with one, LiveTimeline holds back.
+        unquoted: set[int] = set(range(cfg.devices)) if self.fleet is not None and not self.playing else set()
+        printed = 0
+        dead: dict[str, int] = {}  # agent name -> its exit code
+        metrics = self.out / "coordinator" / "metrics.jsonl"
+        tail = MetricsTail(metrics)  # each poll reads only the bytes written since the last one
+        while harness.running("coordinator"):
             rows = tail.rows()
             for row in rows[printed:]:
                 print(round_line(row, cfg), flush=True)
-        finally:
+            printed = len(rows)
+            self._check_agents(harness, dead, rounds_done=len(rows))
+            if unquoted:
+                unquoted = self._quotas(harness, unquoted)
             if self.playing is not None:
-                self.playing.close()
-                self.playing = None
-            if harness is not None:
-                harness.close()
-            if self.fleet is not None:
-                self.fleet.down()  # also whatever the agents left in their devices
-                self.fleet = None
-            folder.release()
+                self.playing.follow(harness.status())
+            time.sleep(0.1 if self.playing is None else POLL_S)
+        harness.check("coordinator")
+        rows = tail.rows()
+        for row in rows[printed:]:
+            print(round_line(row, cfg), flush=True)
+        return rows, dead
+
+    def _check_agents(self, harness: Harness, dead: dict[str, int], *, rounds_done: int) -> None:
+        """Record in `dead` each agent that exited with an error; one that never started training ends the run."""
+        for name, code in harness.exits().items():
+            if name != "coordinator" and code != 0:
+                st = harness.status()
+                if st is not None and not st.started:
+                    # Without it the coordinator would wait for run.min_devices forever.
+                    raise HarnessError(f"{harness.exited(name)} before training started; "
+                                       f"see {self.out / (name + '.log')}")
+                # The coordinator copes (the device counts as silent); the run goes on.
+                dead[name] = code
+                print(f"{name} exited with code {code} after round {rounds_done}; the coordinator treats it "
+                      f"as silent from now on (see {self.out / (name + '.log')})", flush=True)
+
+    def _stop(self, harness: Harness | None) -> None:
+        """Stop whatever was started: the timeline, the processes, the emulated fleet."""
+        if self.playing is not None:
+            self.playing.close()
+            self.playing = None
+        if harness is not None:
+            harness.close()
+        if self.fleet is not None:
+            self.fleet.down()  # also whatever the agents left in their devices
+            self.fleet = None
+
+    def _finish(self, rows: list[RoundRecord], *, dead_agents: dict[str, int], started: float) -> dict:
+        """Write run_info.json, summary.json and the accuracy plot of a finished run; returns the summary."""
+        cfg = self.cfg
         traces = device_traces(cfg)
         write_run_info(self.out, kind="live", config=to_dict(cfg), deadline_s=cfg.deadline_s,
                        required_updates=cfg.rules.required_updates,
                        devices={device_id(i): {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
-        summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead)
+        summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead_agents)
         if cfg.emulate.timeline:
-            from flexfl.live_conditions import (
-                CONDITIONS_FILE,
-                read_conditions,
-                seconds_per_round,
-                update_s_at_full_share,
-            )
-
-            recorded = self.out / CONDITIONS_FILE
-            assert self.timeline is not None  # read before the run (fleet_timeline)
-            summary["timeline"] = {"file": cfg.emulate.timeline, "unit": self.timeline.timeline.unit.value,
-                                   "conditions": CONDITIONS_FILE,
-                                   "at_share_1": update_s_at_full_share(rows, read_conditions(recorded)),
-                                   "round_s": seconds_per_round(recorded)}
+            summary["timeline"] = self._timeline_summary(rows)
         with atomic_file(self.out / "summary.json") as f:
             json.dump(summary, f, indent=1)
         plot_live(rows, self.out / "accuracy.png", cfg)
         return summary
+
+    def _timeline_summary(self, rows: list[RoundRecord]) -> dict:
+        """What the fleet timeline did: its file and unit, where the applied conditions are, what they cost."""
+        from flexfl.live_conditions import (
+            CONDITIONS_FILE,
+            read_conditions,
+            seconds_per_round,
+            update_s_at_full_share,
+        )
+
+        recorded = self.out / CONDITIONS_FILE
+        assert self.timeline is not None  # read before the run (fleet_timeline)
+        return {"file": self.cfg.emulate.timeline, "unit": self.timeline.timeline.unit.value,
+                "conditions": CONDITIONS_FILE,
+                "at_share_1": update_s_at_full_share(rows, read_conditions(recorded)),
+                "round_s": seconds_per_round(recorded)}
 
     def _quotas(self, harness: Harness, unquoted: set[int]) -> set[int]:
         if self.fleet is None:  # not emulating: nothing is held back

@@ -21,7 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                             description="Trace sets (per round, the fraction of required updates submitted) and "
                                         "device timelines (per device, its conditions over time).")
     actions = parser.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
+    _register_calibrate(actions)
+    _register_record(actions)
+    _register_fidelity(actions)
+    _register_inspect(actions)
+    timeline_cli.register(actions)  # import-fedscale, import-flash, timeline
 
+
+def _register_calibrate(actions: argparse._SubParsersAction) -> None:
+    """`traces calibrate`: the set calibrated to the paper's Table 2."""
     cal = actions.add_parser("calibrate", help="generate the set calibrated to the paper's Table 2",
                              description="Generate traces calibrated to the paper's Table 2 statistics "
                                          "(not recorded on devices) and write them as a trace set.")
@@ -31,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--seed", type=int, default=0, help="base seed of the fit (default: 0)")
     cal.set_defaults(func=_calibrate)
 
+
+def _register_record(actions: argparse._SubParsersAction) -> None:
+    """`traces record`: a set recorded on an emulated fleet or real hosts."""
     rec = actions.add_parser(
         "record", help="record a set on an emulated fleet (root) or real hosts (--inventory)",
         description="Run the paper's protocol (CPU competitor / upload bandwidth per device, calibrated "
@@ -52,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--port", type=int, default=50061, help="coordinator port (emulated fleet; default 50061)")
     rec.set_defaults(func=_record)
 
+
+def _register_fidelity(actions: argparse._SubParsersAction) -> None:
+    """`traces fidelity`: record, run live under the same loads, compare."""
     fid = actions.add_parser(
         "fidelity", help="do recorded traces predict live FL? record, run live under the same loads, compare (root)",
         description="On an emulated fleet (root): record a trace set under the profile's loads (as `traces record`), "
@@ -77,6 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fid.add_argument("--port", type=int, default=50062, help="coordinator port (default 50062)")
     fid.set_defaults(func=_fidelity)
 
+
+def _register_inspect(actions: argparse._SubParsersAction) -> None:
+    """`traces show` and `traces validate`: read a set that exists."""
     show = actions.add_parser("show", help="print a set's per-trace statistics")
     show.add_argument("path", type=Path, metavar="PATH", help="trace-set folder")
     show.set_defaults(func=_show)
@@ -84,8 +101,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     val = actions.add_parser("validate", help="check a set; exit 2 with file:line: field on error")
     val.add_argument("path", type=Path, metavar="PATH", help="trace-set folder")
     val.set_defaults(func=_validate)
-
-    timeline_cli.register(actions)  # import-fedscale, import-flash, timeline
 
 
 def _calibrate(args: argparse.Namespace) -> int:

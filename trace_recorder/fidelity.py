@@ -244,32 +244,8 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
             apply_loads(profile, backend)
             print(f"live: {N} rounds of FL, deadline {deadline_s:g} s, E = {E}, {profile.rules.aggregation.label}",
                   flush=True)
-            tail, shown, last_sample = MetricsTail(work.live / "coordinator" / "metrics.jsonl"), 0, time.monotonic()
-            t0 = time.monotonic()
-
-            def progress() -> int:
-                rows = tail.rows()
-                for r in rows[shown:]:
-                    eta = (time.monotonic() - t0) / r.round * (N - r.round)
-                    print(f"live round {r.round:>4}/{N} (ETA {eta:.0f} s): acc {100 * r.test_acc:.1f}%  "
-                          + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / E:.2f}" for d in backend.devices),
-                          flush=True)
-                return len(rows)
-
-            def sample() -> None:
-                for trace, pct in sample_cpu(backend)[0].items():
-                    cpu.setdefault(trace, []).append(pct)
-                load.append(_loadavg())
-
-            while harness.running("coordinator"):
-                backend.check(harness)
-                shown = progress()
-                if time.monotonic() - last_sample > 10:  # the daemons measure over their last window
-                    sample()
-                    last_sample = time.monotonic()
-                time.sleep(0.2)
-            shown = progress()
-            sample()  # the competitors still run (cleared below): their last window is the run's end
+            _watch_live(harness, backend, metrics=work.live / "coordinator" / "metrics.jsonl", rounds=N,
+                        required_updates=E, cpu=cpu, load=load)
             coordinator.check()  # it ended by itself: with code 0 after N rounds, or the error is raised here
         finally:
             coordinator.stop()
@@ -278,6 +254,46 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
         if harness is not None:
             harness.close()
         backend.close()  # agents, daemons, stress-ng, namespaces, links, cgroups
+    _finish_live(work, backend, rounds=N, started=started, load=load, cpu=cpu)
+
+
+def _watch_live(harness: Harness, backend: EmulatedBackend, *, metrics: Path, rounds: int, required_updates: int,
+                cpu: dict[str, list[float]], load: list[float]) -> None:
+    """Print each live round as it lands and sample the devices' CPU and the load into `cpu` and `load`
+    until the coordinator ends."""
+    N, E = rounds, required_updates
+    tail, shown, last_sample = MetricsTail(metrics), 0, time.monotonic()
+    t0 = time.monotonic()
+
+    def progress() -> int:
+        rows = tail.rows()
+        for r in rows[shown:]:
+            eta = (time.monotonic() - t0) / r.round * (N - r.round)
+            print(f"live round {r.round:>4}/{N} (ETA {eta:.0f} s): acc {100 * r.test_acc:.1f}%  "
+                  + " ".join(f"{d.trace} {r.s.get(d.device_id, 0) / E:.2f}" for d in backend.devices),
+                  flush=True)
+        return len(rows)
+
+    def sample() -> None:
+        for trace, pct in sample_cpu(backend)[0].items():
+            cpu.setdefault(trace, []).append(pct)
+        load.append(_loadavg())
+
+    while harness.running("coordinator"):
+        backend.check(harness)
+        shown = progress()
+        if time.monotonic() - last_sample > 10:  # the daemons measure over their last window
+            sample()
+            last_sample = time.monotonic()
+        time.sleep(0.2)
+    shown = progress()
+    sample()  # the competitors still run (cleared by the caller): their last window is the run's end
+
+
+def _finish_live(work: WorkFolder, backend: EmulatedBackend, *, rounds: int, started: float, load: list[float],
+                 cpu: dict[str, list[float]]) -> None:
+    """Check that the live run did all its rounds; record the phase as finished with what it measured."""
+    N = rounds
     rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")
     if len(rows) < N:
         raise ConfigError(f"the live run completed {len(rows)} of {N} rounds; see {work.live}")
@@ -404,39 +420,62 @@ def run_fidelity(opts: FidelityOptions) -> dict[str, Any]:
 
 def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
     """The phases' data as the page's FidelityInputs."""
-    from loadgen.hostinfo import cpu_model
     from trace_recorder.fidelity_page import FidelityInputs
     from trace_recorder.recorder import condition_text
 
     cfg, phases = opts.config, work.state["phases"]
     trace_set = read_trace_set(work.traces)
-    m = trace_set.manifest
-    E = int(m.required_updates)
+    E = int(trace_set.manifest.required_updates)
     ids = phases["live"]["devices"]
     rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")[:cfg.live_rounds]
     by_round = {r.round: r for r in rows}
     kept = live_kept_rounds(rows, ids)
     devices = tuple(t.name for t in profile.traces)
-    sims = {name: json.loads(work.sim_path(name).read_text()) for name in phases["simulate"]["runs"]}
+    of = _sim_curves(work, profile, sim_seeds=cfg.sim_seeds)
+    band_of = {source: {seed: c for seed, c in curves.items() if seed != profile.seed} for source, curves in of.items()}
+    start = int(phases["simulate"]["start_rounds"])
+    facts = _facts(work, opts, profile, trace_set=trace_set, live_rounds=len(rows), devices=devices)
+    return FidelityInputs(
+        devices=devices, conditions={t.name: condition_text(t, profile) for t in profile.traces},
+        recorded={t.name: np.asarray(t.fraction, dtype=np.float64) for t in trace_set.traces},
+        live={d: np.array([by_round[k].s.get(i, 0) / E for k in kept]) for d, i in zip(devices, ids)},
+        live_curve=_curve([(r.round, r.test_acc, r.test_loss) for r in rows]), band=band_of["traces"],
+        live_s_band=band_of["live-s"], live_seed=profile.seed,
+        traces_at_live_seed=of["traces"][profile.seed], live_s_replay=of["live-s"][profile.seed],
+        traces_after_live_start=of["traces-after-live-start"], start_rounds=start,
+        live_start={d: np.array([by_round[k].s.get(i, 0) / E for k in range(1, start + 1)])
+                    for d, i in zip(devices, ids)}, facts=facts)
 
-    def curve(points: list[tuple[float, float, float]]) -> dict[str, np.ndarray]:
-        """(round, test_acc, test_loss) per round as the page's arrays."""
-        columns = list(zip(*points)) or [(), (), ()]
-        return dict(zip(("round", "test_acc", "test_loss"), (np.array(c, dtype=np.float64) for c in columns)))
+
+def _curve(points: list[tuple[float, float, float]]) -> dict[str, np.ndarray]:
+    """(round, test_acc, test_loss) per round as the page's arrays."""
+    columns = list(zip(*points)) or [(), (), ()]
+    return dict(zip(("round", "test_acc", "test_loss"), (np.array(c, dtype=np.float64) for c in columns)))
+
+
+def _sim_curves(work: WorkFolder, profile: Profile, *, sim_seeds: int) -> dict[str, dict[int, dict[str, np.ndarray]]]:
+    """Each simulation's curve, by source ("traces", "live-s", "traces-after-live-start") and seed."""
+    sims = {name: json.loads(work.sim_path(name).read_text()) for name in work.state["phases"]["simulate"]["runs"]}
 
     def sim_curve(name: str) -> dict[str, np.ndarray]:
         # the simulate phase's own summary file (written above from the simulator's records)
-        return curve([(r["round"], r["test_acc"], r["test_loss"]) for r in sims[name]["rounds"]])
+        return _curve([(r["round"], r["test_acc"], r["test_loss"]) for r in sims[name]["rounds"]])
 
-    seeds = [profile.seed, *band_seeds(profile.seed, cfg.sim_seeds)]
-    of = {source: {seed: sim_curve(sim_name(source, seed)) for seed in seeds}
-          for source in ("traces", "live-s", "traces-after-live-start")}
-    band_of = {source: {seed: c for seed, c in curves.items() if seed != profile.seed} for source, curves in of.items()}
-    start = int(phases["simulate"]["start_rounds"])
+    seeds = [profile.seed, *band_seeds(profile.seed, sim_seeds)]
+    return {source: {seed: sim_curve(sim_name(source, seed)) for seed in seeds}
+            for source in ("traces", "live-s", "traces-after-live-start")}
+
+
+def _facts(work: WorkFolder, opts: FidelityOptions, profile: Profile, *, trace_set: TraceSet, live_rounds: int,
+           devices: tuple[str, ...]) -> dict[str, Any]:
+    """The page's facts: command, machine, loads, times, and the rules the phases ran under."""
+    from loadgen.hostinfo import cpu_model
+
+    phases, m = work.state["phases"], trace_set.manifest
     loads = {p: phases[p].get("loadavg", []) for p in ("record", "live", "simulate")}
     every = [x for v in loads.values() for x in v]
     cpus = os.cpu_count() or 1
-    facts = {
+    return {
         "command": opts.command or default_command([]), "date": utc_now_iso(), "work": _shown(work.path),
         "wall_s": sum(phases[p]["elapsed_s"] for p in loads),
         "phase_times": ", ".join(f"{p} {phases[p]['elapsed_s'] / 60:.1f} min" for p in loads),
@@ -444,8 +483,8 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
         "load_text": ", ".join(f"{p} {min(v):.1f}-{max(v):.1f}" for p, v in loads.items() if v),
         "load_max": max(every, default=0.0), "shared_machine": max(every, default=0.0) > cpus,
         "cpu_quota": profile.emulation.cpu_quota, "profile": f"`{_shown(Path(profile.path))}` ({profile.name})",
-        "recorded_rounds": len(trace_set.traces[0]), "deadline_s": float(m.deadline_s or 0), "E": E,
-        "unit": str(profile.rules.unit), "live_rounds": len(rows),
+        "recorded_rounds": len(trace_set.traces[0]), "deadline_s": float(m.deadline_s or 0),
+        "E": int(m.required_updates), "unit": str(profile.rules.unit), "live_rounds": live_rounds,
         "rules": f"{profile.rules.aggregation.description}, eta_0 = "
                  f"{profile.rules.eta0_for(profile.partition.dataset):g}, "
                  f"{replace(profile.partition, n_devices=len(devices)).describe()}",
@@ -453,17 +492,6 @@ def gather(work: WorkFolder, opts: FidelityOptions, profile: Profile) -> Any:
         "cpu_live": {t.name: phases["live"].get("cpu_achieved", {}).get(t.name) for t in profile.traces
                      if t.cpu_load_pct},  # as the recorder keeps them: for a competitor only
     }
-    return FidelityInputs(
-        devices=devices, conditions={t.name: condition_text(t, profile) for t in profile.traces},
-        recorded={t.name: np.asarray(t.fraction, dtype=np.float64) for t in trace_set.traces},
-        live={d: np.array([by_round[k].s.get(i, 0) / E for k in kept]) for d, i in zip(devices, ids)},
-        live_curve=curve([(r.round, r.test_acc, r.test_loss) for r in rows]), band=band_of["traces"],
-        live_s_band=band_of["live-s"], live_seed=profile.seed,
-        traces_at_live_seed=of["traces"][profile.seed], live_s_replay=of["live-s"][profile.seed],
-        traces_after_live_start=of["traces-after-live-start"], start_rounds=start,
-        live_start={d: np.array([by_round[k].s.get(i, 0) / E for k in range(1, start + 1)])
-                    for d, i in zip(devices, ids)}, facts=facts)
-
 
 def _shown(path: Path) -> str:
     """`path` relative to the working folder when inside it (a page should not name this machine's folders)."""

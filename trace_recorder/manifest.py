@@ -86,83 +86,25 @@ class TraceManifest:
         cls, d: Any, *, path: Path | str, lines: Mapping[str, int] | None = None
     ) -> TraceManifest:
         """Validate a parsed manifest; `lines` maps keys to their line in `path` for errors."""
-        key_lines = dict(lines or {})
-
-        def fail(key: str, problem: str) -> TraceFormatError:
-            return format_error(path, key_lines.get(key, 1), key, problem)
-
-        if not isinstance(d, dict):
-            raise fail("manifest", f"expected a JSON object, got {_json_type(d)}")
-
-        def take(key: str, types: tuple[type, ...], what: str) -> Any:
-            if key not in d:
-                raise fail(key, "missing")
-            value = d[key]
-            # bool is an int in Python but never a valid count or version here.
-            if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-                raise fail(key, f"expected {what}, got {_json_type(value)}")
-            return value
-
+        fields = _Fields(d, path=path, lines=lines)
         # The version first: a newer writer may have changed every other field.
-        version = take("schema_version", (int,), "an integer")
-        if version not in SUPPORTED_SCHEMA_VERSIONS:
-            supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
-            raise fail("schema_version",
-                       f"unsupported version {shorten(str(version))}; this reader supports {supported}")
-        known = [f.name for f in cls.__dataclass_fields__.values()]
-        for key in d:
-            if key not in known:
-                raise fail(key, f"unknown field (schema {version} has: {', '.join(known)})")
-
-        name = take("name", (str,), "a string")
+        version = _take_version(fields, known=[f.name for f in cls.__dataclass_fields__.values()])
+        name = fields.take("name", (str,), "a string")
         if not name.strip():
-            raise fail("name", "empty")
-        kind = take("kind", (str,), "a string")
+            raise fields.fail("name", "empty")
+        kind = fields.take("kind", (str,), "a string")
         if kind not in KINDS:
-            raise fail("kind", f"value {shorten(repr(kind))} is not one of {', '.join(KINDS)}")
-        description = take("description", (str,), "a string")
-        source = take("source", (dict,), "an object")
-        required_updates = take("required_updates", (int,), "an integer")
+            raise fields.fail("kind", f"value {shorten(repr(kind))} is not one of {', '.join(KINDS)}")
+        description = fields.take("description", (str,), "a string")
+        source = fields.take("source", (dict,), "an object")
+        required_updates = fields.take("required_updates", (int,), "an integer")
         if required_updates < 1:
-            raise fail("required_updates", f"value {shorten(str(required_updates))} is not >= 1")
-        deadline_s = take("deadline_s", (int, float, type(None)), "a number or null")
-        if deadline_s is not None:
-            if not (isinstance(deadline_s, float) or -(2**1023) < deadline_s < 2**1023):
-                raise fail("deadline_s", f"value {shorten(str(deadline_s))} is too large for a number of seconds")
-            deadline_s = float(deadline_s)
-            if not math.isfinite(deadline_s) or deadline_s <= 0:
-                raise fail("deadline_s", f"value {deadline_s} is not a positive number")
-
-        traces = take("traces", (list,), "an array of trace names")
-        if not traces:
-            raise fail("traces", "no traces listed")
-        seen: set[str] = set()
-        for t in traces:
-            if not isinstance(t, str) or not NAME_RE.match(t):
-                raise fail("traces", f"value {shorten(repr(t))} is not a plain name ({NAME_RULE})")
-            if t in seen:
-                raise fail("traces", f"duplicate trace name '{t}'")
-            seen.add(t)
-
-        conditions = take("conditions", (dict,), "an object")
-        for t, cond in conditions.items():
-            if t not in seen:
-                raise fail("conditions", f"condition given for unlisted trace {shorten(repr(t))}")
-            if not isinstance(cond, dict):
-                raise fail("conditions", f"condition of '{t}' is {_json_type(cond)}, not an object")
-        hosts = take("hosts", (list,), "an array of objects")
-        for i, host in enumerate(hosts):
-            if not isinstance(host, dict):
-                raise fail("hosts", f"entry {i} is {_json_type(host)}, not an object")
-        created = take("created", (str,), "a string")
-        try:
-            stamp = datetime.fromisoformat(created)
-        except ValueError:
-            stamp = None
-        if stamp is None or stamp.tzinfo is None:
-            raise fail("created", f"value {shorten(repr(created))} is not an ISO 8601 time with zone, "
-                                  "e.g. 2024-05-01T12:00:00Z")
-
+            raise fields.fail("required_updates", f"value {shorten(str(required_updates))} is not >= 1")
+        deadline_s = _take_deadline(fields)
+        traces = _take_traces(fields)
+        conditions = _take_conditions(fields, traces=traces)
+        hosts = _take_hosts(fields)
+        created = _take_created(fields)
         return cls(
             schema_version=version,
             name=name,
@@ -171,11 +113,109 @@ class TraceManifest:
             source=source,
             required_updates=required_updates,
             deadline_s=deadline_s,
-            traces=tuple(traces),
+            traces=traces,
             conditions=conditions,
-            hosts=tuple(hosts),
+            hosts=hosts,
             created=created,
         )
+
+
+class _Fields:
+    """A parsed manifest being validated: typed reads of its keys, errors at their line."""
+
+    def __init__(self, d: Any, *, path: Path | str, lines: Mapping[str, int] | None) -> None:
+        self.path = path
+        self.key_lines = dict(lines or {})
+        if not isinstance(d, dict):
+            raise self.fail("manifest", f"expected a JSON object, got {_json_type(d)}")
+        self.d: dict = d
+
+    def fail(self, key: str, problem: str) -> TraceFormatError:
+        return format_error(self.path, self.key_lines.get(key, 1), key, problem)
+
+    def take(self, key: str, types: tuple[type, ...], what: str) -> Any:
+        if key not in self.d:
+            raise self.fail(key, "missing")
+        value = self.d[key]
+        # bool is an int in Python but never a valid count or version here.
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise self.fail(key, f"expected {what}, got {_json_type(value)}")
+        return value
+
+
+def _take_version(fields: _Fields, *, known: list[str]) -> int:
+    """The schema version, checked before anything else; then no key outside `known`."""
+    version: int = fields.take("schema_version", (int,), "an integer")
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
+        raise fields.fail("schema_version",
+                          f"unsupported version {shorten(str(version))}; this reader supports {supported}")
+    for key in fields.d:
+        if key not in known:
+            raise fields.fail(key, f"unknown field (schema {version} has: {', '.join(known)})")
+    return version
+
+
+def _take_deadline(fields: _Fields) -> float | None:
+    """`deadline_s`: null, or a positive finite number of seconds (as a float)."""
+    deadline_s = fields.take("deadline_s", (int, float, type(None)), "a number or null")
+    if deadline_s is None:
+        return None
+    if not (isinstance(deadline_s, float) or -(2**1023) < deadline_s < 2**1023):
+        raise fields.fail("deadline_s", f"value {shorten(str(deadline_s))} is too large for a number of seconds")
+    deadline_s = float(deadline_s)
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise fields.fail("deadline_s", f"value {deadline_s} is not a positive number")
+    return deadline_s
+
+
+def _take_traces(fields: _Fields) -> tuple[str, ...]:
+    """`traces`: a non-empty list of distinct plain names, in order."""
+    traces = fields.take("traces", (list,), "an array of trace names")
+    if not traces:
+        raise fields.fail("traces", "no traces listed")
+    seen: set[str] = set()
+    for t in traces:
+        if not isinstance(t, str) or not NAME_RE.match(t):
+            raise fields.fail("traces", f"value {shorten(repr(t))} is not a plain name ({NAME_RULE})")
+        if t in seen:
+            raise fields.fail("traces", f"duplicate trace name '{t}'")
+        seen.add(t)
+    return tuple(traces)
+
+
+def _take_conditions(fields: _Fields, *, traces: tuple[str, ...]) -> dict:
+    """`conditions`: an object per listed trace (not every trace needs one)."""
+    conditions: dict = fields.take("conditions", (dict,), "an object")
+    listed = set(traces)
+    for t, cond in conditions.items():
+        if t not in listed:
+            raise fields.fail("conditions", f"condition given for unlisted trace {shorten(repr(t))}")
+        if not isinstance(cond, dict):
+            raise fields.fail("conditions", f"condition of '{t}' is {_json_type(cond)}, not an object")
+    return conditions
+
+
+def _take_hosts(fields: _Fields) -> tuple[dict, ...]:
+    """`hosts`: a list of objects (empty for calibrated sets)."""
+    hosts = fields.take("hosts", (list,), "an array of objects")
+    for i, host in enumerate(hosts):
+        if not isinstance(host, dict):
+            raise fields.fail("hosts", f"entry {i} is {_json_type(host)}, not an object")
+    return tuple(hosts)
+
+
+def _take_created(fields: _Fields) -> str:
+    """`created`: an ISO 8601 time with a zone, kept as written."""
+    created: str = fields.take("created", (str,), "a string")
+    try:
+        stamp = datetime.fromisoformat(created)
+    except ValueError:
+        stamp = None
+    if stamp is None or stamp.tzinfo is None:
+        raise fields.fail("created", f"value {shorten(repr(created))} is not an ISO 8601 time with zone, "
+                                     "e.g. 2024-05-01T12:00:00Z")
+    return created
 
 
 def parse_manifest(text: str, *, path: Path | str) -> tuple[TraceManifest, dict[str, int]]:
