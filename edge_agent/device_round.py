@@ -110,6 +110,7 @@ def run_round(*, round_id: int, terms: RoundTerms, model: torch.nn.Module, shard
         model.zero_grad(set_to_none=True)  # the last step's gradients (the model's size), not kept between rounds
         if s and not gate.said_no:  # ended at its cap: the last update is still to pad (else the gate's
             padding.finish_update()  # boundary padded it, and padding again would delay the upload)
+        if s:  # a round the budget cut short teaches the update estimate too (a compute-bound device's only rounds)
             estimates.measured_updates(updates=s, seconds=clock() - started)
     train_s = clock() - started
     report = UpdateReport(round_id=round_id, updates_completed=s, samples_used=samples, train_s=train_s,

@@ -110,3 +110,12 @@ def test_the_caps_follow_the_forced_schedule_cycled_else_E() -> None:
 def test_the_expected_parameters_are_the_models_names_and_shapes_in_float32() -> None:
     assert expected_parameters(_model()) == {"linear.weight": ((3, 12), np.dtype(np.float32)),
                                              "linear.bias": ((3,), np.dtype(np.float32))}
+
+
+def test_a_round_the_budget_cut_short_still_teaches_the_update_estimate() -> None:
+    """A compute-bound device's rounds all end on the budget's no: they are its only measurements.
+    Its estimate of 0.5 s is too optimistic for 1 s updates; three run (3.6 s left, then 2.6, 1.6 >= 0.5 +
+    0.5 + 0.25; 0.6 is not) and the estimate moves halfway to the measured 1 s."""
+    update, _, _, estimates = _round(3.6, estimates=Estimates(update_s=0.5, upload_s=UPLOAD_S))
+    assert (update.report.updates_completed, update.report.stop_reason) == (3, StopReason.COMPUTE)
+    assert estimates.update_s == pytest.approx(0.5 * 0.5 + 0.5 * UPDATE_S)
