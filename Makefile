@@ -140,7 +140,7 @@ fleet-up: setup ## an emulated fleet (root): FLEET_DEVICES network namespaces, e
 fleet-down: setup ## remove the emulated fleet, also a crashed run's leftovers (idempotent)
 	$(BIN)/flexfl fleet down
 
-# `make live-emulated`: deadline mode (no traces: flexfl/live_defaults.py, EMULATED_DEFAULTS) on a mixed
+# `make live-emulated`: deadline mode (no traces: workloads/defaults.py, EMULATED_DEFAULTS) on a mixed
 # fleet, so that each device's s is what its emulated CPU share and upload rate let it do (docs/fleet.md, "Live
 # on an emulated fleet"). MNIST by default: its 0.8 MB update makes upload rates matter (SYNTHETIC's is
 # 2.4 kB). E = 1000 SGD steps: at 0.25 CPU they take ~1.4 s of the 2 s deadline (measured on a 2-core

@@ -11,7 +11,7 @@ Measures, from /proc/<pid>/status of real processes, against two floors:
   libtorch_cpu.so's code that `import torch` never touches; every process that trains pays
   it, so floor 2 is what the agent adds beyond "torch has trained";
 - a real `flexfl agent` process that learned its partition, loaded its shard and joined a
-  coordinator on loopback (started and awaited by flexfl.harness): VmRSS right after it
+  coordinator on loopback (started and awaited by loadgen.harness): VmRSS right after it
   joined and 5 s later (idle, waiting for a round), and VmHWM (its start-up peak); the
   resident memory the agent itself reported when joining (coordinator registry);
 - the same process after it trained --rounds rounds (a second agent joins so that the
@@ -51,7 +51,7 @@ from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, Serve
 from edge_agent.config import AgentConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from flexfl.harness import Harness, free_port
+from loadgen.harness import Harness, free_port
 from loadgen.hostinfo import cpu_description
 from workloads.defaults import DEFAULTS
 from workloads.partition_spec import PartitionSpec, Sizes

@@ -21,7 +21,7 @@ import numpy as np
 
 GOAL_S = 0.5
 FLOOR = ("python -c pass", [sys.executable, "-c", "pass"], 0)
-FLEXFL = [sys.executable, "-m", "flexfl.cli"]
+FLEXFL = [sys.executable, "-m", "flexfl.app.cli"]
 COMMANDS = (
     ("flexfl --help", [*FLEXFL, "--help"], 0),
     ("flexfl traces record --help", [*FLEXFL, "traces", "record", "--help"], 0),

@@ -3,7 +3,7 @@
     python -m benchmarks.coordinator_bench --agents 50,100,200,500,1000 --rounds 8
 
 The coordinator runs as its own process (`flexfl coordinator`, started and awaited by
-flexfl.harness) on MNIST (the MLP, 199,210 float32 parameters). Agents are light no-training
+loadgen.harness) on MNIST (the MLP, 199,210 float32 parameters). Agents are light no-training
 agents (benchmarks/light_agents.py): asyncio + grpc.aio, one channel (TCP connection) each,
 up to --agents-per-process in each of several processes; each answers every round with
 s = E and a zero delta of the model's size.
@@ -42,10 +42,10 @@ import psutil
 from benchmarks.report import Output
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round_record import LiveRound, RoundRecord
+from coordinator.rules.round_record import LiveRound, RoundRecord
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from flexfl.harness import Harness, HarnessError, free_port
+from loadgen.harness import Harness, HarnessError, free_port
 from workloads.partition_spec import Dataset, PartitionSpec, Sizes
 
 TOKEN = "bench-token"

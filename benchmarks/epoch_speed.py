@@ -3,13 +3,13 @@
     python -m benchmarks.epoch_speed [--reps 5] [--round 1] [--epochs 20] [--setting niid] [--num-traces 8]
     python -m benchmarks.epoch_speed --price [--rate-rounds 2] [--reps 3]
 
-Both use Table 3's headline MNIST runs (simulator.table3: the per-label reading's partition,
-100 devices, batch 10, 200 rounds) with E counted in epochs (simulator.regime; eta_0 the
+Both use Table 3's headline MNIST runs (simulator.paper.table3: the per-label reading's partition,
+100 devices, batch 10, 200 rounds) with E counted in epochs (simulator.paper.regime; eta_0 the
 paper's 2e-3, which changes no count and no speed). Device k trains s_k x ceil(n_k / 10)
 SGD steps, s_k drawn by the engine itself (simulator.device_steps.round_work runs
 simulator.engine's rounds with a no-op trainer).
 
-Ragged vs equal (default): the cache trainer (simulator.cache_trainer, one thread) trains
+Ragged vs equal (default): the cache trainer (simulator.trainers.cache_trainer, one thread) trains
 one round of a Scheme B/C run (every device with s > 0; round --round of seed --seed, |T| =
 --num-traces) from the initial model: "ragged" is that round's steps, "equal" gives every one
 of the same devices the same step count, round(total / devices), so the totals agree to
@@ -46,13 +46,13 @@ import torch
 
 from benchmarks.sim_speed import machine_line, spread
 from edge_agent.trainer import device_rng
-from edge_agent.units import Unit
-from simulator.cache_trainer import CacheTrainer
+from flexfl.vocabulary import Unit
 from simulator.device_steps import StepCount, count_group, count_groups, round_work
 from simulator.engine import SimConfig, run_paired
-from simulator.regime import Regime
-from simulator.sweep import Group
-from simulator.table3 import HEADLINE, READINGS, SETTINGS, reading_groups
+from simulator.groups import Group
+from simulator.paper.regime import Regime
+from simulator.paper.table3 import HEADLINE, READINGS, SETTINGS, reading_groups
+from simulator.trainers.cache_trainer import CacheTrainer
 from workloads.federated import build_federated, initial_model
 
 REGIME = Regime(unit=Unit.EPOCH, eta0="paper")

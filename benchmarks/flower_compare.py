@@ -12,7 +12,7 @@ FlexFL (A) and Flower (B) back to back, alternating which goes first (A B, B A, 
   them) as threads of one process; with evaluation, evaluate_fn tests on the same 10k MNIST
   images with FlexFL's evaluate().
 Every agent and client has its own TCP connection (--connections shared: one per process).
-Both servers run with OMP_NUM_THREADS=1 (as flexfl.harness starts the coordinator). A round's
+Both servers run with OMP_NUM_THREADS=1 (as loadgen.harness starts the coordinator). A round's
 period is its opening to the next round's opening (FlexFL: round_s + the next overhead_s;
 Flower: between configure_fit calls), rounds 2 .. R-1 of each run; a run's figure is the
 median. The ratio is FlexFL / Flower per interleaved pair; min/median/max over the pairs.
@@ -37,7 +37,7 @@ import numpy as np
 
 from benchmarks.coordinator_bench import REPO, run_fleet
 from benchmarks.report import Output
-from flexfl.harness import free_port
+from loadgen.harness import free_port
 
 
 def flower_periods(n: int, *, rounds: int, evaluate: bool, python: Path, shared_connection: bool = False,

@@ -37,11 +37,11 @@ from benchmarks.fuzz_grpc import EVIL, HONEST, SAMPLES, Client, Target, fuzz_grp
 from coordinator.checkpoint import load_checkpoint
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.round import Arrival, Federation
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.round import Arrival, Federation
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from flexfl.harness import Harness, free_port
+from loadgen.harness import Harness, free_port
 from workloads.federated import initial_model
 from workloads.partition_spec import PartitionSpec
 

@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from benchmarks.fuzz_support import draws_from_seed_alone
 from coordinator.config import CoordinatorConfig
 from edge_agent.config import AgentConfig
+from flexfl.app.live import LiveConfig
 from flexfl.config import load_config, to_dict
 from flexfl.errors import ConfigError
-from flexfl.live import LiveConfig
 from simulator.engine import SimConfig
-from trace_recorder.profiles import DEFAULT_PROFILE, Inventory, Profile
+from trace_recorder.recording.profiles import DEFAULT_PROFILE, Inventory, Profile
 from workloads.partition_spec import PartitionSpec
 
 CLASSES: dict[str, type] = {"coordinator": CoordinatorConfig, "agent": AgentConfig, "live": LiveConfig,

@@ -1,6 +1,6 @@
 """Property-based fuzzing of a live coordinator's gRPC surface (Join, Leave, PullRound, PushUpdate, Session, Status).
 
-The target is a real `flexfl coordinator` process on loopback (flexfl.harness) with one
+The target is a real `flexfl coordinator` process on loopback (loadgen.harness) with one
 round open: two honest devices ("honest-a", "honest-b") and one hostile but registered
 device ("evil") have joined and received the model. Hypothesis then generates messages:
 every call a device could make, with garbage fields, lying headers and sizes, NaN/Inf and

@@ -3,7 +3,7 @@
     python -m benchmarks.refused_uploads                      # 100 refused 63 MiB uploads, five at a time
     python -m benchmarks.refused_uploads --uploads 20 --mib 3.5 --limit-mib 4
 
-A real coordinator process (`flexfl coordinator`, through flexfl.harness) on loopback with
+A real coordinator process (`flexfl coordinator`, through loadgen.harness) on loopback with
 one round open for a long time. One authenticated device joins, receives the model, then
 sends --uploads updates of --mib MiB each whose checksum is wrong, --parallel at a time: the
 coordinator receives every one in full (it is under the server.max_update_mib limit), then
@@ -36,7 +36,7 @@ from benchmarks.report import Output, machine
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from flexfl.harness import Harness, free_port
+from loadgen.harness import Harness, free_port
 from workloads.partition_spec import PartitionSpec
 
 TOKEN = "refused-uploads-bench"

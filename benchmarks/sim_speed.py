@@ -9,7 +9,7 @@ With `--participation full` every device does s = E steps; `traces` draws s from
 paper's trace set (8 traces) as `flexfl sim` does and trains the devices with s > 0.
 With `--evaluate` each variant's timed work is a whole round as the engine runs it: training,
 the aggregate applied to the global model, and the evaluation on the test set
-(simulator.cache_trainer.evaluate, the engine's, the same call for every variant); the compute-roofline
+(simulator.trainers.cache_trainer.evaluate, the engine's, the same call for every variant); the compute-roofline
 fraction then counts the evaluation's FLOPs beside the training's (issue 18 states its goals
 on whole rounds with the paper traces' participation and evaluation:
 `--participation traces --evaluate`).
@@ -17,10 +17,10 @@ on whole rounds with the paper traces' participation and evaluation:
 Variants, timed in the same process, in rotating order within every repetition
 (A B C, B C A, ...), all on the same batch plans (edge_agent.trainer.step_plan), each
 ending with the round's aggregate sum_k c_k delta_k (c_k = n_k / n over the trained devices):
-- cache:      simulator.cache_trainer.CacheTrainer (one device after another, each in cache,
+- cache:      simulator.trainers.cache_trainer.CacheTrainer (one device after another, each in cache,
               numba loops), its deltas written into a buffer kept across rounds, then a
               tensordot with c
-- fast:       simulator.fast_trainer.FastTrainer (all devices together), the same buffer and
+- fast:       simulator.trainers.fast_trainer.FastTrainer (all devices together), the same buffer and
               tensordot
 - sequential: one nn.Module, global weights copied in, torch.optim.SGD, each delta
               accumulated into the aggregate (the loop a researcher writes by hand)
@@ -44,7 +44,7 @@ the fast trainer sit ~5e-3 from a float64 run), and, measured in the same repeti
   (2 x 10 x 199,210 forward, the same for the weight gradients, 2 x 10 x 42,000 for the
   input gradients of fc2 and fc3: 8,808,400), and each variant's fraction of it;
 - what the cache trainer skipped: on sparse inputs (MNIST's pixels) its first layer's forward
-  and update products take only the inputs not zero in the batch (simulator.row_kernels), so
+  and update products take only the inputs not zero in the batch (simulator.trainers.row_kernels), so
   it does fewer FLOPs than the dense count above. The line says which fraction of the first
   layer's inputs its training steps and the evaluation's blocks used, which fraction of the
   round's dense FLOPs that is, and the cache trainer's fraction of the compute roofline
@@ -64,11 +64,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from coordinator.aggregation import stack_deltas
+from coordinator.rules.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, step_plan, train_local
 from loadgen.hostinfo import cpu_description
-from simulator.cache_trainer import LAYERS, CacheTrainer, evaluate
-from simulator.fast_trainer import FastTrainer
+from simulator.trainers.cache_trainer import LAYERS, CacheTrainer, evaluate
+from simulator.trainers.fast_trainer import FastTrainer
 from workloads.datasets import scaled
 from workloads.federated import DEFAULTS, FederatedData, build_federated
 from workloads.models import build_model

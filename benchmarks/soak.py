@@ -4,7 +4,7 @@
     python -m benchmarks.soak --rounds 1000 --emulate  # root: dev-0 in an emulated device, its link squeezed
 
 A real coordinator and real agents (`flexfl coordinator` / `flexfl agent`, run by
-flexfl.harness) train SYNTHETIC on loopback with a 1 s deadline while a seeded schedule:
+loadgen.harness) train SYNTHETIC on loopback with a 1 s deadline while a seeded schedule:
 - kills a random agent with SIGKILL and restarts it a few seconds later;
 - stops a random agent with SIGTERM (an announced departure) and restarts it rounds later
   (a rejoin: an arrival under the exclude policy);
@@ -42,11 +42,11 @@ import torch
 from coordinator.checkpoint import load_checkpoint
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
 from flexfl.files import atomic_file
-from flexfl.harness import Harness, free_port
+from loadgen.harness import Harness, free_port
 from workloads.federated import initial_model
 from workloads.partition_spec import PartitionSpec, Sizes, device_id
 

@@ -24,9 +24,9 @@ from dataclasses import replace
 
 import torch
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from simulator.engine import DEFAULT_TRACE_SET, SimConfig, TracesConfig, load_data, run_paired, run_simulation
-from simulator.paper import PAPER_DEVICES
+from simulator.paper_numbers import PAPER_DEVICES
 from trace_recorder.format import read_trace_set
 from workloads.partition_spec import PartitionSpec
 

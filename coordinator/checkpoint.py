@@ -27,9 +27,9 @@ class Checkpoint:
     run_id: str
     registry: dict
     objective: dict
-    # A strategy with a per-device memory (MIFA): coordinator.memory.UpdateMemory.snapshot(); None without
+    # A strategy with a per-device memory (MIFA): coordinator.rules.memory.UpdateMemory.snapshot(); None without
     memory: dict | None = None
-    # The run's rules as data (coordinator.round_record.rules_record); None: written before checkpoints held them
+    # The run's rules as data (coordinator.rules.round_record.rules_record); None: written before checkpoints held them
     rules: dict | None = None
 
 

@@ -9,10 +9,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from coordinator.choices import DeparturePolicy, Scheme
-from edge_agent.units import Unit
 from flexfl.config import enum_choices, flag_dest
-from trace_recorder.sampler import Sampling, SRule
+from flexfl.vocabulary import DeparturePolicy, Sampling, Scheme, SRule, Unit
 from workloads.defaults import DEFAULTS, default_eta0
 
 log = logging.getLogger(__name__)
@@ -20,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("rules",), scheme: bool = True,
                     eta0_defaults: Mapping[str, float] | None = None) -> None:
-    """The flags that override a config's [rules] table (coordinator.rules.RulesConfig).
+    """The flags that override a config's [rules] table (coordinator.rules.config.RulesConfig).
 
     scheme=False leaves out --scheme (for commands that run several schemes); `eta0_defaults`
     is the command's eta_0 per dataset for the help, when it is not the paper's (DEFAULTS)."""
@@ -28,7 +26,7 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
     def dest(key: str) -> str:
         return flag_dest(*table, key)
 
-    from coordinator.strategies import strategy_names
+    from coordinator.rules.strategies import strategy_names
     from flexfl.plugins import STRATEGY, PluginChoices
 
     eta0 = {str(ds): default_eta0(ds, "step") for ds in DEFAULTS} | dict(eta0_defaults or {})

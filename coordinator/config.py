@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from flexfl.config import NOT_IN_FILE, coerce_enums, load_config, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret

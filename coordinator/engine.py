@@ -1,6 +1,6 @@
 """The live round engine: opens rounds, offers the model, collects updates until the deadlines.
 
-The round's rules are coordinator.round.Federation, shared with the simulator; this module
+The round's rules are coordinator.rules.round.Federation, shared with the simulator; this module
 runs them over a live fleet, with neighbours that do one job each: membership (joins, leaves,
 reconnections: coordinator/membership.py), the open round and each device's deadline
 (open_round.py), parked pulls (parking.py), the finisher that evaluates and writes closed
@@ -12,7 +12,7 @@ all under one lock. A round closes when every participant has answered (or left)
 last deadline has passed; whatever has not fully arrived by then counts as s = 0. Arrivals
 and announced departures take effect when the round closes, so its objective never changes
 under it. What a round costs does not grow with the fleet beyond what each device needs:
-an update enters the round's running sum as it arrives (coordinator.round.RoundSum) and is
+an update enters the round's running sum as it arrives (coordinator.rules.round.RoundSum) and is
 dropped; the engine thread is woken when the last participant answered or left, a parked
 pull only when a round opens for its device; the finisher works beside the next round.
 """
@@ -33,13 +33,13 @@ from coordinator.checkpoint import Checkpoint
 from coordinator.config import CoordinatorConfig
 from coordinator.finisher import ClosedRound, Finisher
 from coordinator.membership import Membership
-from coordinator.objective import Objective
 from coordinator.open_round import OpenRound, check_open, check_report
 from coordinator.parking import ParkedPulls
 from coordinator.registry import Registry
 from coordinator.resume import CHECKPOINT_NAME, EVENTS_NAME, open_run
-from coordinator.round import Federation
-from coordinator.round_record import rules_record
+from coordinator.rules.objective import Objective
+from coordinator.rules.round import Federation
+from coordinator.rules.round_record import rules_record
 from flexfl.errors import PluginError, UpdateRejected
 from flexfl.exchange import (
     Accepted,

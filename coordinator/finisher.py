@@ -25,8 +25,8 @@ from coordinator.checkpoint import Checkpoint, save_checkpoint
 from coordinator.metrics import MetricsWriter
 from coordinator.open_round import OpenRound
 from coordinator.registry import Registry
-from coordinator.round import RoundOutcome
-from coordinator.round_record import LiveRound, RoundRecord, rule_changes
+from coordinator.rules.round import RoundOutcome
+from coordinator.rules.round_record import LiveRound, RoundRecord, rule_changes
 from flexfl.errors import FlexFLError
 from workloads.evaluation import evaluate
 from workloads.federated import EvaluationData, FederatedData

@@ -25,7 +25,7 @@ from coordinator.config import CoordinatorConfig, OnEmpty
 from coordinator.open_round import OpenRound
 from coordinator.registry import DeviceRecord, Registry
 from coordinator.resume import append_event
-from coordinator.round import Arrival, Departure, Federation
+from coordinator.rules.round import Arrival, Departure, Federation
 from flexfl.errors import ConfigError, PartitionMismatch, UnknownDevice
 from flexfl.exchange import DeviceState, Join
 from workloads.partition_spec import PartitionSpec

@@ -1,6 +1,6 @@
 """Per-round metrics as JSON lines (one object per round), flushed as each round ends.
 
-Each line is a coordinator.round_record.RoundRecord, written by the live coordinator (which
+Each line is a coordinator.rules.round_record.RoundRecord, written by the live coordinator (which
 adds transfer sizes and timings) and by the simulator alike, so that every run is read,
 compared and reported the same way. `read_metrics` reads a finished file, `MetricsTail` one
 that a running coordinator is still writing (`flexfl live` and the trace recorder follow it).
@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.round_record import RoundRecord, clean_json
+from coordinator.rules.round_record import RoundRecord, clean_json
 from flexfl.files import atomic_file
 
 if TYPE_CHECKING:
-    from coordinator.round import RoundOpening, RoundOutcome
+    from coordinator.rules.round import RoundOpening, RoundOutcome
 
 
 def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from coordinator.round import RoundOpening, RoundSum
-from edge_agent.deadline import StopReason
+from coordinator.rules.round import RoundOpening, RoundSum
 from flexfl.errors import UpdateRejected, WrongRoundState
 from flexfl.exchange import Delta, UpdateReport
+from flexfl.vocabulary import StopReason
 
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
 

@@ -8,7 +8,7 @@ rounds that have no row. The journal is appended as events happen: a crash befor
 checkpoint must not lose a departure, since the device is gone and will not announce it again.
 
 The checkpoint and every row hold the run's rules (strategy and its parameters, E, eta0,
-unit, batch size, fast-reboot, departure policy: coordinator.round_record.rules_record). A
+unit, batch size, fast-reboot, departure policy: coordinator.rules.round_record.rules_record). A
 resume under other rules would mix two experiments in one folder: it is refused, naming each
 changed setting, unless the user allows it; then the first row after the resume records the change.
 """
@@ -25,10 +25,10 @@ import numpy as np
 
 from coordinator.checkpoint import Checkpoint, checkpointed_round, load_checkpoint
 from coordinator.metrics import MetricsWriter, read_metrics_and_torn
-from coordinator.objective import Objective
 from coordinator.registry import Registry
-from coordinator.round import Federation
-from coordinator.round_record import rule_changes
+from coordinator.rules.objective import Objective
+from coordinator.rules.round import Federation
+from coordinator.rules.round_record import rule_changes
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.run_folder import RunFolder, claim_run_folder
 

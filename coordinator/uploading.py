@@ -23,10 +23,10 @@ from flexfl.proto import tensors as wire
 from coordinator.callers import same_device
 from coordinator.engine import RoundEngine
 from coordinator.turns import Turn
-from edge_agent.deadline import AGENT_REASONS, StopReason
 from edge_agent.memory import release_freed
 from flexfl.errors import IdentityMismatch, UpdateRejected, WrongRoundState
 from flexfl.exchange import UpdateReport
+from flexfl.vocabulary import AGENT_REASONS, StopReason
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,13 @@ import psutil
 import torch
 
 from edge_agent.config import AgentConfig
-from edge_agent.deadline import Estimates, StopReason
+from edge_agent.deadline import Estimates
 from edge_agent.device_round import RoundCaps, expected_parameters, run_round
 from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.transport import AgentError, Delivery, Expected, Transport, UnknownDevice
 from flexfl import __version__
 from flexfl.exchange import Join, ModelDescription, OfferStatus, RoundTerms
+from flexfl.vocabulary import StopReason
 from loadgen.hostinfo import host_facts
 from workloads.datasets import ArrayDataset
 from workloads.federated import load_shard

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flexfl.exchange import AGENT_REASONS, StopReason
+from flexfl.vocabulary import AGENT_REASONS, StopReason
 from trace_recorder.deadline import budget_reason
 
 # Factor applied to the upload estimate in each round that sends no update (nothing to

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_agent.units import Unit
 from flexfl.errors import ConfigError
+from flexfl.vocabulary import Unit
 from workloads.datasets import ArrayDataset, scaled
 
 
@@ -105,7 +105,7 @@ def train_local(
     The delta is taken against the model's parameters at entry, w_G. `mu` > 0 adds FedProx's
     proximal term mu/2 ||w - w_G||^2 to the local objective: each step's gradient gains
     mu (w - w_G), taken at the weights before the step (the reported loss stays the
-    minibatch cross-entropy), as simulator.fast_trainer and simulator.cache_trainer do.
+    minibatch cross-entropy), as simulator.trainers.fast_trainer and simulator.trainers.cache_trainer do.
     """
     unit = _checked(unit, updates=updates, lr=lr, mu=mu)
     start = time.perf_counter()

@@ -43,10 +43,10 @@ from flexfl.exchange import (
     OfferStatus,
     RoundOffer,
     RoundTerms,
-    StopReason,
     UpdateReport,
 )
 from flexfl.net import reach_problem
+from flexfl.vocabulary import StopReason
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The project's exception hierarchy: one base class, narrow subclasses per concern."""
 
 
-# How `flexfl` prints a FlexFLError: one line on stderr (flexfl.cli); the harness finds it in logs.
+# How `flexfl` prints a FlexFLError: one line on stderr (flexfl.app.cli); the harness finds it in logs.
 ERROR_PREFIX = "flexfl: error: "
 
 class FlexFLError(Exception):

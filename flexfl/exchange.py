@@ -16,34 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flexfl.vocabulary import StopReason
+
 if TYPE_CHECKING:  # the agent on a Pi imports this module; torch is only a type here
     import torch
 
 
-class StopReason(StrEnum):
-    """Why a device's s in a round is what it is: one vocabulary for the live agent
-    (edge_agent.deadline.why_stopped), the coordinator's metrics rows (`stop_reason`, per device)
-    and the deadline rule's closed form (trace_recorder.deadline), so that live and simulated
-    rounds can be compared reason by reason.
 
-    The agent decides the first five when its round ends; the coordinator the last three, for
-    a device whose update it did not take or whose agent did not say
-    (coordinator.open_round.OpenRound.stop_reasons); the closed form gives complete, compute,
-    upload and offline.
-    """
-
-    COMPLETE = "complete"  # s = E
-    COMPUTE = "compute"  # the budget stopped it: training took the room
-    UPLOAD = "upload"  # the budget stopped it: the upload (and download) took the room
-    TRACE = "trace"  # its participation trace (or forced schedule, participation.forced_updates) capped s below E
-    STOPPED = "stopped"  # the agent was shutting down during the round
-    MISSED = "missed"  # its model was delivered, but no update was taken by its deadline (late, refused, lost)
-    OFFLINE = "offline"  # its model was never delivered (not connected, departed, offline in its timeline)
-    UNKNOWN = "unknown"  # an update from an agent that does not send the reason (older than the field)
-
-
-# The reasons an agent sends; the others are the coordinator's.
-AGENT_REASONS = (StopReason.COMPLETE, StopReason.COMPUTE, StopReason.UPLOAD, StopReason.TRACE, StopReason.STOPPED)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ trust_only_plugin_path(): an import path must then lead into a folder of the age
 `plugin_path` (an installed package's entry points are trusted as they are declared).
 
 Each owner resolves its names here and checks what it gets (workloads.models.build_model,
-workloads.datasets.dataset_plugin, coordinator.strategies.get_strategy). Every failure (not
+workloads.datasets.dataset_plugin, coordinator.rules.strategies.get_strategy). Every failure (not
 importable, a missing attribute, a wrong result, an exception raised in the plug-in's own
 code) is one PluginError line that names the plug-in and what it lacks or what failed.
 """
@@ -51,7 +51,7 @@ MODEL = PluginKind("model", "flexfl.models", "a torch.nn.Module class, or a func
 DATASET = PluginKind("dataset", "flexfl.datasets", "a function (or class) called with no arguments that returns the "
                                                    "data: x_train, y_train, x_test, y_test, num_classes")
 STRATEGY = PluginKind("strategy", "flexfl.strategies", "a class with arrival_weights(*, s, E, p) and "
-                                                       "round_scale(*, s, E, p) (coordinator.strategies.Strategy)")
+                                                       "round_scale(*, s, E, p) (coordinator.rules.strategy.Strategy)")
 
 # What a config key holding a plug-in's name takes beside the built-in names (for messages).
 PLUGIN_FORMS = "or a plug-in: MODULE:ATTRIBUTE, or the name of an installed {group} entry point"

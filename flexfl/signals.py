@@ -12,7 +12,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# Set by flexfl.harness on the processes it starts (the harness's pid); read by flexfl.cli.main.
+# Set by loadgen.harness on the processes it starts (the harness's pid); read by flexfl.app.cli.main.
 DIE_WITH_PARENT_ENV = "FLEXFL_DIE_WITH_PARENT"
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

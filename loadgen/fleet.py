@@ -366,7 +366,8 @@ class EmulatedFleet:
         """
         d = self.devices[index]
         cpus = d.spec.cpu_quota if d.spec.cpu_quota is not None else float(len(os.sched_getaffinity(0)))
-        argv = [sys.executable, "-m", "loadgen", "serve", "--bind", d.loadgen_endpoint, "--iface", d.iface,
+        argv = [sys.executable, "-m", "flexfl.app.cli", "loadgen", "serve", "--bind", d.loadgen_endpoint,
+                "--iface", d.iface,
                 "--cpus", f"{cpus:g}", "--nice", str(nice), "--keys", str(self.loadgen_keys_dir(index))]
         if self.stress_ng_method:
             argv += ["--cpu-method", self.stress_ng_method]

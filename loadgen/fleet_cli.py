@@ -5,8 +5,8 @@
     flexfl fleet status
     flexfl fleet down                 # idempotent; also removes a crashed run's leftovers
 
-Reached through the one `flexfl` command (flexfl.cli), whose error lines and logging it shares;
-where the entry point is not installed, `python -m flexfl.cli fleet ACTION ...` is the same.
+Reached through the one `flexfl` command (flexfl.app.cli), whose error lines and logging it shares;
+where the entry point is not installed, `python -m flexfl.app.cli fleet ACTION ...` is the same.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.agent_config:
             env = dict(os.environ, OMP_NUM_THREADS="1")
             for d in fleet.devices:
-                fleet.spawn(d.index, [sys.executable, "-m", "flexfl.cli", "agent", "--config",
+                fleet.spawn(d.index, [sys.executable, "-m", "flexfl.app.cli", "agent", "--config",
                                       str(args.agent_config.resolve()),
                                       "--coordinator", f"{fleet.coordinator_host}:{args.coordinator_port}",
                                       "--device-id", device_id(d.index), "--shard-index", str(d.index)],

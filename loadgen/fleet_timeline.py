@@ -19,18 +19,20 @@ fleet's own methods (loadgen.fleet: cgroup quota, tbf on each side of the link, 
   offline its quota and rates stay as they were: nothing runs that they would limit.
 
 Time is the timeline's unit: a round id for `start_round` timelines, seconds for `start_s`
-ones; the caller says which time it is (flexfl.live_conditions follows the coordinator).
+ones; the caller says which time it is (flexfl.app.live_conditions follows the coordinator).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
-from flexfl.errors import ConfigError
+from flexfl.errors import ConfigError, ReportError
 from trace_recorder.availability import device_names
 from trace_recorder.timeline import Conditions, Timeline, TimeUnit, describe_names
 
@@ -54,6 +56,12 @@ class Settings:
         return dict(zip(RECORD_KEYS, (self.cpu_share, self.cpu_quota, self.up_kbit, self.down_kbit, self.online)))
 
 
+# A live run's record of the conditions it applied (`flexfl live --emulate --timeline`: written by
+# flexfl.app.live_conditions.LiveTimeline, read by the report and the simulator's hint): RUN/conditions.jsonl,
+# one JSON line per round at its opening (and one more whenever a second-clocked timeline changes
+# inside a round): {"round": r, "time": unix s, "t_s": s since round 1 opened, "devices": {id: Settings.record()}}.
+CONDITIONS_FILE = "conditions.jsonl"
+POLL_S = 0.05  # how often `flexfl live` asks the coordinator for its open round while a timeline plays
 RECORD_KEYS = ("cpu_share", "cpu_quota", "up_kbit_s", "down_kbit_s", "online")
 
 
@@ -212,3 +220,64 @@ def _apply(fleet: Fleet, index: int, change: Change) -> None:
         fleet.set_download(index, new)  # type: ignore[arg-type]
     else:
         fleet.set_online(index, bool(new))
+
+
+def read_conditions(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    """conditions.jsonl as {round: {device: settings}}: those in force at each round's opening (its first line).
+
+    A torn last line (a crash mid-write) is skipped; anything else off the schema is a ReportError
+    naming the file, the line and the field."""
+    return {r: row["devices"] for r, row in _openings(path).items()}
+
+
+def seconds_per_round(path: Path) -> float | None:
+    """The mean time from one round's opening to the next in a recorded run (None under two rounds):
+    what `flexfl sim run --timeline` reads a timeline in seconds with (--round-s)."""
+    starts = sorted((r, row["t_s"]) for r, row in _openings(path).items())
+    if len(starts) < 2:
+        return None
+    (first, t0), (last, t1) = starts[0], starts[-1]
+    return (t1 - t0) / (last - first)
+
+
+def _openings(path: Path) -> dict[int, dict[str, Any]]:
+    """Each round's first line of conditions.jsonl, checked (read_conditions)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read: {exc}") from None
+    out: dict[int, dict[str, Any]] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ReportError(f"{path}:{number}: not a JSON object") from None
+        where = f"{path}:{number}"
+        if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
+            raise ReportError(f"{where}: field 'round': expected a round id (an integer)")
+        if isinstance(row.get("t_s"), bool) or not isinstance(row.get("t_s"), int | float):
+            raise ReportError(f"{where}: field 't_s': expected seconds since round 1 opened, got {row.get('t_s')!r}")
+        devices = row.get("devices")
+        if not isinstance(devices, dict):
+            raise ReportError(f"{where}: field 'devices': expected an object of device id -> settings")
+        for device, settings in devices.items():
+            _check_settings(settings, where=f"{where}: field 'devices.{device}")
+        out.setdefault(row["round"], row)
+    return out
+
+
+def _check_settings(settings: object, *, where: str) -> None:
+    if not isinstance(settings, dict):
+        raise ReportError(f"{where}': expected an object of settings")
+    for key in RECORD_KEYS:
+        value = settings.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = isinstance(value, bool) if key == "online" else number or (value is None and key != "cpu_share")
+        if not ok:
+            raise ReportError(f"{where}.{key}': expected {'true or false' if key == 'online' else 'a number'}, "
+                              f"got {value!r}")

@@ -6,7 +6,7 @@ deleting what is not there is not an error, so cleanup code can call them uncond
     create_netns("dev1")
     add_veth("dev1-a", "dev1-b", netns="dev1", address="10.123.1.2/24",
              peer_address="10.123.1.1/24")           # peer stays in the caller's namespace
-    run_argv = exec_argv("dev1", ["python", "-m", "loadgen", "serve"])
+    run_argv = exec_argv("dev1", ["python", "-m", "flexfl.app.cli", "loadgen", "serve"])
     ...
     delete_netns("dev1")                              # also destroys veth ends inside it
 """

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simulator.groups import Group
 from simulator.participation import TraceParticipation
 from simulator.run_state import RoundWork, RunState
 from simulator.sim_config import SimConfig
-from simulator.sweep import Group
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.datasets import ArrayDataset
 from workloads.federated import FederatedData

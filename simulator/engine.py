@@ -1,16 +1,16 @@
 """One simulated federated run: traces -> s per device -> local SGD -> the shared round -> metrics.
 
 The round itself (participants, learning rate, coefficients, update, arrivals and
-departures) is coordinator.round.Federation, the same object the live coordinator runs.
+departures) is coordinator.rules.round.Federation, the same object the live coordinator runs.
 The simulator's rooms around it:
 - simulator.sim_config: SimConfig, what determines a run (with the seed, exactly);
 - simulator.participation: where s comes from (the Participation protocol: a fixed table,
   traces through trace_recorder.sampler as live agents draw, shared draws, a device timeline);
 - simulator.run_state: one run's Federation between rounds (open and weigh, close and record);
-- simulator.local_training: the contributors' local SGD (simulator.fast_trainer or
-  simulator.cache_trainer for all rows at once, or edge_agent.trainer per device);
+- simulator.local_training: the contributors' local SGD (simulator.trainers.fast_trainer or
+  simulator.trainers.cache_trainer for all rows at once, or edge_agent.trainer per device);
 - simulator.evaluation: the objective's test set (workloads.federated.FederatedData.test_for);
-- simulator.sim_rows: what a run records per round (coordinator.round_record.RoundRecord, as live).
+- simulator.sim_rows: what a run records per round (coordinator.rules.round_record.RoundRecord, as live).
 This module is the loop that drives them, the same for one run and for paired runs.
 
 A run is a pure function of its config: data, initial model, trace assignment, s draws
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from coordinator.round_record import RoundRecord
+from coordinator.rules.round_record import RoundRecord
 from flexfl.errors import ConfigError
 from simulator.local_training import ROW_TRAINERS, PairedTrainer, RoundTrainer, RunTrainer
 from simulator.participation import FixedParticipation, Participation, SharedDraws, TraceParticipation
@@ -42,7 +42,7 @@ from simulator.sim_config import (
     runs_alike,
 )
 from simulator.sim_rows import SimResult, records_as_rows
-from simulator.trainer_kind import TrainerKind, cache_trainer_available
+from simulator.trainers.trainer_kind import TrainerKind, cache_trainer_available
 from trace_recorder.format import TraceSet, read_trace_set
 from workloads.federated import FederatedData, build_federated
 from workloads.partition_spec import device_id

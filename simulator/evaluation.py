@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from simulator.trainer_kind import cache_trainer_available
+from simulator.trainers.trainer_kind import cache_trainer_available
 from workloads.datasets import ArrayDataset
 from workloads.federated import FederatedData
 
@@ -17,7 +17,7 @@ def evaluate(model: torch.nn.Module, params: Mapping[str, torch.Tensor], data: A
     The two agree to float32 rounding (tests/unit/simulator/test_cache_trainer.py); the kernels
     are imported here, not at the top, so that the simulator imports without the [sim] extra."""
     if cache_trainer_available():
-        from simulator.cache_trainer import evaluate as kernel_evaluate
+        from simulator.trainers.cache_trainer import evaluate as kernel_evaluate
 
         return kernel_evaluate(model, dict(params), data)
     from workloads.evaluation import evaluate as torch_evaluate

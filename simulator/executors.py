@@ -1,6 +1,6 @@
 """Where a sweep's groups are computed: a local process pool, or Ray (a local instance or a cluster).
 
-Every executor takes simulator.sweep.GroupTask objects, runs simulator.sweep.compute_group
+Every executor takes simulator.groups.GroupTask objects, runs simulator.groups.compute_group
 on each (one torch thread per worker, one worker per CPU), and yields each group's results
 as it finishes, in any order; the driver writes them (simulator.sweep.run_sweep). Only
 configs, trace sets and per-round results travel; workers build their data themselves.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from flexfl.errors import ClusterError, ConfigError
 from flexfl.net import tcp_problem
-from simulator.sweep import GroupTask, RunOutput, compute_group
+from simulator.groups import GroupTask, RunOutput, compute_group
 
 log = logging.getLogger(__name__)
 

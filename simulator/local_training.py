@@ -13,13 +13,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from coordinator.aggregation import stack_deltas
+from coordinator.rules.aggregation import stack_deltas
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import ConfigError
-from simulator.fast_trainer import FastTrainer
 from simulator.run_state import RoundWork, RunState
 from simulator.sim_config import SimConfig
-from simulator.trainer_kind import TrainerKind
+from simulator.trainers.fast_trainer import FastTrainer
+from simulator.trainers.trainer_kind import TrainerKind
 from workloads.federated import FederatedData
 
 Trained = tuple[dict[str, torch.Tensor], np.ndarray]  # deltas {name: [rows, *shape]}, mean loss per row
@@ -27,7 +27,7 @@ Trained = tuple[dict[str, torch.Tensor], np.ndarray]  # deltas {name: [rows, *sh
 
 def _cache_trainer(*args, **kwargs):
     try:
-        from simulator.cache_trainer import CacheTrainer  # needs numba (the [sim] extra)
+        from simulator.trainers.cache_trainer import CacheTrainer  # needs numba (the [sim] extra)
     except ImportError as exc:
         raise ConfigError(f"trainer = 'cache' needs numba (pip install 'flexfl[sim]'): {exc}; "
                           "trainer = 'fast' or 'auto' simulates without it") from None

@@ -30,7 +30,7 @@ class RoundDraws:
 
 class Participation(Protocol):
     """What the engine asks of a source of s (simulator.run_state.RunState); callers may bring their own
-    (trace_recorder.fidelity's AfterStart: a live run's s, then the traces')."""
+    (trace_recorder.fidelity.experiment's AfterStart: a live run's s, then the traces')."""
 
     @property
     def trace_names(self) -> Sequence[str]:
@@ -79,7 +79,7 @@ class TraceParticipation:
     """Each device follows a trace (assign_traces) and draws s from it (TraceSampler).
 
     `assignment` fixes the trace (index into the first num_traces) device k follows, e.g. a
-    recorded set's own device -> trace map (trace_recorder.fidelity); None: assign_traces' draw.
+    recorded set's own device -> trace map (trace_recorder.fidelity.experiment); None: assign_traces' draw.
     """
 
     def __init__(self, traces: TraceSet, cfg: SimConfig, *, assignment: Sequence[int] | None = None) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.strategies import title_of
+from coordinator.rules.strategies import title_of
 from flexfl.files import atomic_file
 from flexfl.markdown import table
-from simulator.paper import PAPER_TABLE3
+from simulator.paper_numbers import PAPER_TABLE3
 
 
 def write_csv_atomic(path: Path, rows: Sequence[dict]) -> None:
@@ -58,7 +58,7 @@ def write_jsonl_atomic(path: Path, rows: Sequence[dict]) -> None:
     """One JSON object per line (the coordinator's metrics.jsonl format), written atomically."""
     import json
 
-    from coordinator.round_record import clean_json
+    from coordinator.rules.round_record import clean_json
 
     with atomic_file(path) as f:
         for row in rows:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coordinator.round import Arrival, Departure, Federation, RoundOpening, Weighing
-from coordinator.round_record import RoundRecord
+from coordinator.rules.round import Arrival, Departure, Federation, RoundOpening, Weighing
+from coordinator.rules.round_record import RoundRecord
 from edge_agent.trainer import steps_per_update
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, DivergenceError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from coordinator.round_record import RoundRecord
+from coordinator.rules.round_record import RoundRecord
 from simulator.run_state import RunState
 from simulator.sim_config import SimConfig, runs_alike
 

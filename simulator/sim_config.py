@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from coordinator.objective import DeparturePolicy
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from flexfl.config import coerce_enums, path_field, plugin_path_field
 from flexfl.errors import ConfigError
-from simulator.paper import DEFAULT_PARTITION
-from simulator.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
+from flexfl.vocabulary import DeparturePolicy
+from simulator.paper_numbers import DEFAULT_PARTITION
+from simulator.trainers.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
 from trace_recorder import PAPER_TRACE_SET
 from workloads.partition_spec import PartitionSpec
 

@@ -1,4 +1,4 @@
-"""What a simulated run records per round: coordinator.round_record.RoundRecord, as a live round's.
+"""What a simulated run records per round: coordinator.rules.round_record.RoundRecord, as a live round's.
 
 A run's metrics.jsonl lines are its records' to_json(); rounds.csv is their projection
 (records_as_rows: the columns it has always had, so committed results still read).
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordinator.round import RoundOpening, RoundOutcome, Weighing
-from coordinator.round_record import RoundRecord
+from coordinator.rules.round import RoundOpening, RoundOutcome, Weighing
+from coordinator.rules.round_record import RoundRecord
 from simulator.sim_config import SimConfig
 
 # rounds.csv's columns after the run's identifying fields, each a RoundRecord attribute.

@@ -1,6 +1,6 @@
 """`flexfl sim run`'s work: several strategies' runs on the same data and s, and the files they leave.
 
-simulator.cli turns the command line into a SimRunPlan; `simulate(plan)` claims the output
+flexfl.app.sim_cli turns the command line into a SimRunPlan; `simulate(plan)` claims the output
 folder (flexfl.run_folder: an earlier run there is refused, or moved aside with --fresh), runs
 each strategy's config with simulator.engine, and writes OUT/rounds.csv, accuracy.png,
 summary.json and OUT/<strategy>/{metrics.jsonl, sim.toml, run.json}.

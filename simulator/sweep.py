@@ -27,124 +27,33 @@ equals its config, and recomputes a run whose config changed.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
-import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
 
-from flexfl.config import to_dict
-from flexfl.errors import ConfigError, FlexFLError, SweepError
+from flexfl.errors import ConfigError, SweepError
 from flexfl.files import atomic_file
-from simulator.engine import SimConfig, SimResult, records_as_rows, runs_alike
+from simulator.engine import SimConfig, runs_alike
+from simulator.executors import LocalExecutor
+from simulator.groups import Executor, Group, GroupTask, Run, RunOutput, plain_config
 from trace_recorder.format import TraceSet, read_trace_set
 
 log = logging.getLogger(__name__)
 
 METRICS_SUFFIX = ".metrics.jsonl.gz"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
-SUMMARY_KEYS = frozenset({"name", "config", "final_acc", "final_loss", "rounds", "wall_s", "device_updates",
-                          "discarded_rounds", "final_params_sha256", "paired_with", "group_wall_s", "identical_to",
-                          "cached"})
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run of a sweep: its file name stem, its config, and labels copied into its summary.
-
-    `same_as` names an earlier run of the same group known to give the identical result
-    (e.g. Schemes A/B/C when every device always completes): it is not computed; its files
-    are the other run's, under its own config.
-    """
-
-    name: str
-    config: SimConfig
-    labels: Mapping[str, Any] = field(default_factory=dict)
-    same_as: str | None = None
-
-    def __post_init__(self) -> None:
-        if not NAME_RE.match(self.name):
-            raise ConfigError(f"sweep run name {self.name!r}: use letters, digits and _ . = + - (it names files)")
-        clash = SUMMARY_KEYS & set(self.labels)
-        if clash:
-            raise ConfigError(f"sweep run {self.name}: labels {sorted(clash)} clash with summary fields")
-
-
-@dataclass(frozen=True)
-class Group:
-    """Runs that share their data (one partition): the unit a worker computes."""
-
-    runs: tuple[Run, ...]
-
-    def __post_init__(self) -> None:
-        if not self.runs:
-            raise ConfigError("a sweep group needs at least one run")
-        first = self.runs[0]
-        seen: dict[str, Run] = {}
-        for run in self.runs:
-            if run.config.partition != first.config.partition:
-                raise ConfigError(f"sweep group of {first.name}: run {run.name} has partition "
-                                  f"{run.config.partition.describe()}, {first.name} has "
-                                  f"{first.config.partition.describe()}; a group shares its data")
-            if run.same_as is not None:
-                source = seen.get(run.same_as)
-                if source is None or source.same_as is not None:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as!r} must name an earlier "
-                                      "computed run of its group")
-                if source.config.rounds != run.config.rounds:
-                    raise ConfigError(f"sweep run {run.name}: same_as {run.same_as} runs "
-                                      f"{source.config.rounds} rounds, it runs {run.config.rounds}")
-            seen[run.name] = run
-
-
-@dataclass(frozen=True)
-class GroupTask:
-    """What a worker gets: the runs to compute (with the sources of aliases) and the trace sets by path."""
-
-    runs: tuple[Run, ...]
-    wanted: frozenset[str]  # names whose results go back (a cached alias source is recomputed, not resent)
-    trace_sets: Mapping[str, TraceSet]
-    checkpoint: str | None = None  # where paired runs save their state as they go (a file system the worker sees)
-
-
-@dataclass(frozen=True)
-class RunOutput:
-    """One run's results on their way from a worker to the driver (or why the run failed)."""
-
-    name: str
-    summary: dict[str, Any] = field(default_factory=dict)
-    rounds_csv: list[dict] = field(default_factory=list)
-    metrics: list[dict] = field(default_factory=list)
-    error: str | None = None
-
-
-class Executor(Protocol):
-    """Computes GroupTasks somewhere (simulator.executors) and yields each group's outputs as it finishes."""
-
-    def describe(self) -> str: ...
-
-    def run(self, tasks: Sequence[GroupTask]) -> Iterator[list[RunOutput]]: ...
-
-
 # ---- on disk ----------------------------------------------------------------------------------
-
-
-def _plain_config(cfg: SimConfig) -> dict:
-    """The config as it reads back from a summary JSON."""
-    return json.loads(json.dumps(to_dict(cfg)))
 
 
 def _same_config(saved: object, cfg: SimConfig) -> bool:
     """A saved config means `cfg` if it reads back equal where the run uses it (SimConfig.in_effect):
     fields added since, at their defaults, and constants of unused departure policies do not count."""
-    return saved == _plain_config(cfg) or runs_alike(saved, cfg)
+    return saved == plain_config(cfg) or runs_alike(saved, cfg)
 
 
 def saved_summary(work_dir: Path, run: Run) -> dict | None:
@@ -165,7 +74,7 @@ def saved_summary(work_dir: Path, run: Run) -> dict | None:
 
 def write_run(work_dir: Path, out: RunOutput) -> None:
     """The run's per-round CSV and metrics, then its summary JSON (the finished mark), each atomically."""
-    from coordinator.round_record import clean_json
+    from coordinator.rules.round_record import clean_json
     from simulator.report import write_csv_atomic
 
     write_csv_atomic(work_dir / f"{out.name}.csv", out.rounds_csv)
@@ -182,77 +91,6 @@ def read_metrics(work_dir: Path, name: str) -> list[dict]:
     """A finished run's per-round round-engine rows (coordinator.metrics.round_row), in round order."""
     with gzip.open(Path(work_dir) / f"{name}{METRICS_SUFFIX}", "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
-
-
-def params_sha256(params: Mapping[str, Any]) -> str:
-    """SHA-256 over the parameters' names and float32 bytes, in name order."""
-    h = hashlib.sha256()
-    for name in sorted(params):
-        h.update(name.encode())
-        h.update(params[name].detach().contiguous().float().numpy().tobytes())
-    return h.hexdigest()
-
-
-# ---- the worker's side --------------------------------------------------------------------------
-
-_DATA: dict = {}  # per worker process: the last group's data, reused by the next group with that partition
-
-
-def compute_group(task: GroupTask) -> list[RunOutput]:
-    """Run one group's configs (paired where they can be) and return the wanted runs' results."""
-    import torch
-
-    from simulator.engine import load_data, run_paired, run_simulation
-
-    # One thread per worker: torch's default collapses when another job holds a core
-    # (python -m benchmarks.threads); executors run one worker per core instead.
-    torch.set_num_threads(1)
-    computed = [r for r in task.runs if r.same_as is None]
-    configs = [r.config for r in computed]
-    started = time.perf_counter()
-    try:
-        partition = configs[0].partition
-        if partition not in _DATA:
-            _DATA.clear()
-            _DATA[partition] = load_data(configs[0])  # e.g. DatasetNotFoundError on a node without MNIST
-        data = _DATA[partition]
-        pairable = (len({c.rules.batch_size_for(c.partition.dataset) for c in configs}) == 1
-                    and len({c.trainer_kind for c in configs}) == 1 and configs[0].batched)
-        if pairable:
-            checkpoint = Path(task.checkpoint) if task.checkpoint else None
-            results = run_paired(configs, data=data, traces=task.trace_sets, checkpoint=checkpoint)
-        else:
-            results = [run_simulation(c, data=data, traces=task.trace_sets[c.traces.set]) for c in configs]
-    except FlexFLError as exc:
-        return [RunOutput(name=r.name, error=str(exc)) for r in task.runs if r.name in task.wanted]
-    group_s = time.perf_counter() - started
-    if task.checkpoint:
-        Path(task.checkpoint).unlink(missing_ok=True)  # the results go back now; a rerun would find them saved
-    by_name = {r.name: res for r, res in zip(computed, results)}
-    paired = [r.name for r in computed] if pairable and len(computed) > 1 else []
-    out = []
-    for run in task.runs:
-        if run.name not in task.wanted:
-            continue
-        source = by_name[run.same_as or run.name]
-        result = replace(source, config=run.config) if run.same_as else source
-        summary = _summary(run, result, paired_with=[n for n in paired if n != run.name], group_s=group_s)
-        out.append(RunOutput(name=run.name, summary=summary, rounds_csv=records_as_rows(result), metrics=result.rows))
-    return out
-
-
-def _summary(run: Run, result: SimResult, *, paired_with: list[str], group_s: float) -> dict:
-    records = result.records
-    alias = run.same_as is not None
-    return {
-        "name": run.name, "config": _plain_config(run.config), **run.labels,
-        "final_acc": records[-1].test_acc, "final_loss": records[-1].test_loss, "rounds": len(records),
-        "wall_s": 0.0 if alias else result.wall_s, "device_updates": 0 if alias else result.device_updates,
-        "discarded_rounds": sum(r.discarded for r in records),
-        "final_params_sha256": params_sha256(result.final_params),
-        "paired_with": paired_with, "group_wall_s": group_s,
-        **({"identical_to": run.same_as} if alias else {}),
-    }
 
 
 # ---- the driver's side --------------------------------------------------------------------------
@@ -277,8 +115,6 @@ def run_sweep(
     """
     if failures not in ("raise", "return"):
         raise ConfigError(f"run_sweep: failures must be 'raise' or 'return', got {failures!r}")
-    from simulator.executors import LocalExecutor
-
     runs = [r for g in groups for r in g.runs]
     names = [r.name for r in runs]
     dupes = sorted(n for n, count in Counter(names).items() if count > 1)
@@ -363,7 +199,7 @@ def _take_outputs(results: Iterator[list[RunOutput]], *, work_dir: Path, summari
                        f"{cached} cached | ETA {_minutes(eta)}")
     except KeyboardInterrupt:
         # Ctrl-C (its workers ignore it: simulator.executors): stop them now, wherever it hit the driver,
-        # and say in one line what is kept (flexfl.cli prints it, no traceback).
+        # and say in one line what is kept (flexfl.app.cli prints it, no traceback).
         close = getattr(results, "close", None)  # a generator: its finally blocks stop the workers
         if close is not None:
             close()

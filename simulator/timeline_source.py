@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig
-from edge_agent.units import Unit
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError
+from flexfl.vocabulary import Unit
 from simulator.participation import RoundDraws
 from simulator.sim_config import SimConfig
 from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline

@@ -92,7 +92,7 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
 def forget_myfl():
     """`flexfl new`'s package is `myfl` in every starter folder: what a test imported and cached of one goes."""
     yield
-    from coordinator import strategies
+    from coordinator.rules import strategies
     from workloads.datasets import load_plugin_data
 
     for name in [n for n in sys.modules if n == "myfl" or n.startswith("myfl.")]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 
-# The paper's recording protocol (trace_recorder.profiles reads it). Here, not in profiles,
+# The paper's recording protocol (trace_recorder.recording.profiles reads it). Here, not in profiles,
 # so that `flexfl traces --help` can name it without importing torch.
 DEFAULT_PROFILE = _HERE / "paper_profile.toml"
 

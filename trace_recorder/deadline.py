@@ -25,8 +25,7 @@ import math
 from typing import NamedTuple
 
 from flexfl.errors import ConfigError
-from flexfl.exchange import AGENT_REASONS as AGENT_REASONS  # the vocabulary (re-exported): ground floor
-from flexfl.exchange import StopReason as StopReason
+from flexfl.vocabulary import StopReason
 from trace_recorder.timeline import Conditions
 
 # Absorbs float rounding where updates fit exactly (0.6 - 0.2 = 0.39999999999999997: 7.99... updates of 0.05 s).

@@ -18,25 +18,14 @@ Rules (the paper leaves them open; see results/README.md):
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 
 from flexfl.errors import ConfigError
+from flexfl.vocabulary import Sampling, SRule
 from trace_recorder.format import Trace
 
 # Stream tags keep the sampler's random numbers apart from every other seeded stream.
 _ASSIGN, _OFFSET, _DRAW = 1, 7, 2
-
-
-class Sampling(StrEnum):
-    IID = "iid"
-    REPLAY = "replay"
-
-
-class SRule(StrEnum):
-    ROUND = "round"
-    FLOOR = "floor"
 
 
 def fraction_to_updates(fraction: np.ndarray | float, *, E: int, rule: SRule | str = SRule.ROUND) -> np.ndarray:

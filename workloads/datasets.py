@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from flexfl.errors import ConfigError, DataError, DatasetNotFoundError
+from flexfl.errors import DataError, DatasetNotFoundError
 from flexfl.files import atomic_file
-from flexfl.plugins import DATASET, Plugin, kind_of, plugin_forms, resolve
+from flexfl.plugins import Plugin, kind_of
 from workloads.defaults import DEFAULTS
-from workloads.partition_spec import Dataset, is_builtin_dataset
+from workloads.partition_spec import Dataset, dataset_plugin, is_builtin_dataset
 
 log = logging.getLogger(__name__)
 
@@ -378,17 +378,6 @@ def dataset_shape(dataset: Dataset | str) -> DataShape:
 # ---------------------------------------------------------------- plug-ins
 
 _PLUGIN_FIELDS = ("x_train", "y_train", "x_test", "y_test", "num_classes")
-
-
-def dataset_plugin(name: str) -> Plugin:
-    """The plug-in a dataset name that is not built-in leads to, checked to be callable (a ConfigError if none)."""
-    plugin = resolve(DATASET, name)
-    if plugin is None:
-        raise ConfigError(f"expected one of {', '.join(d.value for d in Dataset)}, got {name!r}; "
-                          f"{plugin_forms(DATASET)}")
-    if not callable(plugin.obj):
-        raise plugin.error(f"is {kind_of(plugin.obj)}; it should be {DATASET.expects}")
-    return plugin
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: holds numpy arrays

@@ -1,5 +1,5 @@
 """Test accuracy and loss of a model's parameters on a dataset: the coordinator's, and the simulator's
-for models without a kernel in simulator.cache_trainer (which evaluates the MLP and logistic
+for models without a kernel in simulator.trainers.cache_trainer (which evaluates the MLP and logistic
 regression on its own numba products and matches this function to float32 rounding)."""
 
 from __future__ import annotations

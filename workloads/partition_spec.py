@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from flexfl.config import coerce_enums, from_dict, to_dict
 from flexfl.errors import ConfigError, PartitionMismatch
+from flexfl.plugins import DATASET, Plugin, kind_of, plugin_forms, resolve
 from flexfl.text import count
 
 
@@ -90,8 +91,6 @@ class PartitionSpec:
     def __post_init__(self) -> None:
         coerce_enums(self)
         if not isinstance(self.dataset, Dataset):
-            from workloads.datasets import dataset_plugin  # numpy: only for a plug-in's name
-
             try:
                 dataset_plugin(self.dataset)  # importable, and callable: its data is checked when loaded
             except ConfigError as exc:
@@ -191,3 +190,14 @@ def device_id(shard: int) -> str:
     agents, the emulated fleet and imported timelines all name their devices so, which is what lets
     one run's devices be matched with another's (a timeline's rows, a live run beside its simulation)."""
     return f"dev-{shard}"
+
+
+def dataset_plugin(name: str) -> Plugin:
+    """The plug-in a dataset name that is not built-in leads to, checked to be callable (a ConfigError if none)."""
+    plugin = resolve(DATASET, name)
+    if plugin is None:
+        raise ConfigError(f"expected one of {', '.join(d.value for d in Dataset)}, got {name!r}; "
+                          f"{plugin_forms(DATASET)}")
+    if not callable(plugin.obj):
+        raise plugin.error(f"is {kind_of(plugin.obj)}; it should be {DATASET.expects}")
+    return plugin

@@ -95,7 +95,7 @@ def test_example_config_changes_nothing() -> None:
 
 
 def test_recorder_inventory_is_what_the_trace_recorder_reads(ansible_tools, tmp_path: Path) -> None:
-    profiles = pytest.importorskip("trace_recorder.profiles", reason="FlexFL is not installed in this venv")
+    profiles = pytest.importorskip("trace_recorder.recording.profiles", reason="FlexFL is not installed in this venv")
     ansible_playbook = ansible_tools.require("ansible-playbook")
     fleet = tmp_path / "fleet.toml"
     proc = ansible_tools.run(ansible_playbook, ["-i", "example.hosts.ini", "recorder_inventory.yml",

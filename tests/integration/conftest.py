@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from coordinator.runtime import Coordinator
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, ParticipationConfig
@@ -144,7 +144,7 @@ def coordinator_toml(tmp_path: Path, port: int, **values) -> Path:
 def flexfl_process(*args: str, log: Path | None = None) -> subprocess.Popen:
     """`flexfl ARGS` as a process; output to `log`, or to a pipe read with communicate()."""
     out = open(log, "w") if log is not None else subprocess.PIPE
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "flexfl.app.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                             text=True)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.coordinator_bench import run_fleet
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWER_PYTHON = REPO / ".venv-flower" / "bin" / "python"
@@ -49,6 +49,8 @@ RUN_BY = {
     "performance": "tests/integration/test_benchmarks.py::test_a_failed_benchmark_fails_the_run_and_keeps_its_section",
     "sim_speed": "tests/integration/test_benchmarks.py::test_the_simulator_benchmark_runs_and_its_variants_agree",
     "soak": "tests/integration/test_soak.py::test_short_soak_with_kills_departures_arrivals_and_coordinator_restarts",
+    "package_graph": "tests/unit/benchmarks/test_package_graph.py::"
+                     "test_a_loop_between_two_packages_counts_both_arrows_and_is_named",
 }
 # Not benchmarks of their own: the module named runs or imports each one.
 PARTS = {

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.harness import CoordinatorClient
+from loadgen.harness import CoordinatorClient
 
 TOKEN = "test-fleet-token"
 
 
 def _flexfl(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "flexfl.app.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 

@@ -15,7 +15,7 @@ import pytest
 from coordinator.config import OutputConfig, RunConfig
 from edge_agent.config import AgentConfig
 from flexfl.config import write_config
-from flexfl.harness import Harness, HarnessError, free_port
+from loadgen.harness import Harness, HarnessError, free_port
 
 from .conftest import make_config
 
@@ -68,7 +68,7 @@ def test_children_die_when_the_harness_is_killed(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from flexfl.harness import Harness
+        from loadgen.harness import Harness
         h = Harness(Path({str(tmp_path / 'logs')!r}))
         m = h.start_coordinator(Path({str(config)!r}), address={address!r}, token={TOKEN!r})
         h.wait_ready(timeout_s=120)

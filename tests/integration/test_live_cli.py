@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from coordinator.metrics import read_metrics
-from coordinator.round_record import RoundRecord
+from coordinator.rules.round_record import RoundRecord
+from flexfl.app.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
-from flexfl.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
 from trace_recorder import PAPER_TRACE_SET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def _live(out: Path, *args: str) -> subprocess.Popen:
     # GRPC_ENABLE_FORK_SUPPORT: this branch's harness forks agents with a preexec_fn while its
     # Status channel is busy, which crashes ~3 % of them before exec (grpc/grpc#43055); main's
     # harness no longer forks that way.
-    return subprocess.Popen([sys.executable, "-m", "flexfl.cli", "live", "--out", str(out), "--trace-set", "",
+    return subprocess.Popen([sys.executable, "-m", "flexfl.app.cli", "live", "--out", str(out), "--trace-set", "",
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"})
 
@@ -199,7 +199,7 @@ def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():
 
 def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
     from coordinator.config import load_coordinator_config
-    from flexfl.live import write_configs
+    from flexfl.app.live import write_configs
 
     coordinator_toml, _, _ = write_configs(LiveConfig(rounds=30, trace_set=""), tmp_path, "127.0.0.1:50051")
     run = load_coordinator_config(coordinator_toml).run
@@ -210,7 +210,7 @@ def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
 def test_live_without_emnist_says_why_on_the_terminal_and_leaves_its_folder_unclaimed(tmp_path):
     """Before: 'coordinator exited with code 2 ...; see coordinator.log', the reason inside the log."""
     env = {**os.environ, "FLEXFL_CACHE": str(tmp_path / "empty-cache")}
-    live = subprocess.Popen([sys.executable, "-m", "flexfl.cli", "live", "--out", str(tmp_path / "run"),
+    live = subprocess.Popen([sys.executable, "-m", "flexfl.app.cli", "live", "--out", str(tmp_path / "run"),
                              "--dataset", "emnist", "--devices", "2", "--rounds", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     printed, _ = live.communicate(timeout=120)
@@ -245,8 +245,8 @@ def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_p
 
 
 def test_the_start_up_checks_fail_on_a_missing_trace_set_or_an_address_not_here_and_write_nothing(tmp_path):
+    from flexfl.app.live_cli import check_before_claim
     from flexfl.errors import FlexFLError
-    from flexfl.live_cli import check_before_claim
 
     out = tmp_path / "run"
     with pytest.raises(FlexFLError, match="nope"):
@@ -261,7 +261,7 @@ def test_live_keeps_the_fleet_token_out_of_the_results_folder_and_its_processes_
     """Before: <out>/fleet_token, in the folder people zip and share (and its report listed it)."""
     from coordinator.config import load_coordinator_config
     from edge_agent.config import load_agent_config
-    from flexfl.live import write_configs
+    from flexfl.app.live import write_configs
 
     out = tmp_path / "demo"
     out.mkdir()

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from coordinator import uploading
-from coordinator.aggregation import coefficients
 from coordinator.config import with_changes
 from coordinator.metrics import read_metrics
-from coordinator.round_record import RoundRecord
-from coordinator.strategies import strategy_names
+from coordinator.rules.aggregation import coefficients
+from coordinator.rules.round_record import RoundRecord
+from coordinator.rules.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
 from simulator.engine import (
     ArrivalEvent,

@@ -72,8 +72,8 @@ def test_an_installed_wheel_simulates_on_its_own_paper_traces(wheel: Path, tmp_p
     assert Path(trace_set) == site / "trace_recorder" / "traces" / "paper", trace_set
     assert "final test accuracy" in sim.stdout
     # `flexfl live` (make demo) takes its default from the same place.
-    live = _run(sys.executable, "-c", "from flexfl.live import LiveConfig; print(LiveConfig().trace_set)", cwd=tmp_path,
-                env=env)
+    live = _run(sys.executable, "-c", "from flexfl.app.live import LiveConfig; print(LiveConfig().trace_set)",
+                cwd=tmp_path, env=env)
     assert Path(live.stdout.strip()) == site / "trace_recorder" / "traces" / "paper", (live.stdout, live.stderr[-500:])
 
 

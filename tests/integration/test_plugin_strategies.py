@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coordinator.metrics import read_metrics
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from flexfl.errors import PluginError
 from simulator.engine import FixedParticipation, SimConfig, run_simulation
 from workloads.partition_spec import PartitionSpec
@@ -20,8 +20,8 @@ from .test_live_rounds import FORCED, _live_and_simulated
 # plus, for each member that sent nothing this round, its last update at p_k / 2^(rounds since it was sent).
 STALE = """
     import numpy as np
-    from coordinator.memory import StrategyMemory
-    from coordinator.strategies import Strategy
+    from coordinator.rules.memory import StrategyMemory
+    from coordinator.rules.strategies import Strategy
 
     class Stale(StrategyMemory):
         def __init__(self):
@@ -90,7 +90,7 @@ def test_a_plug_in_strategy_with_its_own_memory_runs_live_as_in_simulation(live_
 
 NAN_ON_REAL_ROUNDS = """
     import numpy as np
-    from coordinator.strategies import Strategy
+    from coordinator.rules.strategies import Strategy
 
     class NanOnRealRounds(Strategy):
         label = "nan-real"

@@ -12,7 +12,7 @@ from coordinator.checkpoint import load_checkpoint
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
 from flexfl.config import write_config
-from flexfl.harness import CoordinatorClient
+from loadgen.harness import CoordinatorClient
 
 from .conftest import TOKEN, coordinator_toml, flexfl_process, free_port
 

@@ -93,7 +93,7 @@ def head() -> Iterator[Head]:
 
 
 def _sweep(address: str, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flexfl.cli", "sim", "schemes", "--dataset", "synthetic",
+    return subprocess.run([sys.executable, "-m", "flexfl.app.cli", "sim", "schemes", "--dataset", "synthetic",
                            "--settings", "iid", "--num-traces-list", "1", "--seeds", "0", "--rounds", "3",
                            "--out", str(out), "--ray-address", address],
                           cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)

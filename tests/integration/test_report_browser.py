@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.report import write_report
-from flexfl.report.browser import check_page, find_chromium
-from flexfl.report.data import read_run
+from flexfl.app.report import write_report
+from flexfl.app.report.browser import check_page, find_chromium
+from flexfl.app.report.data import read_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 def live_run(tmp_path_factory) -> Path:
     """`flexfl live` with 3 devices and 8 rounds: dev-2 starts after round 1, dev-0 is stopped after round 4."""
     out = tmp_path_factory.mktemp("live") / "run"
-    cmd = [sys.executable, "-m", "flexfl.cli", "live", "--devices", "3", "--rounds", "8", "--arrive-round", "2",
+    cmd = [sys.executable, "-m", "flexfl.app.cli", "live", "--devices", "3", "--rounds", "8", "--arrive-round", "2",
            "--depart-round", "4", "--E", "10", "--deadline-s", "1.0", "--trace-set", str(REPO / "traces" / "paper"),
            "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)

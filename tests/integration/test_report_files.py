@@ -39,7 +39,7 @@ def test_report_leaves_no_untracked_file_in_the_folders_it_reads(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     printed = {}
     for folder in ("results", "traces/paper"):
-        done = subprocess.run([sys.executable, "-m", "flexfl.cli", "report", folder], cwd=checkout, env=env,
+        done = subprocess.run([sys.executable, "-m", "flexfl.app.cli", "report", folder], cwd=checkout, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         printed[folder] = done.stdout.strip()

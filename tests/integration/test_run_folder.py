@@ -9,7 +9,7 @@ from pathlib import Path
 
 from coordinator.metrics import read_metrics
 from edge_agent.config import ParticipationConfig
-from flexfl.harness import CoordinatorClient
+from loadgen.harness import CoordinatorClient
 
 from .conftest import TOKEN, coordinator_toml, flexfl_process, free_port
 

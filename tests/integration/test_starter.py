@@ -11,7 +11,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import read_metrics
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig
 from flexfl.config import write_config
 from workloads.partition_spec import PartitionSpec
@@ -20,7 +20,7 @@ from .conftest import TOKEN, flexfl_process, free_port
 
 
 def _flexfl(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flexfl.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "flexfl.app.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from flexfl.harness import Harness
+from loadgen.harness import Harness
 
 GRID = ["sim", "table3", "--dataset", "synthetic", "--readings", "per-label", "--settings", "iid",
         "--num-traces-list", "2-5", "--seeds", "0", "--jobs", "2"]

@@ -25,7 +25,7 @@ def loaded_daemon(namespaces, processes, stress_ng, tmp_path):
     netns.add_veth(dev, f"{dev}p", netns=ns, peer_netns=ns)
     endpoint = f"ipc://{tmp_path}/loadgen.sock"
     daemon = processes.start(
-        netns.exec_argv(ns, [sys.executable, "-m", "loadgen", "serve", "--bind", endpoint,
+        netns.exec_argv(ns, [sys.executable, "-m", "flexfl.app.cli", "loadgen", "serve", "--bind", endpoint,
                              "--iface", dev, "--cpus", "1"]),
         stdout=subprocess.PIPE, text=True)
     assert daemon.stdout.readline().split() == ["listening", endpoint]
@@ -57,7 +57,8 @@ def test_sigkill_leaves_no_stress_ng_and_clean_removes_qdisc(loaded_daemon, gone
     assert not gone([stress_pid, *workers], stress_pid, timeout_s=2.0)
     # A SIGKILLed process cannot remove its qdisc: that is what `loadgen clean` is for.
     assert bandwidth.show(dev, netns=ns)["kind"] == "tbf"
-    clean = processes.start(netns.exec_argv(ns, [sys.executable, "-m", "loadgen", "clean", "--iface", dev]),
+    clean = processes.start(netns.exec_argv(ns, [sys.executable, "-m", "flexfl.app.cli", "loadgen", "clean",
+                                                 "--iface", dev]),
                             stdout=subprocess.PIPE, text=True)
     out, _ = clean.communicate(timeout=30)
     assert clean.returncode == 0 and "removed root qdisc" in out

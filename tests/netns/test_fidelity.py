@@ -14,7 +14,7 @@ import re
 
 import psutil
 
-from flexfl.cli import main
+from flexfl.app.cli import main
 from loadgen import fleet as fl
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from coordinator.metrics import read_metrics
 from edge_agent.config import load_agent_config
-from edge_agent.deadline import StopReason
-from flexfl.live import EmulationConfig, LiveConfig, LiveRun, load_live_config
+from flexfl.app.live import EmulationConfig, LiveConfig, LiveRun, load_live_config
+from flexfl.vocabulary import StopReason
 from loadgen import fleet as fl
 from workloads.partition_spec import PartitionSpec
 
@@ -72,7 +72,7 @@ def test_in_deadline_mode_the_cpu_share_and_the_upload_rate_decide_s_and_the_met
     # (b) the 0.1-CPU device completes fewer updates than the one without a quota, on average, for its CPU's sake
     s = {d: [r.s[d] for r in rows] for d in ("dev-0", "dev-1", "dev-2")}
     assert sum(s["dev-1"]) < 0.75 * sum(s["dev-0"]), s
-    # round 1 may start before the quota is set (agents get it once joined: flexfl.live)
+    # round 1 may start before the quota is set (agents get it once joined: flexfl.app.live)
     assert all(w["dev-1"] in (StopReason.COMPUTE, StopReason.MISSED) for w in why[1:]), why
     assert summary["stop_reasons"]["dev-1"].get(StopReason.COMPUTE, 0) >= 3, summary["stop_reasons"]
     # (c) the throttled upload is named as the reason in some round

@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.metrics import read_metrics
-from edge_agent.deadline import StopReason
-from flexfl.live import LiveRun, load_live_config
-from flexfl.live_conditions import CONDITIONS_FILE, read_conditions
+from flexfl.app.live import LiveRun, load_live_config
+from flexfl.vocabulary import StopReason
 from loadgen import fleet as fl
-from loadgen.fleet_timeline import FleetTimeline
+from loadgen.fleet_timeline import CONDITIONS_FILE, FleetTimeline, read_conditions
 from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit
 
 
@@ -159,7 +158,7 @@ def test_a_live_run_follows_a_round_timeline_and_records_it(fleet_host, tmp_path
     assert why2[3] == StopReason.OFFLINE, why2  # a whole round with its link down: it never took the model
     assert sum(v > 0 for v in s2[4:]) >= 3 and s2[-1] > 0, (s2, why2)
     # (d) the report draws the recorded conditions under the stop reasons
-    from flexfl.report import write_report
+    from flexfl.app.report import write_report
 
     html = write_report(out, tmp_path / "report.html").read_text()
     assert 'id="conditions"' in html and "Device conditions</b>:" not in html

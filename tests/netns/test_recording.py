@@ -13,7 +13,7 @@ import numpy as np
 from loadgen import fleet as fl
 from simulator.engine import SimConfig, TracesConfig, run_simulation
 from trace_recorder.format import read_trace_set
-from trace_recorder.recorder import RecordOptions, record
+from trace_recorder.recording.recorder import RecordOptions, record
 from workloads.partition_spec import PartitionSpec
 
 PROFILE = """

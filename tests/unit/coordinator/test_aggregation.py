@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregation import RunningAggregate, Scheme, apply_update, coefficients, scheme_a, scheme_b, scheme_c
-from coordinator.strategies import STRATEGIES, strategy_names
+from coordinator.rules.aggregation import RunningAggregate, apply_update, coefficients, scheme_a, scheme_b, scheme_c
+from coordinator.rules.strategies import STRATEGIES, strategy_names
 from flexfl.errors import AggregationError, ConfigError
+from flexfl.vocabulary import Scheme
 
 ALL = strategy_names()
 
@@ -257,7 +258,7 @@ def test_running_aggregate_refuses_a_second_update_and_a_wrong_shape():
 # FedNova's factors with a count of its own: tau_k in samples (s_k passes over n_k samples), not FedNova's SGD steps.
 SAMPLE_NOVA = """
     import numpy as np
-    from coordinator.strategies import Strategy
+    from coordinator.rules.strategies import Strategy
 
     class SampleNova(Strategy):
         label = "sample-nova"
@@ -281,8 +282,8 @@ SAMPLE_NOVA = """
 def test_a_plug_in_strategy_counts_a_devices_work_its_own_way_in_both_forms_of_the_round(plugin_module):
     """Federation hands a plug-in's counts_per_update the same s and E in the stacked and the summed round: its
     coefficients are FedNova's formula (the oracle) with tau_k = s_k n_k, and the two forms make the same model."""
-    from coordinator.round import Arrival, Federation
-    from coordinator.rules import RulesConfig
+    from coordinator.rules.config import RulesConfig
+    from coordinator.rules.round import Arrival, Federation
     from flexfl.errors import PluginError
 
     name = plugin_module(SAMPLE_NOVA)

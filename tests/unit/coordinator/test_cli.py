@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from coordinator.cli import add_rules_flags
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from flexfl.config import overrides_from_args
 
 
@@ -25,8 +25,7 @@ def test_every_departure_policy_and_its_constant_can_be_given_as_flags():
 
 
 def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch, capsys):
-    from coordinator import strategies
-
+    from coordinator.rules import strategies
     assert _rules("--strategy", "fednova") == RulesConfig(strategy="fednova")
     assert _rules("--strategy", "fedprox", "--mu", "0.01") == RulesConfig(strategy="fedprox", mu=0.01)
     assert _rules("--strategy", "scheme-b") == _rules("--scheme", "B") == RulesConfig(scheme="B")
@@ -45,7 +44,7 @@ def test_every_registered_strategy_is_a_choice_of_the_strategy_flag(monkeypatch,
 def test_token_refuses_a_folder_that_does_not_exist_and_writes_into_one_that_does(tmp_path, capsys):
     import stat
 
-    from flexfl.cli import main
+    from flexfl.app.cli import main
 
     missing = tmp_path / "nonexistent" / "dir"
     assert main(["token", "--out", str(missing / "tok")]) == 2

@@ -13,10 +13,10 @@ import torch
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
-from coordinator.objective import Objective
-from coordinator.rules import RulesConfig
-from edge_agent.deadline import StopReason
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.objective import Objective
 from flexfl.exchange import Join, OfferStatus, RoundOffer, UpdateReport
+from flexfl.vocabulary import StopReason
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
@@ -231,8 +231,8 @@ def test_mifas_memories_survive_a_coordinator_restart_and_a_checkpoint_without_t
 
 KEEPS_LAST = """
     import numpy as np
-    from coordinator.memory import StrategyMemory
-    from coordinator.strategies import Strategy
+    from coordinator.rules.memory import StrategyMemory
+    from coordinator.rules.strategies import Strategy
 
     class KeepsLast(StrategyMemory):
         def __init__(self):

@@ -1,4 +1,4 @@
-"""The Gamma estimate (coordinator.gamma): it orders devices by how non-IID they are, whatever their s."""
+"""The Gamma estimate (coordinator.rules.gamma): it orders devices by how non-IID they are, whatever their s."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.gamma import UpdateSketch, dissimilarities
-from coordinator.round import Arrival, Federation
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.gamma import UpdateSketch, dissimilarities
+from coordinator.rules.round import Arrival, Federation
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import AggregationError
 from workloads.datasets import ArrayDataset

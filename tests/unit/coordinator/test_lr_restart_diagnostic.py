@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.round import Arrival, Federation
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.round import Arrival, Federation
 
 
 def _rates(*, lr_restart: bool) -> list[float]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.memory import UpdateMemory
+from coordinator.rules.memory import UpdateMemory
 from flexfl.errors import AggregationError
 
 

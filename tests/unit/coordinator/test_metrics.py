@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.metrics import MetricsTail, MetricsWriter, read_metrics
-from coordinator.round_record import RoundRecordError
+from coordinator.rules.round_record import RoundRecordError
 
 # a row of a real live run (tests/unit/coordinator/test_round_record.py says how it was made)
 ROW = json.loads(Path(__file__).with_name("data").joinpath("live_metrics_6b186a0.jsonl").read_text().splitlines()[0])

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.objective import DeparturePolicy, FastReboot, LearningRate, Objective
-from coordinator.round import Arrival, Departure, Federation, RulesConfig
+from coordinator.rules.objective import FastReboot, LearningRate, Objective
+from coordinator.rules.round import Arrival, Departure, Federation, RulesConfig
 from flexfl.errors import ConfigError, RoundStateError
+from flexfl.vocabulary import DeparturePolicy
 
 
 def test_staircase_rate_and_reset_after_shift():
@@ -79,7 +80,7 @@ def test_objective_round_trips_and_rejects_bad_input():
 
 
 def test_auto_departure_rule_follows_corollary_4_3():
-    from coordinator.objective import AutoDeparture
+    from coordinator.rules.objective import AutoDeparture
 
     rule = AutoDeparture(c=2.0)
     # T - tau_0 = 40 >= 2 sqrt(0.25 * 30) = 5.48: exclude; with Gamma = 200: 2 sqrt(6000) = 155 > 40: include.
@@ -95,7 +96,7 @@ def test_auto_departure_rule_follows_corollary_4_3():
 
 
 def test_threshold_departure_rule_looks_at_the_time_left_only():
-    from coordinator.objective import ThresholdDeparture
+    from coordinator.rules.objective import ThresholdDeparture
 
     rule = ThresholdDeparture(k=30)
     assert rule.decide(tau0=40, horizon=70) == "exclude"  # 30 rounds left
@@ -121,7 +122,7 @@ def test_gamma_estimate_is_half_the_mean_product_of_consecutive_dissimilarities_
     obj.note_round(["a"], np.array([[100.0, 0.0]]))  # a lone contributor: nothing to compare with
     obj.note_round(["a", "b"], np.array([[np.nan, 0.0], [0.0, 1.0]]))  # a diverged update is skipped
     assert obj.gamma("a") == pytest.approx(2.2)
-    # A checkpoint from before coordinator.gamma (squared norms) starts the estimate afresh.
+    # A checkpoint from before coordinator.rules.gamma (squared norms) starts the estimate afresh.
     old = {**obj.to_dict(), "grad_sq": {"a": [1.0]}}
     del old["gammas"]
     assert Objective.from_dict(old).gamma("a") is None

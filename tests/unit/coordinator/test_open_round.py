@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from coordinator.open_round import OpenRound, check_open, check_report, with_grace
-from coordinator.round import Arrival, Federation
-from coordinator.rules import RulesConfig
-from edge_agent.deadline import StopReason
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.round import Arrival, Federation
 from flexfl.errors import UpdateRejected, WrongRoundState
 from flexfl.exchange import UpdateReport
+from flexfl.vocabulary import StopReason
 
 OPENED, DEADLINE = 100.0, 10.0
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregation import coefficients
-from coordinator.round import Arrival, Departure, Federation
-from coordinator.rules import RulesConfig
-from coordinator.strategies import FedNova, strategy_names
+from coordinator.rules.aggregation import coefficients
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.round import Arrival, Departure, Federation
+from coordinator.rules.strategies import FedNova, strategy_names
 from flexfl.config import to_dict
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
 
@@ -227,7 +227,7 @@ def test_fedprox_is_scheme_b_aggregation_with_the_rules_mu_in_the_local_objectiv
 
 
 def test_mifa_applies_every_members_latest_update_every_round():
-    """MIFA (coordinator.strategies.MIFA) against its formula in numpy, on hand-made updates over six rounds:
+    """MIFA (coordinator.rules.strategies.MIFA) against its formula in numpy, on hand-made updates over six rounds:
     m_k = (E / s_k) delta_k / eta_t at device k's latest update, w <- w + eta_tau sum_k p_k m_k over the
     objective's members with a memory; an inactive device contributes its memory, a device before its
     first update nothing, an included departure its memory forever, an excluded one nothing."""
@@ -274,7 +274,7 @@ def test_mifa_memories_survive_a_snapshot_and_restore():
 def test_a_device_that_leaves_under_include_and_rejoins_before_round_1_trains_again():
     """Before training starts, a rejoin of a departed-but-included device is a rejoin, not a second add
     (the coordinator had marked it back in its registry and journal while the objective refused it)."""
-    from coordinator.objective import DeparturePolicy
+    from flexfl.vocabulary import DeparturePolicy
 
     fed = _federation()
     fed.apply_events(departures=[Departure("b", policy=DeparturePolicy.INCLUDE)])
@@ -333,7 +333,7 @@ def test_a_plug_in_strategy_takes_its_parameters_from_the_same_table(tmp_path, p
     name = plugin_module("""
         from dataclasses import dataclass
         import numpy as np
-        from coordinator.strategies import Strategy
+        from coordinator.rules.strategies import Strategy
 
         @dataclass(frozen=True)
         class Damped(Strategy):

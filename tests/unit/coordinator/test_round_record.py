@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.round_record import LiveRound, RoundRecord, RoundRecordError
+from coordinator.rules.round_record import LiveRound, RoundRecord, RoundRecordError
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parents[3]
@@ -124,8 +124,8 @@ def test_a_row_without_a_required_field_or_not_an_object_is_refused() -> None:
 
 
 def test_the_rules_record_fills_in_the_papers_eta0_so_naming_that_value_on_resume_changes_nothing() -> None:
-    from coordinator.round_record import rule_changes, rules_record
-    from coordinator.rules import RulesConfig
+    from coordinator.rules.config import RulesConfig
+    from coordinator.rules.round_record import rule_changes, rules_record
 
     left_out = rules_record(RulesConfig(), dataset="mnist")
     assert left_out["eta0"] == RulesConfig().eta0_for("mnist") and left_out["required_updates"] == 20
@@ -135,7 +135,7 @@ def test_the_rules_record_fills_in_the_papers_eta0_so_naming_that_value_on_resum
 
 
 def test_rule_changes_name_a_nested_table_setting_by_its_dotted_name() -> None:
-    from coordinator.round_record import rule_changes
+    from coordinator.rules.round_record import rule_changes
 
     old = {"strategy": {"name": "fedprox", "mu": 0.1}, "fast_reboot": True}
     new = {"strategy": {"name": "fedprox", "mu": 0.5}, "fast_reboot": True, "batch_size": 32}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flexfl.proto import fleet_pb2 as pb
 
 from coordinator.uploading import stop_reason
-from edge_agent.deadline import AGENT_REASONS, StopReason
 from edge_agent.transport import wire_stop_reason
+from flexfl.vocabulary import AGENT_REASONS, StopReason
 
 
 def test_every_reason_an_agent_sends_arrives_as_itself() -> None:

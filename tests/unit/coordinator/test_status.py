@@ -7,8 +7,8 @@ import pytest
 import torch
 from flexfl.proto.options import ErrorReason
 
-from coordinator.round import Federation
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.round import Federation
 from coordinator.status import ERRORS, status_of
 from flexfl.errors import ConfigError, FlexFLError, PartitionMismatch, RoundStateError, UpdateRejected, WrongRoundState
 

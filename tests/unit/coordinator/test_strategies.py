@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregation import RunningAggregate, apply_update, coefficients
-from coordinator.plugin_strategy import PluginStrategy
-from coordinator.rules import RulesConfig
-from coordinator.strategies import get_strategy, title_of
+from coordinator.rules.aggregation import RunningAggregate, apply_update, coefficients
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.plugin_strategy import PluginStrategy
+from coordinator.rules.strategies import get_strategy, title_of
 from flexfl.errors import ConfigError, PluginError
 
 SQRT = """
     import numpy as np
-    from coordinator.strategies import Strategy
+    from coordinator.rules.strategies import Strategy
 
     class SqrtRescale(Strategy):
         label = "sqrt-c"
@@ -79,7 +79,7 @@ def test_rules_name_a_plug_in_strategy_and_a_duck_typed_one_takes_its_own_settin
 
 BROKEN = """
     import numpy as np
-    from coordinator.strategies import Strategy
+    from coordinator.rules.strategies import Strategy
 
     class NoScale(Strategy):
         def arrival_weights(self, *, s, E, p):

@@ -12,12 +12,12 @@ from edge_agent.deadline import (
     Estimates,
     Refusal,
     RoundBudget,
-    StopReason,
     UpdateGate,
     may_start_update,
     why_stopped,
 )
 from edge_agent.trainer import train_local
+from flexfl.vocabulary import StopReason
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from edge_agent.config import ParticipationConfig
-from edge_agent.deadline import Estimates, StopReason
+from edge_agent.deadline import Estimates
 from edge_agent.device_round import RoundCaps, expected_parameters, run_round
 from flexfl.exchange import ModelDescription, RoundTerms
+from flexfl.vocabulary import StopReason
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

@@ -16,10 +16,11 @@ from benchmarks.agent_memory import _ROUND_LINE, torch_floor
 from edge_agent import memory
 from edge_agent.agent import EdgeAgent, RoundDone
 from edge_agent.config import AgentConfig, ParticipationConfig
-from edge_agent.deadline import Estimates, StopReason
+from edge_agent.deadline import Estimates
 from edge_agent.device_round import run_round
 from edge_agent.memory import ProcessMemory
 from flexfl.exchange import ModelDescription, RoundTerms
+from flexfl.vocabulary import StopReason
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

@@ -10,17 +10,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.choices import Scheme
 from coordinator.config import CoordinatorConfig
-from coordinator.rules import RulesConfig
-from coordinator.strategies import strategy_names
-from edge_agent.units import Unit
-from flexfl.cli import build_parser
+from coordinator.rules.config import RulesConfig
+from coordinator.rules.strategies import strategy_names
+from flexfl.app.cli import build_parser
+from flexfl.app.live import LiveConfig, load_live_config
 from flexfl.config import FLAG_PREFIX
-from flexfl.live import LiveConfig, load_live_config
+from flexfl.vocabulary import Scheme, Unit
 from loadgen.protocol import COMMANDS
 from simulator.engine import SimConfig
-from simulator.paper import SWEEP_DATASETS
+from simulator.paper_numbers import SWEEP_DATASETS
 from workloads.partition_spec import Dataset, PartitionSpec
 
 
@@ -153,13 +152,13 @@ def test_the_parser_takes_its_choices_without_importing_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys; from flexfl.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    code = "import sys; from flexfl.app.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_logging_and_error_lines_belong_to_the_one_cli() -> None:
-    """Only flexfl.cli.main configures logging (and so prints errors): a second main() drifts from it
+    """Only flexfl.app.cli.main configures logging (and so prints errors): a second main() drifts from it
     (loadgen/fleet_cli.py's printed its own error prefix and knew no Ctrl-C)."""
     from pathlib import Path
 
@@ -167,11 +166,11 @@ def test_logging_and_error_lines_belong_to_the_one_cli() -> None:
     packages = ("coordinator", "edge_agent", "flexfl", "loadgen", "simulator", "trace_recorder", "workloads")
     found = sorted(str(p.relative_to(repo)) for package in packages for p in (repo / package).rglob("*.py")
                    if "logging.basicConfig(" in p.read_text(encoding="utf-8"))
-    assert found == ["flexfl/cli.py"]
+    assert found == ["flexfl/app/cli.py"]
 
 
 def test_flexfl_fleet_is_a_subcommand_with_the_clis_error_line(capsys) -> None:
-    from flexfl.cli import main
+    from flexfl.app.cli import main
     from flexfl.errors import ERROR_PREFIX
 
     assert main(["fleet", "up", "--devices", "2", "--cpu", "a quarter"]) == 2
@@ -184,7 +183,7 @@ def _command_names(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_each_command_is_registered_by_the_module_the_table_names() -> None:
     """main() builds the parser with only the module of the command it runs: the table must say who registers what."""
-    from flexfl.cli import COMMAND_MODULES
+    from flexfl.app.cli import COMMAND_MODULES
 
     assert _command_names(build_parser()) == set(COMMAND_MODULES)
     for command in COMMAND_MODULES:
@@ -197,15 +196,15 @@ def test_the_agent_command_imports_no_other_commands_module() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from flexfl.cli import build_parser; build_parser('agent'); "
+    code = ("import sys; from flexfl.app.cli import build_parser; build_parser('agent'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('simulator', 'coordinator', 'trace_recorder', 'loadgen') or m.startswith('flexfl.report')))")
+            "('simulator', 'coordinator', 'trace_recorder', 'loadgen') or m.startswith('flexfl.app.report')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_a_mistyped_flag_is_refused_by_its_command_with_its_usage_and_the_closest_flag(capsys):
-    from flexfl.cli import main
+    from flexfl.app.cli import main
 
     with pytest.raises(SystemExit) as end:
         main(["sim", "run", "--devics", "3"])

@@ -7,16 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.aggregation import Scheme
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-from coordinator.objective import DeparturePolicy
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
+from flexfl.app.live import EmulationConfig, LiveConfig
 from flexfl.config import dump_toml, load_config, to_dict, write_config
 from flexfl.errors import ConfigError
-from flexfl.live import EmulationConfig, LiveConfig
+from flexfl.vocabulary import DeparturePolicy, Scheme
 from simulator.engine import ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig
-from trace_recorder.profiles import Inventory, InventoryDevice, load_profile
+from trace_recorder.recording.profiles import Inventory, InventoryDevice, load_profile
 from workloads.partition_spec import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[3]

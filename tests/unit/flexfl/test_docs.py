@@ -54,10 +54,10 @@ def test_the_readme_shows_what_make_demo_prints_first() -> None:
     """The README's healthy `make demo` starts with the line today's `make demo` command prints."""
     import shlex
 
-    from flexfl.cli import build_parser
+    from flexfl.app.cli import build_parser
+    from flexfl.app.live import load_live_config
+    from flexfl.app.live_cli import banner
     from flexfl.config import overrides_from_args
-    from flexfl.live import load_live_config
-    from flexfl.live_cli import banner
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
@@ -71,8 +71,8 @@ def test_the_readme_shows_what_make_demo_prints_first() -> None:
 
 def test_the_readmes_bring_your_own_example_is_what_flexfl_new_writes(tmp_path, capsys) -> None:
     """docs/plugins.md shows the starter's code, config lines and commands; copied by hand, they would drift."""
-    from flexfl.cli import main
-    from flexfl.new import STARTER
+    from flexfl.app.cli import main
+    from flexfl.app.new import STARTER
 
     section = (REPO / "docs" / "plugins.md").read_text()
     sources = [p.read_text() for p in (STARTER / "myfl").glob("*.py")]
@@ -121,7 +121,7 @@ def test_every_flexfl_example_on_the_pages_parses() -> None:
     `--help` lists what changed when one is not."""
     import shlex
 
-    from flexfl.cli import build_parser
+    from flexfl.app.cli import build_parser
 
     checked = 0
     for page in PAGES:

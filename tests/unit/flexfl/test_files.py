@@ -25,7 +25,7 @@ ALLOWED = {
     ("coordinator/resume.py", 'with open(path, "a"'): "the membership journal: appended, fsynced",
     ("coordinator/resume.py", 'with open(aside, "a"'): "torn metrics lines set aside: appended",
     ("flexfl/run_folder.py", 'f = open(path / LOCK_NAME, "a+"'): "the run folder's lock file",
-    ("flexfl/harness.py", 'with open(log_path, "ab")'): "a process's log",
+    ("loadgen/harness.py", 'with open(log_path, "ab")'): "a process's log",
     ("loadgen/fleet.py", 'log_file = open(log_path, "ab")'): "a process's log",
     ("benchmarks/flower_compare.py", 'with open(tmp / "server.log", "wb")'): "a process's log",
     ("benchmarks/flower_compare.py", 'with open(tmp / f"clients-{i}.log", "wb")'): "a process's log",
@@ -35,7 +35,7 @@ ALLOWED = {
     ("loadgen/fleet.py", "path.write_text(str(value))"): "a kernel control file (cgroup)",
     ("loadgen/keys.py", "os.replace(made_public, public)"): KEY_PAIR_MOVED,
     ("loadgen/keys.py", "os.replace(made_secret, secret)"): KEY_PAIR_MOVED,
-    ("flexfl/report/browser.py", "Path(screenshot).write_bytes("): "a screenshot for a person to look at",
+    ("flexfl/app/report/browser.py", "Path(screenshot).write_bytes("): "a screenshot for a person to look at",
     ("benchmarks/flower_side.py", "Path(args.out).write_text("): "a hand-over file in a temp folder",
     ("benchmarks/fuzz_config.py", "path.write_bytes(raw)"): "a fuzzed config in a temp folder",
 }

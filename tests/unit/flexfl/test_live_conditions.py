@@ -12,17 +12,12 @@ from pathlib import Path
 import pytest
 from flexfl.proto import fleet_pb2 as pb
 
-from coordinator.round_record import LiveRound, RoundRecord
+from coordinator.rules.round_record import LiveRound, RoundRecord
+from flexfl.app.live import load_live_config
+from flexfl.app.live_conditions import LiveTimeline, fleet_timeline
 from flexfl.errors import ConfigError, ReportError, TraceFormatError
-from flexfl.live import load_live_config
-from flexfl.live_conditions import (
-    CONDITIONS_FILE,
-    LiveTimeline,
-    fleet_timeline,
-    read_conditions,
-    seconds_per_round,
-)
 from loadgen.fleet import DEFAULT_CFS_PERIOD_US, least_quota_cpus
+from loadgen.fleet_timeline import CONDITIONS_FILE, read_conditions, seconds_per_round
 
 LEAST = least_quota_cpus(DEFAULT_CFS_PERIOD_US)
 ROUNDS = """# dev-1 drops to a tenth of its compute in round 3; dev-2 is offline in round 2
@@ -119,7 +114,7 @@ def test_a_share_below_the_kernels_least_quota_is_warned_about_before_the_run(tm
 
 
 def test_the_timeline_is_an_emulate_setting_the_flag_sets_and_the_config_checks(tmp_path: Path) -> None:
-    from flexfl.cli import build_parser
+    from flexfl.app.cli import build_parser
     from flexfl.config import overrides_from_args
 
     args = build_parser().parse_args(["live", "--emulate", "--timeline", "t.csv", "--devices", "3"])
@@ -156,7 +151,7 @@ def _row(k: int, *, s: dict[str, int], train_s: dict[str, float]) -> RoundRecord
 
 
 def test_the_cost_of_an_update_at_full_share_scales_each_timing_by_the_share_in_force() -> None:
-    from flexfl.live_conditions import update_s_at_full_share
+    from flexfl.app.live_conditions import update_s_at_full_share
 
     on = {"cpu_share": 1.0, "cpu_quota": None, "up_kbit_s": 8000, "down_kbit_s": 8000, "online": True}
     applied = {1: {"dev-0": on, "dev-1": {**on, "cpu_share": 0.1, "cpu_quota": 0.1}},

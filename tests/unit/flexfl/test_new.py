@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from flexfl.cli import main
+from flexfl.app.cli import main
+from flexfl.app.live import LiveConfig
+from flexfl.app.new import STARTER, write_starter
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
-from flexfl.live import LiveConfig
-from flexfl.new import STARTER, write_starter
 from simulator.engine import SimConfig
 
 FILES = ["README.md", "live.toml", "myfl/__init__.py", "myfl/data.py", "myfl/model.py", "myfl/strategy.py", "sim.toml"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from flexfl.cli import main
+from flexfl.app.cli import main
 from flexfl.config import load_config
 from flexfl.errors import ConfigError, PluginError
 from flexfl.plugins import DATASET, MODEL, STRATEGY, PluginChoices, resolve

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import MetricsWriter
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.config import write_config
 
@@ -128,7 +128,7 @@ def _settings(share: float, up: int | None, online: bool = True):
                     online=online).record()
 
 
-# What the fleet applied (as flexfl.live_conditions writes it): dev-1 at half its CPU in round 1 (its s = 4),
+# What the fleet applied (as flexfl.app.live_conditions writes it): dev-1 at half its CPU in round 1 (its s = 4),
 # dev-2 offline in round 1 (its s = 0), dev-3 from its first round as a participant; round 3 changed inside.
 CONDITIONS = [
     {"round": 1, "time": 1.7e9 + 1, "t_s": 0.0, "devices": {"dev-0": _settings(1, 8000), "dev-1": _settings(0.5, 8000),
@@ -147,7 +147,7 @@ CONDITIONS = [
 @pytest.fixture
 def timeline_dir(live_dir: Path) -> Path:
     """A `flexfl live --emulate --timeline` folder: the live folder and the conditions.jsonl its fleet wrote."""
-    from flexfl.live_conditions import CONDITIONS_FILE
+    from loadgen.fleet_timeline import CONDITIONS_FILE
 
     write_metrics(live_dir / CONDITIONS_FILE, CONDITIONS)
     return live_dir

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from flexfl.app.report.data import DeviceInfo, detect, natural_key, read_run, read_sweep, read_sweep_curve
 from flexfl.errors import ReportError
-from flexfl.report.data import DeviceInfo, detect, natural_key, read_run, read_sweep, read_sweep_curve
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -167,7 +167,7 @@ def test_natural_order():
 
 
 def test_a_strategy_is_named_by_its_title_from_a_label_and_with_its_parameters_from_a_config(tmp_path):
-    from flexfl.report.data import Run, strategy_description
+    from flexfl.app.report.data import Run, strategy_description
 
     run = Run(path=tmp_path, kind="sim", sources=(), rounds=(), config={"rules": {"strategy": "fedprox", "mu": 0.5}})
     assert run.strategy_of(None) == "FedProx (mu = 0.5)"

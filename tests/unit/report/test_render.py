@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.cli import main
-from flexfl.report import write_report
+from flexfl.app.cli import main
+from flexfl.app.report import write_report
 
 REPO = Path(__file__).resolve().parents[3]
 SVG_URI = "data:image/svg+xml;base64,"
@@ -168,7 +168,7 @@ def test_cli_prints_the_path_and_rejects_other_folders(live_dir, tmp_path, capsy
 def test_parser_does_not_import_the_report_libraries_or_torch():
     # `flexfl --help` and argument errors answer without them (benchmarks.cli_speed times it).
     heavy = ("matplotlib", "jinja2", "torch", "numba", "grpc", "zmq")
-    code = ("import sys; from flexfl.cli import build_parser; build_parser(); "
+    code = ("import sys; from flexfl.app.cli import build_parser; build_parser(); "
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
@@ -180,7 +180,7 @@ def _svg_text(img: dict) -> str:
 
 def test_a_runs_page_names_its_strategy_with_its_parameters(live_dir, tmp_path):
     from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
-    from coordinator.rules import RulesConfig
+    from coordinator.rules.config import RulesConfig
     from flexfl.config import write_config
 
     html, _ = _page(write_report(live_dir, tmp_path / "scheme-c.html"))

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flexfl.report import plots
-from flexfl.report.data import SweepDataset, read_run
-from flexfl.report.sections import (
+from flexfl.app.report import plots
+from flexfl.app.report.data import SweepDataset, read_run
+from flexfl.app.report.sections import (
     Cell,
     coefficient_matrix,
     device_table,
@@ -148,7 +148,7 @@ def test_trace_table_puts_table2_beside_traces_of_the_same_name():
 
 
 def test_device_conditions_line_up_with_the_stop_reasons_and_hold_each_rounds_opening(timeline_dir):
-    from flexfl.report.sections import device_conditions
+    from flexfl.app.report.sections import device_conditions
 
     run = read_run(timeline_dir)
     rows = list(run.rounds)
@@ -165,7 +165,7 @@ def test_device_conditions_line_up_with_the_stop_reasons_and_hold_each_rounds_op
 
 
 def test_a_run_without_a_timeline_has_no_device_conditions(live_dir, sim_dir):
-    from flexfl.report.sections import device_conditions
+    from flexfl.app.report.sections import device_conditions
 
     for path in (live_dir, sim_dir):
         run = read_run(path)
@@ -174,7 +174,7 @@ def test_a_run_without_a_timeline_has_no_device_conditions(live_dir, sim_dir):
 
 def test_the_configuration_reads_as_dotted_keys_and_values_without_reprs_or_this_machines_paths(tmp_path,
                                                                                                monkeypatch):
-    from flexfl.report.sections import config_rows
+    from flexfl.app.report.sections import config_rows
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "out" / "run"

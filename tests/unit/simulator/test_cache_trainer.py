@@ -7,8 +7,8 @@ from torch import nn
 
 from edge_agent.trainer import device_rng, step_plan, train_local
 from flexfl.errors import ConfigError
-from simulator.cache_trainer import EVAL_BLOCK, CacheTrainer, evaluate, sparse_inputs
-from simulator.fast_trainer import FastTrainer
+from simulator.trainers.cache_trainer import EVAL_BLOCK, CacheTrainer, evaluate, sparse_inputs
+from simulator.trainers.fast_trainer import FastTrainer
 from workloads.datasets import ArrayDataset
 from workloads.evaluation import evaluate as torch_evaluate
 from workloads.models import build_model

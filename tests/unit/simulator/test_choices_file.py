@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.choices_file import read_choices, write_choice
+from simulator.paper.choices_file import read_choices, write_choice
 
 
 def test_a_missing_file_has_no_choices_and_a_corrupt_one_is_named(tmp_path) -> None:

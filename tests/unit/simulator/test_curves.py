@@ -2,7 +2,7 @@
 
 import math
 
-from simulator.curves import rounds_to_recover, rounds_until_cross
+from simulator.paper.curves import rounds_to_recover, rounds_until_cross
 
 
 def _curve(start: int, values: list[float]) -> dict[int, float]:

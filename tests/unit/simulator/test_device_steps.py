@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from simulator.device_steps import count_group, count_run, round_work
 from simulator.engine import (
     ArrivalEvent,
@@ -15,7 +15,7 @@ from simulator.engine import (
     load_data,
     run_simulation,
 )
-from simulator.schemes import comparison_groups
+from simulator.paper.schemes import comparison_groups
 from workloads.partition_spec import PartitionSpec
 
 # E in epochs on Pareto sizes: devices' steps per epoch differ, so a count of rows or of s would be wrong.

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.rules import RulesConfig
-from flexfl.cli import main
+from coordinator.rules.config import RulesConfig
+from flexfl.app.cli import main
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.engine import (
     ArrivalEvent,
@@ -322,7 +322,7 @@ class NoNumba:
         return None
 
 sys.meta_path.insert(0, NoNumba())
-from flexfl.cli import main
+from flexfl.app.cli import main
 rc = main(sys.argv[1:])
 print("numba imported:", "numba" in sys.modules)
 sys.exit(rc)

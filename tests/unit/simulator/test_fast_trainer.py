@@ -6,7 +6,7 @@ import torch
 
 from edge_agent.trainer import device_rng, train_local
 from flexfl.errors import ConfigError
-from simulator.fast_trainer import FastTrainer
+from simulator.trainers.fast_trainer import FastTrainer
 from workloads.datasets import ArrayDataset
 from workloads.models import build_model
 

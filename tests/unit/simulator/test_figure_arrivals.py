@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator import figure_arrivals
+from simulator.paper import figure_arrivals
 from simulator.sweep import read_metrics, run_sweep
 
 
@@ -46,7 +46,7 @@ def test_the_page_renders_from_its_runs_csv_alone(tmp_path):
     """The committed <stem>_runs.csv holds every figure of the page (the plot aside)."""
     import json
 
-    from simulator.regime import Regime
+    from simulator.paper.regime import Regime
 
     rows = [{"seed": s, "reboot": rb, "first_round": r, "mean_acc_20": 50 + s + (2 if rb == "fast" else 0) + r / 100,
              "final_acc": 60} for s in (0, 1, 2) for rb in ("fast", "vanilla") for r in figure_arrivals.FIRST_ROUNDS]

@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from edge_agent.trainer import Unit
 from flexfl.errors import ConfigError
-from simulator import operating_point as op
-from simulator import table3, table4, table5
-from simulator.regime import Regime
+from flexfl.vocabulary import Unit
+from simulator.paper import operating_point as op
+from simulator.paper import table3, table4, table5
+from simulator.paper.regime import Regime
 
 
 def _summary(k, loss, setting="iid", seed=100):

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from flexfl.errors import ConfigError
 from simulator.engine import (
     ArrivalEvent,
@@ -118,7 +118,7 @@ def test_rows_sharing_a_generator_train_on_its_batches_each_for_its_own_steps():
     import numpy as np
 
     from edge_agent.trainer import device_rng
-    from simulator.fast_trainer import FastTrainer
+    from simulator.trainers.fast_trainer import FastTrainer
     from workloads.federated import initial_model
 
     data = load_data(BASE)

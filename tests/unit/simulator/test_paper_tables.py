@@ -2,9 +2,9 @@
 
 import pytest
 
-from simulator.table3 import wall_time
-from simulator.table4 import recoveries
-from simulator.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy, choose_c
+from simulator.paper.table3 import wall_time
+from simulator.paper.table4 import recoveries
+from simulator.paper.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy, choose_c
 
 
 def test_table4_readings_of_the_baseline():
@@ -48,8 +48,8 @@ def test_a_resumed_sweeps_time_is_added_to_the_earlier_parts_not_put_in_their_pl
 
 
 def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
-    from simulator.regime import Regime
-    from simulator.table3 import READINGS, progress, reading_groups, record_plan
+    from simulator.paper.regime import Regime
+    from simulator.paper.table3 import READINGS, progress, reading_groups, record_plan
 
     groups = reading_groups("mnist", READINGS["per-label"], seeds=[0, 1], num_traces=[2, 4], settings=["niid"],
                             regime=Regime())
@@ -74,7 +74,7 @@ def test_the_table3_page_says_what_remains_of_a_planned_sweep(tmp_path):
 def test_a_small_rerun_does_not_erase_a_committed_table3_page(tmp_path, capsys):
     import csv as csv_module
 
-    from flexfl.cli import main
+    from flexfl.app.cli import main
 
     out = tmp_path / "results"
     args = ["sim", "table3", "--dataset", "synthetic", "--readings", "per-label", "--settings", "iid",
@@ -98,7 +98,7 @@ def test_a_small_rerun_does_not_erase_a_committed_table3_page(tmp_path, capsys):
 
 
 def test_table3_with_no_finished_runs_or_backwards_seeds_is_refused(tmp_path, capsys):
-    from flexfl.cli import main
+    from flexfl.app.cli import main
 
     out = tmp_path / "results"
     assert main(["sim", "table3", "--dataset", "synthetic", "--seeds", "9-1", "--out", str(out)]) == 2
@@ -111,8 +111,7 @@ def test_table3_with_no_finished_runs_or_backwards_seeds_is_refused(tmp_path, ca
 def test_a_small_rerun_does_not_erase_a_committed_table4_page(tmp_path, monkeypatch):
     import csv as csv_module
 
-    from simulator import table4
-
+    from simulator.paper import table4
     monkeypatch.setattr(table4, "ROUNDS", 80)  # every tau_0 (up to 70) still arrives
     out, work = tmp_path / "results", tmp_path / "runs"
     out.mkdir()

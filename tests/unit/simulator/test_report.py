@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.cli import main
+from flexfl.app.cli import main
 
 
 def _page_files(folder: Path) -> dict[str, bytes]:
@@ -39,9 +39,9 @@ def _diverted(caplog, capsys, out: Path, page: str) -> None:
 
 
 def test_a_small_table5_run_leaves_the_committed_page(tmp_path, monkeypatch, caplog, capsys):
-    from simulator import table5
-
-    # Hand-made departures (the real grid is 81 runs of 200 rounds per seed): the page's code is real.
+    from simulator.paper import (
+        table5,  # Hand-made departures (the real grid is 81 runs of 200 rounds per seed): the page's code is real.
+    )
     def dep(seed, tau0):
         include = {r: 1.0 for r in range(1, table5.ROUNDS + 1)}
         exclude = {r: 1.5 if r < tau0 + 10 else 0.9 for r in range(1, table5.ROUNDS + 1)}
@@ -66,8 +66,7 @@ def test_a_small_table5_run_leaves_the_committed_page(tmp_path, monkeypatch, cap
 
 
 def test_a_small_arrivals_figure_run_leaves_the_committed_page(tmp_path, monkeypatch, caplog, capsys):
-    from simulator import figure_arrivals
-
+    from simulator.paper import figure_arrivals
     monkeypatch.setattr(figure_arrivals, "ROUNDS", 50)  # real runs, shortened
     monkeypatch.setattr(figure_arrivals, "FIRST_ROUNDS", (10, 20, 30))
     out = tmp_path / "results"
@@ -87,8 +86,7 @@ def test_a_small_arrivals_figure_run_leaves_the_committed_page(tmp_path, monkeyp
 
 
 def test_an_operating_point_rerun_leaves_the_committed_choice(tmp_path, monkeypatch, caplog, capsys):
-    from simulator import operating_point
-
+    from simulator.paper import operating_point
     monkeypatch.setattr(operating_point, "ROUNDS", 10)  # real runs of a smaller protocol
     monkeypatch.setattr(operating_point, "GRID_K", (-1, 0, 1))
     monkeypatch.setattr(operating_point, "PROTOCOL_SEEDS", {"synthetic": (100,)})
@@ -124,8 +122,7 @@ def test_a_small_schemes_run_leaves_the_committed_page(tmp_path, caplog, capsys)
 
 @pytest.mark.parametrize("table", ["table3", "table4"])
 def test_a_small_computing_run_leaves_the_committed_wall_time(tmp_path, monkeypatch, caplog, capsys, table):
-    from simulator import table4
-
+    from simulator.paper import table4
     monkeypatch.setattr(table4, "ROUNDS", 80)  # every tau_0 (up to 70) still arrives
     out = tmp_path / "results"
     base = {"table3": ["sim", "table3", "--dataset", "synthetic", "--readings", "per-label", "--settings", "iid",

@@ -6,9 +6,10 @@ import llvmlite.binding as llvm
 import numpy as np
 import pytest
 
-from simulator import row_kernels
+from simulator.trainers import (
+    row_kernels,  # (rows of w, inputs, batch): the blocks are 2, 3 or 4 rows of w and 2, 5 or 10 rows of h; these
+)
 
-# (rows of w, inputs, batch): the blocks are 2, 3 or 4 rows of w and 2, 5 or 10 rows of h; these
 # shapes leave remainders in each, and (200, 784, 10) is the MNIST MLP's first layer.
 SHAPES = [(1, 1, 1), (3, 7, 4), (4, 33, 5), (5, 17, 9), (10, 200, 10), (7, 40, 12), (200, 784, 10)]
 FORWARD = {"wide": row_kernels.forward_add_wide, "narrow": row_kernels.forward_add_narrow}

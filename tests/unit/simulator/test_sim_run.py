@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.cli import main
+from flexfl.app.cli import main
 
 TINY = ["sim", "run", "--dataset", "synthetic", "--devices", "4", "--total-samples", "400", "--num-traces", "3",
         "--E", "3", "--scheme", "C"]
@@ -39,9 +39,9 @@ def test_mnist_with_its_defaults_trains_and_a_pair_known_not_to_train_is_warned_
     """`sim run --dataset mnist` sat at chance: its default eta_0 was the paper's 0.002, which goes with E in epochs."""
     import csv
 
-    from coordinator.round import RulesConfig
-    from flexfl.live import load_live_config
-    from simulator.regime import Regime
+    from coordinator.rules.round import RulesConfig
+    from flexfl.app.live import load_live_config
+    from simulator.paper.regime import Regime
 
     # One default per (dataset, unit), the same for sim run (RulesConfig), live and the sweeps' --eta0 default.
     steps, epochs = RulesConfig(), RulesConfig(unit="epoch")
@@ -63,10 +63,10 @@ def test_the_command_a_timeline_run_prints_parses_to_the_live_runs_setup() -> No
     import shlex
     from dataclasses import replace
 
-    from flexfl.cli import build_parser
+    from flexfl.app.cli import build_parser
+    from flexfl.app.live import load_live_config
+    from flexfl.app.sim_cli import _schemes, _timeline_run, config_from_args
     from flexfl.config import to_dict
-    from flexfl.live import load_live_config
-    from simulator.cli import _schemes, _timeline_run, config_from_args
     from simulator.timeline_source import TimelineRun, sim_run_argv, sim_run_hint
 
     # README's emulated timeline run: MNIST, 3 devices, 12 rounds, E = 1000 at eta_0 0.002; and events.

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.operating_point import PROTOCOL_SEEDS
-from simulator.regime import Regime
-from simulator.strategies_page import (
+from simulator.paper.operating_point import PROTOCOL_SEEDS
+from simulator.paper.regime import Regime
+from simulator.paper.strategies_page import (
     MU_GRID,
     MU_NUM_TRACES,
     STRATEGIES,
@@ -76,7 +76,7 @@ def test_tables_give_median_and_range_and_count_complete_groups_only():
 
 def test_losses_within_the_tolerance_are_a_tie_not_a_ranking():
     """Issue 33 item 11: the page ranked C against MIFA where their final losses differ by <= 2e-4."""
-    from simulator.strategies_page import TIE_TOLERANCE
+    from simulator.paper.strategies_page import TIE_TOLERANCE
 
     def group(seed, **losses):
         return [{"setting": "iid", "num_traces": 2, "seed": seed, "scheme": n, "final_loss": losses.get(n, 1.0)}
@@ -97,8 +97,8 @@ def test_the_page_renders_again_from_its_committed_files(tmp_path):
     """strategies_runs.csv, the plan, mu and timing files hold every figure of the page."""
     import csv
 
-    from simulator.choices_file import write_choice
-    from simulator.strategies_page import MU_FILE, RUNS_CSV, page_from_csv, record_plan, section_key
+    from simulator.paper.choices_file import write_choice
+    from simulator.paper.strategies_page import MU_FILE, RUNS_CSV, page_from_csv, record_plan, section_key
 
     record_plan(tmp_path, "synthetic", REGIME, seeds=[0], num_traces=[2], settings=["iid"], command="cmd")
     write_choice(tmp_path / MU_FILE, (section_key("synthetic", REGIME),), {

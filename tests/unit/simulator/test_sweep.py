@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.rules import RulesConfig
-from flexfl.cli import main
+from coordinator.rules.config import RulesConfig
+from flexfl.app.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
 from simulator.engine import SimConfig, TracesConfig, TrainerKind, load_data, run_simulation
 from simulator.executors import LocalExecutor, RayExecutor, executor_for
-from simulator.sweep import Group, Run, read_metrics, run_sweep, saved_summary
+from simulator.groups import Group, Run
+from simulator.sweep import read_metrics, run_sweep, saved_summary
 from workloads.partition_spec import PartitionSpec
 
 BASE = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=6, total_samples=900),
@@ -182,7 +183,7 @@ def test_executor_choice(monkeypatch):
 def test_sweeps_and_the_cli_do_not_import_ray(tmp_path):
     code = f"""
 import sys
-from flexfl.cli import main
+from flexfl.app.cli import main
 assert main(["sim", "schemes", "--dataset", "synthetic", "--devices", "6", "--rounds", "2", "--seeds", "0",
              "--settings", "niid", "--num-traces-list", "2", "--jobs", "1", "--out", {str(tmp_path)!r}]) == 0
 print("ray" in sys.modules)
@@ -195,7 +196,8 @@ print("ray" in sys.modules)
 def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(tmp_path):
     import json
 
-    from simulator.sweep import Group, Run, run_sweep, saved_summary
+    from simulator.groups import Group, Run
+    from simulator.sweep import run_sweep, saved_summary
 
     cfg = SimConfig(partition=PartitionSpec(n_devices=4, total_samples=400), rounds=2)
     run = Run(name="r", config=cfg)
@@ -211,7 +213,7 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
 
 
 def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_constant_changes():
-    from coordinator.objective import DeparturePolicy
+    from flexfl.vocabulary import DeparturePolicy
     from simulator.engine import DepartureEvent, ScheduleConfig, _same_configs, _state_key, runs_alike
 
     old = SimConfig(rules=RulesConfig(auto_c=23.7137, threshold_k=40.0))  # no departures: neither is used
@@ -237,7 +239,7 @@ def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     and checkpoints reuse it; its strategy-spelled twin is the same run; FedNova is another."""
     from flexfl.config import from_dict
     from simulator.engine import _same_configs, _state_key, runs_alike
-    from simulator.sweep import _plain_config
+    from simulator.groups import plain_config as _plain_config
 
     repo = Path(__file__).resolve().parents[3]
     saved = json.loads((repo / "results/epoch-paper/runs/table3_mnist/per-label_niid_T2_seed0_A.json")

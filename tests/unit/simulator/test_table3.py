@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from simulator import table3
-from simulator.table3 import HEADLINE, READINGS, Table3Page, reading_results, record_plan, render
+from simulator.paper import table3
+from simulator.paper.table3 import HEADLINE, READINGS, Table3Page, reading_results, record_plan, render
 
 
 def _summaries(readings: list[str]) -> list[dict]:

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 
-from simulator import table4
-from simulator.regime import Regime
-from simulator.table4 import DIAGNOSTIC_CSV, METRICS, TAU0, DatasetResult, Recoveries, groups, page_from_csv, render
+from simulator.paper import table4
+from simulator.paper.regime import Regime
+from simulator.paper.table4 import (
+    DIAGNOSTIC_CSV,
+    METRICS,
+    TAU0,
+    DatasetResult,
+    Recoveries,
+    groups,
+    page_from_csv,
+    render,
+)
 
 
 def _found(rounds: int) -> tuple[Recoveries, ...]:

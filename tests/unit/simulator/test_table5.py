@@ -3,7 +3,7 @@
 import pytest
 
 from flexfl.errors import ConfigError
-from simulator.table5 import ROUNDS, Departure, choose_k, leave_one_seed_out, loso_section, threshold_accuracy
+from simulator.paper.table5 import ROUNDS, Departure, choose_k, leave_one_seed_out, loso_section, threshold_accuracy
 
 
 def _dep(gamma, *, crossing_after, seed, tau0=20):
@@ -66,7 +66,7 @@ def test_the_page_section_gives_each_fold_and_the_mean():
 
 
 def test_write_page_puts_the_section_on_the_table5_page(tmp_path, monkeypatch):
-    import simulator.table5 as table5
+    import simulator.paper.table5 as table5
 
     deps = [d for s in (3, 4) for d in (_dep(0.01, crossing_after=5, seed=s), _dep(4.0, crossing_after=80, seed=s))]
     monkeypatch.setattr(table5, "collect", lambda *, seeds, work_dir, regime: deps)
@@ -77,8 +77,7 @@ def test_write_page_puts_the_section_on_the_table5_page(tmp_path, monkeypatch):
 
 
 def test_the_page_of_tuning_seeds_only_says_it_is_not_evaluated_yet(tmp_path, monkeypatch):
-    from simulator import table5
-
+    from simulator.paper import table5
     monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(0,)))
     path, c, held = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[0], timing="t")
     page = path.read_text()
@@ -94,14 +93,13 @@ def test_the_page_of_tuning_seeds_only_says_it_is_not_evaluated_yet(tmp_path, mo
 def test_a_page_from_one_seed_names_the_seed_it_tuned_on_and_no_constant_names(tmp_path, monkeypatch):
     """Issue 33 item 13: the page said "c chosen on seeds [0, 1, 2]" from seed 0 alone, and printed
     TUNE_SEEDS, HORIZONS, C_GRID and AUTO_C (in the wrong module) as prose."""
-    from simulator import table5
-
+    from simulator.paper import table5
     monkeypatch.setattr(table5, "collect", lambda **kw: _grid(seeds=(0,)))
     page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=[0], timing="t")[0].read_text()
     assert "- c chosen on seed 0 (of 33 values log-spaced from 0.01 to 100)" in page
     assert "the other tuning seeds 1 and 2 have not finished here" in page
     assert "chosen on seeds 0, 1 and 2 of this" in page and "T - tau_0 in {2, 5, 10, 20, 40, 80, 150}" in page
-    assert "the default `rules.auto_c` is 4.217 (AUTO_C in coordinator/rules.py)" in page
+    assert "the default `rules.auto_c` is 4.217 (AUTO_C in coordinator/rules/config.py)" in page
     for name in ("TUNE_SEEDS", "HORIZONS", "C_GRID", "round.py"):
         assert name not in page, name
 
@@ -116,8 +114,7 @@ def _never(*, seed, tau0=20):
 def test_a_cell_whose_median_seed_never_crosses_says_never_and_how_many_crossed(tmp_path, monkeypatch):
     """Issue 33 item 11: 4 of 5 seeds never crossing printed a median of 181 rounds (the imputed
     end of the run, ROUNDS - tau_0 + 1) for a 200-round run; the median there is 'never'."""
-    from simulator import table5
-
+    from simulator.paper import table5
     deps = [_dep(1.0, crossing_after=40, seed=0), *(_never(seed=s) for s in (1, 2, 3, 4))]
     monkeypatch.setattr(table5, "collect", lambda **kw: deps)
     page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(5), timing="t")[0].read_text()
@@ -131,8 +128,7 @@ def test_a_cell_whose_median_seed_never_crosses_says_never_and_how_many_crossed(
 
 def test_each_crossing_table_states_the_range_of_its_medians(tmp_path, monkeypatch):
     """Issue 33 item 11: results/README quoted 28-143 rounds, mixing the two crossing tables' medians."""
-    from simulator import table5
-
+    from simulator.paper import table5
     deps = [_dep(1.0, crossing_after=c, seed=s, tau0=t) for s in (0, 1, 2) for t, c in ((10, 28), (50, 96))]
     monkeypatch.setattr(table5, "collect", lambda **kw: deps)
     page = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(3), timing="t")[0].read_text()
@@ -143,8 +139,7 @@ def test_the_page_renders_again_from_its_runs_csv(tmp_path, monkeypatch):
     """The committed table5_runs.csv holds every figure of the page: rendering from it gives the same page."""
     import json
 
-    from simulator import table5
-
+    from simulator.paper import table5
     deps = [_dep(0.01, crossing_after=5, seed=s) for s in range(5)] + [_never(seed=s, tau0=30) for s in range(5)]
     monkeypatch.setattr(table5, "collect", lambda **kw: deps)
     path, _, _ = table5.write_page(tmp_path, work_dir=tmp_path, seeds=range(5), timing="2 min for `x`")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.rules import RulesConfig
+from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig
-from flexfl.cli import main
+from flexfl.app.cli import main
 from flexfl.errors import ConfigError
 from simulator.engine import SimConfig, load_data, run_simulation
 from simulator.timeline_source import TimelineRun, model_bytes, timeline_participation

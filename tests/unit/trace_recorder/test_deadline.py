@@ -6,7 +6,8 @@ import pytest
 
 from edge_agent.deadline import Refusal, why_stopped
 from flexfl.errors import ConfigError
-from trace_recorder.deadline import DeadlineOutcome, StopReason, updates_before_deadline
+from flexfl.vocabulary import StopReason
+from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline
 from trace_recorder.timeline import OFFLINE, Conditions
 
 # 100 kB model: 800 kbit, so 8 s over 100 kbit/s and 0.1 s over 8000 kbit/s.

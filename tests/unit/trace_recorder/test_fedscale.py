@@ -9,7 +9,7 @@ import pytest
 
 from flexfl.errors import ConfigError, TraceFormatError
 from trace_recorder.availability import ComputeScaling, TraceClock, merge_windows, online_segments
-from trace_recorder.fedscale import import_fedscale
+from trace_recorder.importers.fedscale import import_fedscale
 from trace_recorder.timeline import read_timeline, write_timeline
 
 # The shapes of FedScale's benchmark/dataset/data/device_info files (its README there), in miniature.

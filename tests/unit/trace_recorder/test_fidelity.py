@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from coordinator.round_record import LiveRound, RoundRecord
-from flexfl.cli import main
+from coordinator.rules.round_record import LiveRound, RoundRecord
+from flexfl.app.cli import main
 from flexfl.errors import ConfigError
-from trace_recorder.fidelity import (
+from trace_recorder.fidelity.experiment import (
     AfterStart,
     FidelityConfig,
     FidelityOptions,
@@ -26,7 +26,7 @@ from trace_recorder.fidelity import (
     live_start_rounds,
     run_fidelity,
 )
-from trace_recorder.fidelity_stats import ks_distance
+from trace_recorder.fidelity.stats import ks_distance
 from trace_recorder.format import Trace, TraceManifest, utc_now_iso, write_trace_set
 
 PROFILE = """

@@ -7,8 +7,8 @@ import csv
 import numpy as np
 import pytest
 
-from trace_recorder.fidelity_page import FidelityInputs, read_s_csv, write_page
-from trace_recorder.fidelity_stats import ks_distance, lag1_autocorrelation
+from trace_recorder.fidelity.page import FidelityInputs, read_s_csv, write_page
+from trace_recorder.fidelity.stats import ks_distance, lag1_autocorrelation
 
 DEVICES = ("T0", "T90")
 

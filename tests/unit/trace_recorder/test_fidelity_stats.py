@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flexfl.errors import ConfigError
-from trace_recorder.fidelity_stats import (
+from trace_recorder.fidelity.stats import (
     band_share,
     exchangeable_inside_share,
     ks_critical,

@@ -10,7 +10,7 @@ import pytest
 
 from flexfl.errors import ConfigError, TraceFormatError
 from trace_recorder.availability import DeviceSpec, TraceClock
-from trace_recorder.flash import UnusableLog, import_flash, parse_states
+from trace_recorder.importers.flash import UnusableLog, import_flash, parse_states
 
 # One device's day in FLASH's shape: local time, a tab, a state.
 LOG = "\n".join([

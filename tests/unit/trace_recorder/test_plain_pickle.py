@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flexfl.errors import TraceFormatError
-from trace_recorder.plain_pickle import load_plain_pickle
+from trace_recorder.importers.plain_pickle import load_plain_pickle
 
 
 class _RunsACommand:

@@ -8,7 +8,7 @@ import pytest
 
 from flexfl.errors import ConfigError
 from trace_recorder.calibrate import PAPER_TABLE2
-from trace_recorder.profiles import DEFAULT_PROFILE, load_inventory, load_profile
+from trace_recorder.recording.profiles import DEFAULT_PROFILE, load_inventory, load_profile
 
 
 def test_committed_profile_is_the_papers_protocol() -> None:

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from coordinator.round_record import LiveRound, RoundRecord
+from coordinator.rules.round_record import LiveRound, RoundRecord
 from trace_recorder.format import read_trace_set, write_trace_set
-from trace_recorder.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
+from trace_recorder.recording.recorder import DeviceRun, RecordError, build_traces, calibrate_deadline, select_rounds
 
 IDS = ["T0", "T90"]
 DEVICES = [DeviceRun(device_id=d, trace=d, shard_index=i, loadgen=f"ipc:///x{i}", iface=None)
@@ -92,7 +92,7 @@ def test_an_unfinished_work_folder_needs_resume_and_a_finished_one_is_reused(tmp
     import json
 
     from flexfl.errors import ConfigError
-    from trace_recorder.recorder import Recording, RecordOptions
+    from trace_recorder.recording.recorder import Recording, RecordOptions
 
     work = tmp_path / "work"
     work.mkdir()
@@ -114,7 +114,7 @@ def test_a_failed_state_save_leaves_the_previous_state(tmp_path, monkeypatch) ->
     import errno
     import os
 
-    from trace_recorder.recorder import Recording, RecordOptions
+    from trace_recorder.recording.recorder import Recording, RecordOptions
 
     work = tmp_path / "work"
     recording = Recording(RecordOptions(out=tmp_path / "set", work=work))
@@ -138,7 +138,7 @@ def test_the_recorder_follows_a_metrics_file_that_a_resumed_coordinator_rewrote(
     import json
 
     from coordinator.metrics import MetricsWriter, read_metrics
-    from trace_recorder.recorder import Recording, RecordOptions
+    from trace_recorder.recording.recorder import Recording, RecordOptions
 
     recording = Recording(RecordOptions(out=tmp_path / "set", work=tmp_path / "work"))
     path = recording.metrics_path

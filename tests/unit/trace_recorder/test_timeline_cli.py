@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.cli import main
+from flexfl.app.cli import main
 from trace_recorder.timeline import read_timeline
 
 CAPACITY = {17: {"computation": 54.0, "communication": 800.0}, 99: {"computation": 27.0, "communication": 20000.0},

@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from benchmarks.fuzz_support import corrupted, fuzz_settings, raises_only  # noqa: E402
 from flexfl.errors import TraceFormatError  # noqa: E402
-from trace_recorder.plain_pickle import load_plain_pickle  # noqa: E402
+from trace_recorder.importers.plain_pickle import load_plain_pickle  # noqa: E402
 from trace_recorder.timeline import Conditions, Interval, Timeline, TimeUnit, read_timeline, write_timeline  # noqa: E402
 
 pytestmark = pytest.mark.fuzz

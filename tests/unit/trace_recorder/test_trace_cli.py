@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from flexfl.app import traces_cli as cli
 from flexfl.errors import ConfigError, TraceFormatError
-from trace_recorder import cli
 
 
 def _run(*argv: str) -> int:
