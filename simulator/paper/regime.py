@@ -32,7 +32,7 @@ from workloads.partition_spec import Dataset
 if TYPE_CHECKING:  # the simulator's engine imports torch; `flexfl ... --help` builds this module's flags
     from simulator.engine import SimConfig
 
-OPERATING_POINT_FILE = Path(__file__).resolve().parent.parent / "results" / "operating_point.toml"
+OPERATING_POINT_FILE = Path(__file__).resolve().parents[2] / "results" / "operating_point.toml"  # the checkout's
 SOURCES = ("default", "paper", "protocol")
 
 
