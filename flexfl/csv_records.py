@@ -66,8 +66,7 @@ def read_records(path: Path | str, cls: type[T], *, columns: Mapping[str, str] |
             header = set(reader.fieldnames or ())
             missing = sorted({c for cells in _flat(plan) if not cells.optional for c in cells.columns} - header)
             if missing:
-                raise error(f"{path}:1: missing column{'s' if len(missing) > 1 else ''} "
-                            f"{', '.join(map(repr, missing))}")
+                raise error(f"{path}:1: missing {_named(missing)}")
             return [_build(cls, plan, line, header, f"{path}:{reader.line_num}", error) for line in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise error(f"{path}: cannot read: {exc}") from None
@@ -136,12 +135,17 @@ def _build(cls: type[T], plan: Sequence[_Cells], line: Mapping[str, str | None],
         if not set(cells.columns) <= header:
             continue  # an optional field's column is not in this file: its default stands
         texts = tuple(line.get(c) for c in cells.columns)
-        named = ", ".join(f"'{c}'" for c in cells.columns)
-        if any(t is None for t in texts):
-            raise error(f"{where}: column {named}: missing (the line is short)")
+        short = [c for c, text in zip(cells.columns, texts) if text is None]
+        if short:
+            raise error(f"{where}: {_named(short)}: missing (the line is short)")
         try:
             values[cells.field] = cells.convert(typing.cast(tuple[str, ...], texts))
         except (ValueError, TypeError):
             got = texts[0] if len(texts) == 1 else texts
-            raise error(f"{where}: column {named}: expected {cells.expected}, got {got!r}") from None
+            raise error(f"{where}: {_named(cells.columns)}: expected {cells.expected}, got {got!r}") from None
     return cls(**values)
+
+
+def _named(columns: Sequence[str]) -> str:
+    """"column 'a'", "columns 'a', 'b'"."""
+    return f"column{'s' if len(columns) > 1 else ''} {', '.join(map(repr, columns))}"

@@ -27,14 +27,13 @@ CSV_FIELDS = ("round", "lr", "active", "complete", "mean_s", "coef_sum", "discar
               "test_loss", "seconds", "members", "events")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundsCsvRow:
-    """One line of rounds.csv (and of a sweep's per-run CSV): the run's identifying fields, then CSV_FIELDS.
+    """One line of rounds.csv (and of a sweep's per-run CSV): the run's IDENT_FIELDS, then CSV_FIELDS.
 
     Only `round` is required: files written before a column existed (members and events came
     late; hand-made files in tests have a few) still read, the absent columns None."""
 
-    round: int
     dataset: str | None = None
     iid: int | None = None
     alpha: float | None = None
@@ -42,6 +41,7 @@ class RoundsCsvRow:
     num_traces: int | None = None
     scheme: str | None = None
     seed: int | None = None
+    round: int
     lr: float | None = None
     active: int | None = None
     complete: int | None = None
