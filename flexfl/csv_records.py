@@ -5,10 +5,11 @@ A committed CSV (a page's runs, a run's rounds.csv) is read back through its rec
 naming the column and the text, not as a KeyError or a ValueError deep in page code.
 
 Types: int, float, str, bool ("True"/"False", "true"/"false", "1"/"0"); `X | None` reads an empty
-cell or "nan" (any case) as None. A field another type or a cell in another notation ("never"
-for a round that did not come) takes its converter from field(metadata=converted(...)); a field of a dataclass
-type is read from that record's columns in the same line. A column may be absent from the file
-only where its field has a default.
+cell or "nan" (any case) as None. A field of another type, or a cell in another notation ("never"
+for a round that did not come), takes its converter from `field(metadata=converted(...))`; a
+field of a dataclass type is read from that record's columns in the same line. A column may be
+absent from the file only where its field has a default. No torn-last-line leniency: these files
+are written atomically (flexfl.files.atomic_file), so a short line is an error.
 """
 
 from __future__ import annotations
