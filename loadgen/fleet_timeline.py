@@ -222,52 +222,67 @@ def _apply(fleet: Fleet, index: int, change: Change) -> None:
         fleet.set_online(index, bool(new))
 
 
+@dataclass(frozen=True)
+class ConditionsLine:
+    """One line of conditions.jsonl (CONDITIONS_FILE): the settings in force on each device at a time of a round."""
+
+    round: int
+    t_s: float  # seconds since round 1 opened
+    devices: dict[str, dict[str, Any]]  # device id -> Settings.record()
+
+    @classmethod
+    def from_json(cls, obj: object, where: str) -> ConditionsLine:
+        """The line's JSON object, checked; a ReportError naming `where` (file:line) and the field otherwise."""
+        if not isinstance(obj, dict) or isinstance(obj.get("round"), bool) or not isinstance(obj.get("round"), int):
+            raise ReportError(f"{where}: field 'round': expected a round id (an integer)")
+        t_s = obj.get("t_s")
+        if isinstance(t_s, bool) or not isinstance(t_s, int | float):
+            raise ReportError(f"{where}: field 't_s': expected seconds since round 1 opened, got {t_s!r}")
+        devices = obj.get("devices")
+        if not isinstance(devices, dict):
+            raise ReportError(f"{where}: field 'devices': expected an object of device id -> settings")
+        for device, settings in devices.items():
+            _check_settings(settings, where=f"{where}: field 'devices.{device}")
+        return cls(round=obj["round"], t_s=t_s, devices=devices)
+
+
 def read_conditions(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
     """conditions.jsonl as {round: {device: settings}}: those in force at each round's opening (its first line).
 
     A torn last line (a crash mid-write) is skipped; anything else off the schema is a ReportError
     naming the file, the line and the field."""
-    return {r: row["devices"] for r, row in _openings(path).items()}
+    return {r: line.devices for r, line in _openings(path).items()}
 
 
 def seconds_per_round(path: Path) -> float | None:
     """The mean time from one round's opening to the next in a recorded run (None under two rounds):
     what `flexfl sim run --timeline` reads a timeline in seconds with (--round-s)."""
-    starts = sorted((r, row["t_s"]) for r, row in _openings(path).items())
+    starts = sorted((r, line.t_s) for r, line in _openings(path).items())
     if len(starts) < 2:
         return None
     (first, t0), (last, t1) = starts[0], starts[-1]
     return (t1 - t0) / (last - first)
 
 
-def _openings(path: Path) -> dict[int, dict[str, Any]]:
+def _openings(path: Path) -> dict[int, ConditionsLine]:
     """Each round's first line of conditions.jsonl, checked (read_conditions)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot read: {exc}") from None
-    out: dict[int, dict[str, Any]] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    out: dict[int, ConditionsLine] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
             continue
         try:
-            row = json.loads(line)
+            obj = json.loads(text)
         except json.JSONDecodeError:
             if number == len(lines):
                 break
             raise ReportError(f"{path}:{number}: not a JSON object") from None
-        where = f"{path}:{number}"
-        if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
-            raise ReportError(f"{where}: field 'round': expected a round id (an integer)")
-        if isinstance(row.get("t_s"), bool) or not isinstance(row.get("t_s"), int | float):
-            raise ReportError(f"{where}: field 't_s': expected seconds since round 1 opened, got {row.get('t_s')!r}")
-        devices = row.get("devices")
-        if not isinstance(devices, dict):
-            raise ReportError(f"{where}: field 'devices': expected an object of device id -> settings")
-        for device, settings in devices.items():
-            _check_settings(settings, where=f"{where}: field 'devices.{device}")
-        out.setdefault(row["round"], row)
+        line = ConditionsLine.from_json(obj, f"{path}:{number}")
+        out.setdefault(line.round, line)
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,11 +16,49 @@ import torch
 
 from coordinator.rules.round import RoundOpening, RoundOutcome, Weighing
 from coordinator.rules.round_record import RoundRecord
+from flexfl.csv_records import read_records
+from flexfl.errors import FlexFLError, ReportError
 from simulator.sim_config import SimConfig
 
-# rounds.csv's columns after the run's identifying fields, each a RoundRecord attribute.
+# rounds.csv's first columns, the run's identity (records_as_rows), then its CSV_FIELDS, each a
+# RoundRecord attribute; a test checks that RoundsCsvRow has a field for each.
+IDENT_FIELDS = ("dataset", "iid", "alpha", "beta", "num_traces", "scheme", "seed")
 CSV_FIELDS = ("round", "lr", "active", "complete", "mean_s", "coef_sum", "discarded", "train_loss", "test_acc",
               "test_loss", "seconds", "members", "events")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundsCsvRow:
+    """One line of rounds.csv (and of a sweep's per-run CSV): the run's IDENT_FIELDS, then CSV_FIELDS.
+
+    Only `round` is required: files written before a column existed (members and events came
+    late; hand-made files in tests have a few) still read, the absent columns None."""
+
+    dataset: str | None = None
+    iid: int | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    num_traces: int | None = None
+    scheme: str | None = None
+    seed: int | None = None
+    round: int
+    lr: float | None = None
+    active: int | None = None
+    complete: int | None = None
+    mean_s: float | None = None
+    coef_sum: float | None = None
+    discarded: bool | None = None
+    train_loss: float | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    seconds: float | None = None
+    members: int | None = None
+    events: str | None = None
+
+
+def read_rounds_csv(path: Path, *, error: type[FlexFLError] = ReportError) -> list[RoundsCsvRow]:
+    """The lines of a rounds.csv (or a sweep run's CSV), typed; `error` names the file, line and column."""
+    return read_records(path, RoundsCsvRow, error=error)
 
 
 @dataclass
@@ -66,8 +105,6 @@ def records_as_rows(result: SimResult) -> list[dict]:
     """Per-round rows for CSV output: the run's identifying config fields, then the record's CSV_FIELDS."""
     c = result.config
     part = c.partition.identity()
-    ident = {
-        "dataset": part["dataset"], "iid": int(part["iid"]), "alpha": part.get("alpha"), "beta": part.get("beta"),
-        "num_traces": c.traces.num_traces, "scheme": c.rules.aggregation.label, "seed": c.seed,
-    }
+    ident = dict(zip(IDENT_FIELDS, (part["dataset"], int(part["iid"]), part.get("alpha"), part.get("beta"),
+                                    c.traces.num_traces, c.rules.aggregation.label, c.seed)))
     return [{**ident, **{name: getattr(r, name) for name in CSV_FIELDS}} for r in result.records]

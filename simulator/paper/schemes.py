@@ -9,7 +9,6 @@ groups run on a local process pool or on Ray (simulator.executors).
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from simulator.engine import SimConfig
 from simulator.groups import Executor, Group, Run
 from simulator.paper_numbers import SETTINGS
 from simulator.report import plot_accuracy_curves, table3_cells, table3_markdown, write_csv_atomic
+from simulator.sim_rows import read_rounds_csv
 from simulator.sweep import finished, run_sweep
 from trace_recorder.format import read_trace_set
 
@@ -108,8 +108,7 @@ def write_outputs(dataset: str, summaries: list[dict], *, work_dir: Path, out_di
     curves: dict[str, dict[str, dict[str, list]]] = {st: {} for st in settings}
     for r in final_rows:
         name = _run_name(r["setting"], r["num_traces"], r["seed"], r["scheme"])
-        with open(work_dir / f"{name}.csv", newline="") as f:
-            acc = [float(row["test_acc"]) for row in csv.DictReader(f)]
+        acc = [np.nan if r.test_acc is None else r.test_acc for r in read_rounds_csv(work_dir / f"{name}.csv")]
         curves[r["setting"]].setdefault(f"|T| = {r['num_traces']}", {}).setdefault(r["scheme"], []).append(acc)
     for setting in settings:
         if curves[setting]:

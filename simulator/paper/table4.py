@@ -19,11 +19,12 @@ the newcomer's holdout at the arrival. FlexFL reports three readings
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from coordinator.rules.config import RulesConfig
+from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
 from flexfl.text import count
@@ -86,14 +87,31 @@ def run_table4(dataset: str, *, seeds: Sequence[int], work_dir, executor: Execut
                      executor=executor)
 
 
+NEVER = "never"  # the CSV's cell for a run that did not recover within its rounds
+
+
+def _rounds_by_metric(texts: tuple[str, ...]) -> dict[str, int | None]:
+    return {m: None if text == NEVER else int(text) for m, text in zip(METRICS, texts)}
+
+
 @dataclass(frozen=True)
 class Recoveries:
-    """Rounds to recover of one run under each metric (None: not within the run)."""
+    """Rounds to recover of one run under each metric (None: not within the run); in table4_runs.csv, a
+    column per metric."""
 
     tau0: int
     seed: int
     reboot: str
-    rounds: dict[str, int | None]
+    rounds: dict[str, int | None] = field(metadata=converted(
+        _rounds_by_metric, columns=METRICS, expected=f"a round count or '{NEVER}' per metric"))
+
+
+@dataclass(frozen=True)
+class RecoveriesLine:
+    """One line of table4_runs.csv (or of its no-restart diagnostic's): the dataset and a run's recoveries."""
+
+    dataset: str
+    run: Recoveries
 
 
 def recoveries(summary: dict, rows: list[dict]) -> Recoveries:
@@ -143,7 +161,7 @@ class DatasetResult:
 
     def rows(self, found: Sequence[Recoveries]) -> list[dict]:
         return [{"dataset": self.dataset, "tau0": r.tau0, "seed": r.seed, "reboot": r.reboot,
-                 **{m: ("never" if r.rounds[m] is None else r.rounds[m]) for m in METRICS}} for r in found]
+                 **{m: (NEVER if r.rounds[m] is None else r.rounds[m]) for m in METRICS}} for r in found]
 
 
 def _cell(found: Sequence[Recoveries], t: int, metric: str) -> str:
@@ -242,14 +260,9 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
 
 
 def _read_recoveries(path) -> dict[str, list[Recoveries]]:
-    import csv
-
     out: dict[str, list[Recoveries]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            out.setdefault(row["dataset"], []).append(Recoveries(
-                tau0=int(row["tau0"]), seed=int(row["seed"]), reboot=row["reboot"],
-                rounds={m: None if row[m] == "never" else int(row[m]) for m in METRICS}))
+    for line in read_records(path, RecoveriesLine):
+        out.setdefault(line.dataset, []).append(line.run)
     return out
 
 

@@ -23,7 +23,7 @@ other seeds and scored on it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +31,7 @@ import numpy as np
 from coordinator.rules.config import AUTO_C, RulesConfig
 from coordinator.rules.gamma import GAMMA_ROUNDS
 from coordinator.rules.objective import AutoDeparture, ThresholdDeparture
+from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import ranges, table
 from flexfl.vocabulary import DeparturePolicy, Scheme
@@ -229,22 +230,47 @@ Mean over the {len(folds)} folds: {verdict}.
 RUNS_CSV = "table5_runs.csv"  # beside the page: one row per departure
 RUN_KEY = ("alpha", "beta", "tau0", "seed")
 NEVER = "never"
+# table5_runs.csv's columns for Crossing fields named otherwise (read_records' `columns`).
+AUTO_CHOICE_COLUMN = f"auto_choice_T{ROUNDS}"
+
+
+def _better_at_column(horizon: int) -> str:
+    return f"better_at_T-tau0={horizon}"
+
+
+def _rounds(text: str) -> int | None:
+    return None if text == NEVER else int(text)
+
+
+def _alpha_beta(texts: tuple[str, ...]) -> tuple[float, float]:
+    alpha, beta = texts
+    return float(alpha), float(beta)
+
+
+def _better_at(texts: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """(T - tau_0, policy) per horizon; the cells of horizons past the run (tau_0 + h > ROUNDS) are empty."""
+    return tuple((h, policy) for h, policy in zip(HORIZONS, texts) if policy)
+
+
+_ROUNDS_OR_NEVER = f"a round count or '{NEVER}'"
 
 
 @dataclass(frozen=True)
 class Crossing:
     """What the page says of one departure, and its row of table5_runs.csv: the crossings, the
     Gamma estimate, what auto decided and the better policy per horizon. The page is rendered
-    from these alone, so it can be rendered again from the committed CSV."""
+    from these alone, so it can be rendered again from the committed CSV (read_crossings)."""
 
-    ab: tuple[float, float]
+    ab: tuple[float, float] = field(metadata=converted(_alpha_beta, columns=("alpha", "beta"), expected="two numbers"))
     tau0: int
     seed: int
     gamma: float | None
-    cross: int | None  # None: never within the run
-    cross_same_test_set: int | None
+    cross: int | None = field(metadata=converted(_rounds, expected=_ROUNDS_OR_NEVER))  # None: never within the run
+    cross_same_test_set: int | None = field(metadata=converted(_rounds, expected=_ROUNDS_OR_NEVER))
     auto_choice: str
-    better_at: tuple[tuple[int, str], ...]  # (T - tau_0, the policy with the lower test loss at T)
+    # (T - tau_0, the policy with the lower test loss at T)
+    better_at: tuple[tuple[int, str], ...] = field(metadata=converted(
+        _better_at, columns=tuple(map(_better_at_column, HORIZONS)), expected="include, exclude or empty per horizon"))
 
     def better(self, horizon: int) -> str:
         return dict(self.better_at)[horizon]
@@ -253,19 +279,13 @@ class Crossing:
         return {"alpha": self.ab[0], "beta": self.ab[1], "tau0": self.tau0, "seed": self.seed, "gamma": self.gamma,
                 "cross": NEVER if self.cross is None else self.cross,
                 "cross_same_test_set": NEVER if self.cross_same_test_set is None else self.cross_same_test_set,
-                "auto_choice_T200": self.auto_choice, **{f"better_at_T-tau0={h}": p for h, p in self.better_at}}
+                AUTO_CHOICE_COLUMN: self.auto_choice,
+                **{_better_at_column(h): p for h, p in self.better_at}}
 
-    @classmethod
-    def from_row(cls, row: dict[str, str]) -> Crossing:
-        def rounds(text: str) -> int | None:
-            return None if text == NEVER else int(text)
 
-        prefix = "better_at_T-tau0="
-        return cls(ab=(float(row["alpha"]), float(row["beta"])), tau0=int(row["tau0"]), seed=int(row["seed"]),
-                   gamma=float(row["gamma"]) if row["gamma"] else None, cross=rounds(row["cross"]),
-                   cross_same_test_set=rounds(row["cross_same_test_set"]), auto_choice=row["auto_choice_T200"],
-                   better_at=tuple((int(k.removeprefix(prefix)), v) for k, v in row.items()
-                                   if k.startswith(prefix) and v))
+def read_crossings(path) -> tuple[Crossing, ...]:
+    """The lines of a table5_runs.csv; a ReportError names the file, line and column of a bad one."""
+    return tuple(read_records(path, Crossing, columns={"auto_choice": AUTO_CHOICE_COLUMN}))
 
 
 def summarise(d: Departure) -> Crossing:
@@ -479,12 +499,10 @@ def _write(out_dir, page: Table5Page):
 def page_from_csv(out_dir, *, regime: Regime):
     """Render out_dir/table5.md again from the table5_runs.csv and table5_timing.json beside it (the
     committed figures; the loss plot, which needs every run's curves, is left as it is)."""
-    import csv
     import json
     from pathlib import Path
 
-    with open(Path(out_dir) / RUNS_CSV, newline="", encoding="utf-8") as f:
-        crossings = tuple(Crossing.from_row(r) for r in csv.DictReader(f))
+    crossings = read_crossings(Path(out_dir) / RUNS_CSV)
     timing = json.loads((Path(out_dir) / "table5_timing.json").read_text())
     page = Table5Page(crossings=crossings, seeds=tuple(sorted({d.seed for d in crossings})),
                       timing="; ".join(timing.values()), plot="table5_losses.png",

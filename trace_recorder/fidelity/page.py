@@ -24,12 +24,13 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from flexfl.csv_records import converted, read_records
 from flexfl.files import atomic_file
 from flexfl.markdown import table
 from trace_recorder.fidelity.stats import (
@@ -218,18 +219,33 @@ def _write_s_csv(path: Path, inputs: FidelityInputs) -> None:
     series = {"recorded": inputs.recorded, "live": inputs.live, "live_start": inputs.live_start}
     with atomic_file(path) as f:
         w = csv.writer(f)
-        w.writerow(["device", "source", "index", "s_over_E"])
+        w.writerow([f.name for f in fields(SLine)])
         for d in inputs.devices:
             for source in S_SOURCES:
                 w.writerows([d, source, i, _csv(float(v))] for i, v in enumerate(series[source][d], 1))
 
 
+def _source(text: str) -> str:
+    if text not in S_SOURCES:
+        raise ValueError(text)
+    return text
+
+
+@dataclass(frozen=True)
+class SLine:
+    """One line of a PAGE_s.csv: a device's s/E in one round of one source (S_SOURCES)."""
+
+    device: str
+    source: str = field(metadata=converted(_source, expected=" or ".join(S_SOURCES)))
+    index: int  # the round's place in the source's series, from 1
+    s_over_E: float
+
+
 def read_s_csv(path: Path) -> dict[str, dict[str, np.ndarray]]:
     """{source: {device: s/E per round}} from a PAGE_s.csv."""
     out: dict[str, dict[str, list[float]]] = {source: {} for source in S_SOURCES}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            out[row["source"]].setdefault(row["device"], []).append(float(row["s_over_E"]))
+    for line in read_records(path, SLine):
+        out[line.source].setdefault(line.device, []).append(line.s_over_E)
     return {source: {d: np.array(v) for d, v in by.items()} for source, by in out.items()}
 
 

@@ -153,8 +153,8 @@ class RoundRow:
         return self.live.overhead_s if self.live else None
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -392,22 +392,12 @@ def _read_metrics_jsonl(path: Path) -> tuple[RoundRow, ...]:
 
 def _read_rounds_csv(path: Path) -> tuple[RoundRow, ...]:
     """`flexfl sim run`'s per-round aggregates (one row per scheme and round)."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = []
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
-            rnd = _number(row.get("round"), int, where, "round")
-            if rnd is None:
-                raise ReportError(f"{where}: field 'round': missing")
-            discarded = row.get("discarded")
-            rows.append(RoundRow(
-                round=rnd, scheme=row.get("scheme") or None, csv_lr=_number(row.get("lr"), float, where, "lr"),
-                csv_discarded=discarded == "True" if discarded else None,
-                csv_test_acc=_opt(_number(row.get("test_acc"), float, where, "test_acc"), float, where, "test_acc"),
-                csv_test_loss=_opt(_number(row.get("test_loss"), float, where, "test_loss"), float, where,
-                                   "test_loss")))
-    return tuple(rows)
+    # Here, not at the top: simulator.sim_rows imports torch (3 s), which a live run's report never needs.
+    from simulator.sim_rows import read_rounds_csv
+
+    return tuple(RoundRow(round=r.round, scheme=r.scheme, csv_lr=r.lr, csv_discarded=r.discarded,
+                          csv_test_acc=_finite(r.test_acc), csv_test_loss=_finite(r.test_loss))
+                 for r in read_rounds_csv(path))
 
 
 def _number(text: str | None, kind: type, where: str, name: str) -> Any:

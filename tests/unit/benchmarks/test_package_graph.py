@@ -23,7 +23,8 @@ def _layout(root: Path, *, loop: bool) -> Path:
         "coordinator/rules/__init__.py": "",
         "coordinator/rules/round.py": f"def long():\n{body}\n",
         "workloads/__init__.py": "",
-        "workloads/data.py": ("from coordinator import engine\n" if loop else "") + "def load(row):\n    return row['s']\n",
+        "workloads/data.py": ("from coordinator import engine\n" if loop else "")
+        + "def load(row):\n    return row['s']\n",
     })
 
 

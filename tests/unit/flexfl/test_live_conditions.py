@@ -162,3 +162,19 @@ def test_the_cost_of_an_update_at_full_share_scales_each_timing_by_the_share_in_
     # 0.8 / 2000 = 4e-4; 1.9 / 500 x 0.1 = 3.8e-4; 0.5 / 1000 = 5e-4: the median of three device-rounds
     assert update_s_at_full_share(rows, applied) == {"update_s": pytest.approx(4e-4), "device_rounds": 3}
     assert update_s_at_full_share(rows[2:], applied) is None
+
+
+def test_a_conditions_line_reads_back_from_its_json_and_names_line_and_field_when_off_the_schema() -> None:
+    from loadgen.fleet_timeline import UNLIMITED, ConditionsLine, Settings
+
+    settings = Settings(cpu_share=0.5, cpu_quota=0.125, up_kbit=800, down_kbit=None, online=False)
+    obj = json.loads(json.dumps({"round": 3, "time": 1e9, "t_s": 9.5,
+                                 "devices": {"dev-0": settings.record(), "dev-1": UNLIMITED.record()}}))
+    line = ConditionsLine.from_json(obj, "c.jsonl:4")
+    assert line == ConditionsLine(round=3, t_s=9.5, devices={"dev-0": settings.record(),
+                                                             "dev-1": UNLIMITED.record()})
+    with pytest.raises(ReportError, match=r"^c\.jsonl:4: field 't_s': expected seconds since round 1 opened, "
+                                          r"got '9\.5'$"):
+        ConditionsLine.from_json({**obj, "t_s": "9.5"}, "c.jsonl:4")
+    with pytest.raises(ReportError, match=r"^c\.jsonl:4: field 'round': expected a round id"):
+        ConditionsLine.from_json([obj], "c.jsonl:4")

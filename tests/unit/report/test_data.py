@@ -178,3 +178,13 @@ def test_a_strategy_is_named_by_its_title_from_a_label_and_with_its_parameters_f
     assert strategy_description({"rules": {"strategy": "fednova", "scheme": "C"}}) == "FedNova"
     assert strategy_description({"rules": {"strategy": {"name": "fedprox", "mu": 0.01}}}) == "FedProx (mu = 0.01)"
     assert strategy_description({"dataset": "synthetic"}) is None  # not recorded: the page says so
+
+
+def test_a_bad_rounds_csv_names_file_line_and_column(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"config": {"E": 20, "dataset": "synthetic"}}))
+    (tmp_path / "rounds.csv").write_text("scheme,round,lr,test_acc\nA,1,0.1,0.5\nA,2,0.1,half\n")
+    with pytest.raises(ReportError, match=r"rounds\.csv:3: column 'test_acc': expected float or empty, got 'half'"):
+        read_run(tmp_path)
+    (tmp_path / "rounds.csv").write_text("scheme,rnd,lr\nA,1,0.1\n")
+    with pytest.raises(ReportError, match=r"rounds\.csv:1: missing column 'round'"):
+        read_run(tmp_path)

@@ -71,3 +71,36 @@ def test_the_default_regime_keeps_the_step_readings_configs_and_another_reaches_
 def test_table4_counts_a_seed_where_only_one_variant_recovers():
     assert table4.fast_sooner(5, None) and not table4.fast_sooner(None, 5)
     assert table4.fast_sooner(3, 4) and not table4.fast_sooner(4, 4) and not table4.fast_sooner(None, None)
+
+
+def test_the_runs_csv_reads_back_as_protocol_runs_and_the_committed_page_renders_from_it(tmp_path) -> None:
+    from pathlib import Path
+
+    from flexfl.errors import ReportError
+    from simulator.paper.operating_point import (
+        PAGE,
+        RUN_FIELDS,
+        RUNS_CSV,
+        ProtocolRun,
+        read_choices,
+        read_runs,
+        render,
+        run_rows,
+    )
+    from simulator.report import write_csv_atomic
+
+    summaries = [{"setting": "iid", "seed": 100, "k": 0, "eta0": 0.1, "final_loss": 0.5, "final_acc": 0.8},
+                 {"setting": "iid", "seed": 100, "k": 1, "eta0": 0.316, "error": "diverged"}]
+    write_csv_atomic(tmp_path / RUNS_CSV, run_rows("synthetic", "epoch", summaries))
+    assert read_runs(tmp_path / RUNS_CSV) == [
+        ProtocolRun(dataset="synthetic", unit="epoch", setting="iid", seed=100, k=0, eta0=0.1, final_loss=0.5,
+                    final_acc=0.8, diverged=False),
+        ProtocolRun(dataset="synthetic", unit="epoch", setting="iid", seed=100, k=1, eta0=0.316, final_loss=None,
+                    final_acc=None, diverged=True)]
+    assert (tmp_path / RUNS_CSV).read_text().splitlines()[0] == ",".join(RUN_FIELDS)
+    (tmp_path / RUNS_CSV).write_text((tmp_path / RUNS_CSV).read_text().replace(",0.316,", ",fast,"))
+    with pytest.raises(ReportError, match=rf"{RUNS_CSV}:3: column 'eta0': expected float, got 'fast'"):
+        read_runs(tmp_path / RUNS_CSV)
+    results = Path(__file__).resolve().parents[3] / "results"
+    assert render(read_runs(results / RUNS_CSV), read_choices(results / "operating_point.toml")) == \
+        (results / PAGE).read_text()

@@ -10,6 +10,7 @@ def test_the_protocol_reads_the_checkouts_committed_operating_points():
     with a rate for each dataset and unit the protocol has chosen."""
     from simulator.paper.regime import OPERATING_POINT_FILE, protocol_eta0
 
-    assert OPERATING_POINT_FILE == Path(__file__).resolve().parents[3] / "results" / "operating_point.toml"
+    checkout = Path(__file__).resolve().parents[3]
+    assert checkout / "results" / "operating_point.toml" == OPERATING_POINT_FILE
     assert OPERATING_POINT_FILE.is_file()
     assert protocol_eta0("synthetic", "epoch") > 0

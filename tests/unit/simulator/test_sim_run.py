@@ -101,3 +101,26 @@ def test_sim_run_help_states_its_partition_defaults_and_names_its_own_flags(caps
             in text)
     assert f"--devices N number of devices (shards) (default {default.n_devices})" in text
     assert "--mu MU --scheme fedprox: mu" in text and "--strategy" not in text
+
+
+def test_rounds_csv_reads_back_as_typed_rows_with_a_field_per_column(tmp_path: Path) -> None:
+    """rounds.csv's reader (simulator.sim_rows.read_rounds_csv) has a field for each column records_as_rows
+    writes, in order, and reads a run's file back; a bad cell names the file, line and column."""
+    import dataclasses
+
+    from flexfl.errors import ReportError
+    from simulator.sim_rows import CSV_FIELDS, IDENT_FIELDS, RoundsCsvRow, read_rounds_csv
+
+    out = tmp_path / "sim"
+    assert main([*TINY, "--rounds", "2", "--out", str(out)]) == 0
+    text = (out / "rounds.csv").read_text()
+    header = text.splitlines()[0].split(",")
+    assert header == [f.name for f in dataclasses.fields(RoundsCsvRow)] == [*IDENT_FIELDS, *CSV_FIELDS]
+    rows = read_rounds_csv(out / "rounds.csv")
+    assert [(r.round, r.scheme, r.dataset, r.num_traces) for r in rows] == [(1, "C", "synthetic", 3),
+                                                                             (2, "C", "synthetic", 3)]
+    assert all(r.discarded is False and r.test_acc is not None and 0 <= r.test_acc <= 1 for r in rows)
+    (out / "rounds.csv").write_text(text.replace(",False,", ",maybe,", 1))
+    with pytest.raises(ReportError, match=r"rounds\.csv:2: column 'discarded': expected True or False or empty, "
+                                          r"got 'maybe'"):
+        read_rounds_csv(out / "rounds.csv")

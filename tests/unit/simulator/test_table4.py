@@ -59,3 +59,22 @@ def test_the_page_renders_again_from_its_csvs(tmp_path, monkeypatch) -> None:
     first = path.read_text()
     assert (tmp_path / DIAGNOSTIC_CSV).is_file() and "no restart loss/old" in first
     assert page_from_csv(tmp_path, regime=Regime()).read_text() == first
+
+
+def test_recoveries_read_back_from_the_runs_csv_with_never_as_none(tmp_path) -> None:
+    """A Recoveries record through table4_runs.csv and back (table4._read_recoveries); a bad cell names
+    the file, line and the metrics' columns."""
+    import pytest
+
+    from flexfl.errors import ReportError
+    from simulator.report import write_csv_atomic
+
+    found = (Recoveries(tau0=10, seed=0, reboot="fast", rounds={"acc/old": 3, "acc/new": None, "loss/old": 7}),
+             Recoveries(tau0=10, seed=1, reboot="vanilla", rounds=dict.fromkeys(METRICS, None)))
+    path = tmp_path / "table4_runs.csv"
+    write_csv_atomic(path, DatasetResult(dataset="mnist", found=found).rows(found))
+    assert table4._read_recoveries(path) == {"mnist": list(found)}
+    path.write_text(path.read_text().replace(",never,", ",soon,", 1))
+    with pytest.raises(ReportError, match=r"table4_runs\.csv:2: columns 'acc/old', 'acc/new', 'loss/old': expected a "
+                                          r"round count or 'never' per metric, got \('3', 'soon', '7'\)"):
+        table4._read_recoveries(path)

@@ -147,3 +147,22 @@ def test_the_page_renders_again_from_its_runs_csv(tmp_path, monkeypatch):
     first, csv_text = path.read_text(), (tmp_path / table5.RUNS_CSV).read_text()
     assert table5.page_from_csv(tmp_path, regime=table5.Regime()) == path
     assert path.read_text() == first and (tmp_path / table5.RUNS_CSV).read_text() == csv_text
+
+
+def test_a_crossing_reads_back_from_its_runs_csv_and_a_missing_column_is_named(tmp_path):
+    from flexfl.errors import ReportError
+    from simulator.paper import table5
+    from simulator.report import write_csv_atomic
+
+    crossings = (
+        table5.Crossing(ab=(0.5, 0.5), tau0=50, seed=3, gamma=0.25, cross=None, cross_same_test_set=12,
+                        auto_choice="exclude", better_at=((2, "include"), (150, "exclude"))),
+        table5.Crossing(ab=(1.0, 1.0), tau0=10, seed=0, gamma=None, cross=4, cross_same_test_set=None,
+                        auto_choice="include", better_at=tuple((h, "exclude") for h in table5.HORIZONS)))
+    path = tmp_path / table5.RUNS_CSV
+    # the longest row first: csv.DictWriter takes the header from it (table5 writes them in that order too)
+    write_csv_atomic(path, [c.to_row() for c in reversed(crossings)])
+    assert table5.read_crossings(path) == tuple(reversed(crossings))
+    path.write_text(path.read_text().replace("auto_choice_T200", "auto_choice"))
+    with pytest.raises(ReportError, match=r"table5_runs\.csv:1: missing column 'auto_choice_T200'"):
+        table5.read_crossings(path)

@@ -49,3 +49,16 @@ def test_the_page_commits_each_devices_s_per_round_and_its_ks_distances_recomput
     page = (tmp_path / "fid.md").read_text()
     assert "`fid_s.csv` (each device's s/E per round, recorded and live: the KS distances' inputs)" in page
     assert "| | recorded | live | simulated |" in page  # the table helper keeps the empty corner cell
+
+
+def test_an_s_file_with_an_unknown_source_names_its_line_and_column(tmp_path) -> None:
+    from flexfl.errors import ReportError
+
+    write_page(_inputs(), tmp_path / "fid.md")
+    path = tmp_path / "fid_s.csv"
+    lines = path.read_text().splitlines()
+    assert lines[0] == "device,source,index,s_over_E"  # the header SLine's fields give
+    path.write_text("\n".join([*lines[:3], lines[3].replace("recorded", "replayed"), *lines[4:]]) + "\n")
+    with pytest.raises(ReportError, match=r"fid_s\.csv:4: column 'source': expected recorded or live or live_start, "
+                                          r"got 'replayed'"):
+        read_s_csv(path)
