@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator.rules.round_record import RoundRecord
 from flexfl.errors import ConfigError, SweepError
 from flexfl.files import atomic_file
 from simulator.engine import SimConfig, runs_alike
@@ -87,10 +88,11 @@ def write_run(work_dir: Path, out: RunOutput) -> None:
         json.dump(out.summary, f, indent=1)
 
 
-def read_metrics(work_dir: Path, name: str) -> list[dict]:
-    """A finished run's per-round round-engine rows (coordinator.metrics.round_row), in round order."""
-    with gzip.open(Path(work_dir) / f"{name}{METRICS_SUFFIX}", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+def read_metrics(work_dir: Path, name: str) -> list[RoundRecord]:
+    """A finished run's round records (the round engine's rows), in round order."""
+    path = Path(work_dir) / f"{name}{METRICS_SUFFIX}"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [RoundRecord.from_json(json.loads(line), where=f"{path}:{i}") for i, line in enumerate(f, start=1)]
 
 
 # ---- the driver's side --------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def _curves(work_dir, *, seeds: Sequence[int], dataset: str, regime: Regime) -> 
     curves: dict[str, list[np.ndarray]] = {"fast": [], "vanilla": []}
     run_seeds: dict[str, list[int]] = {"fast": [], "vanilla": []}
     for s in finished(groups(seeds=seeds, dataset=dataset, regime=regime), work_dir=work_dir):
-        curves[s["reboot"]].append(np.array([r["test_acc"] for r in read_metrics(work_dir, s["name"])]))
+        curves[s["reboot"]].append(np.array([r.test_acc for r in read_metrics(work_dir, s["name"])]))
         run_seeds[s["reboot"]].append(int(s["seed"]))
     if not curves["fast"] or not curves["vanilla"]:
         raise ConfigError(f"no finished multi-arrival runs in {work_dir} (run without --report-only)")

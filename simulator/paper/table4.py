@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from coordinator.rules.config import RulesConfig
+from coordinator.rules.round_record import RoundRecord
 from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
@@ -114,16 +115,16 @@ class RecoveriesLine:
     run: Recoveries
 
 
-def recoveries(summary: dict, rows: list[dict]) -> Recoveries:
+def recoveries(summary: dict, rows: list[RoundRecord]) -> Recoveries:
     tau0 = int(summary["tau0"])
-    by = {r["round"]: r for r in rows}
+    by = {r.round: r for r in rows}
     before = by[tau0 - 1]  # the round the newcomer arrived in: evaluated on the new set, and on the old
-    acc = {r: by[r]["test_acc"] for r in by}
-    loss = {r: by[r]["test_loss"] for r in by}
-    old = before["extra_tests"]["start"]
+    acc = {r: by[r].test_acc for r in by}
+    loss = {r: by[r].test_loss for r in by}
+    old = (before.extra_tests or {})["start"]
     out = {
         "acc/old": rounds_to_recover(acc, first_round=tau0, baseline=old["acc"], higher_is_better=True).rounds,
-        "acc/new": rounds_to_recover(acc, first_round=tau0, baseline=before["test_acc"], higher_is_better=True).rounds,
+        "acc/new": rounds_to_recover(acc, first_round=tau0, baseline=before.test_acc, higher_is_better=True).rounds,
         "loss/old": rounds_to_recover(loss, first_round=tau0, baseline=old["loss"], higher_is_better=False).rounds,
     }
     return Recoveries(tau0=tau0, seed=int(summary["seed"]), reboot=summary["reboot"], rounds=out)
@@ -313,10 +314,10 @@ def _plot(path, dataset: str, work_dir, seeds: Sequence[int]) -> None:
                 rows = read_metrics(work_dir, name)
             except FileNotFoundError:
                 continue
-            window = [r for r in rows if t - 10 <= r["round"] <= t + 60]
-            x = [r["round"] for r in window]
-            axes[0, col].plot(x, [100 * r["test_acc"] for r in window], style, label=reboot)
-            axes[1, col].plot(x, [r["test_loss"] for r in window], style, label=reboot)
+            window = [r for r in rows if t - 10 <= r.round <= t + 60]
+            x = [r.round for r in window]
+            axes[0, col].plot(x, [100 * r.test_acc for r in window], style, label=reboot)
+            axes[1, col].plot(x, [r.test_loss for r in window], style, label=reboot)
         for row in (0, 1):
             axes[row, col].axvline(t, color="gray", ls=":", lw=1)
             axes[row, col].grid(alpha=0.3)

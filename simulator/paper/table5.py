@@ -31,6 +31,7 @@ import numpy as np
 from coordinator.rules.config import AUTO_C, RulesConfig
 from coordinator.rules.gamma import GAMMA_ROUNDS
 from coordinator.rules.objective import AutoDeparture, ThresholdDeparture
+from coordinator.rules.round_record import RoundRecord
 from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import ranges, table
@@ -120,7 +121,7 @@ class Departure:
 
 
 def collect(*, seeds: Sequence[int], work_dir, regime: Regime = Regime()) -> list[Departure]:
-    runs: dict[tuple, dict[str, list[dict]]] = {}
+    runs: dict[tuple, dict[str, list[RoundRecord]]] = {}
     for s in finished(groups(seeds=seeds, regime=regime), work_dir=work_dir):
         key = ((float(s["alpha"]), float(s["beta"])), int(s["tau0"]), int(s["seed"]))
         runs.setdefault(key, {})[s["policy"]] = read_metrics(work_dir, s["name"])
@@ -129,13 +130,13 @@ def collect(*, seeds: Sequence[int], work_dir, regime: Regime = Regime()) -> lis
         if set(by) != set(POLICIES):
             continue
         inc, exc, auto = by["include"], by["exclude"], by["auto"]
-        at = next(r for r in inc if r["round"] == tau0)
-        auto_row = next(r for r in auto if r["round"] == tau0)
+        at = next(r for r in inc if r.round == tau0)
+        auto_at = next(r for r in auto if r.round == tau0)
         out.append(Departure(
-            ab=ab, tau0=tau0, seed=seed, include={r["round"]: r["test_loss"] for r in inc},
-            exclude={r["round"]: r["test_loss"] for r in exc},
-            include_active={r["round"]: r["extra_tests"]["active"]["loss"] for r in inc},
-            gamma=at["departure_gammas"].get("dev-0"), auto_choice=auto_row["departure_policies"]["dev-0"]))
+            ab=ab, tau0=tau0, seed=seed, include={r.round: r.test_loss for r in inc},
+            exclude={r.round: r.test_loss for r in exc},
+            include_active={r.round: (r.extra_tests or {})["active"]["loss"] for r in inc},
+            gamma=at.departure_gammas.get("dev-0"), auto_choice=auto_at.departure_policies["dev-0"]))
     return out
 
 

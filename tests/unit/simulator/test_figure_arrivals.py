@@ -18,8 +18,8 @@ def test_synthetic_figure_pairs_runs_and_every_page_number_is_in_its_csv(tmp_pat
     assert {r.config.partition.dataset for g in groups for r in g.runs} == {"synthetic"}
     run_sweep(groups, work_dir=work)
     for seed in (0, 1):
-        fast = [r["test_acc"] for r in read_metrics(work, f"seed{seed}_fast")]
-        vanilla = [r["test_acc"] for r in read_metrics(work, f"seed{seed}_vanilla")]
+        fast = [r.test_acc for r in read_metrics(work, f"seed{seed}_fast")]
+        vanilla = [r.test_acc for r in read_metrics(work, f"seed{seed}_vanilla")]
         assert len(fast) == len(vanilla) == 50
         # Same data, draws and schedule: identical until fast-reboot first acts (after the first arrival).
         assert fast[:9] == vanilla[:9]
@@ -32,7 +32,7 @@ def test_synthetic_figure_pairs_runs_and_every_page_number_is_in_its_csv(tmp_pat
     rows = list(csv.DictReader(open(tmp_path / "figure_arrivals_synthetic_runs.csv")))
     assert len(rows) == 2 * 2 * 3
     for r in rows:  # the window mean recomputes from the run's own metrics
-        acc = 100 * np.array([m["test_acc"] for m in read_metrics(work, f"seed{r['seed']}_{r['reboot']}")])
+        acc = 100 * np.array([m.test_acc for m in read_metrics(work, f"seed{r['seed']}_{r['reboot']}")])
         k = int(r["first_round"])
         assert float(r["mean_acc_20"]) == pytest.approx(acc[k - 1:k + 19].mean())
 

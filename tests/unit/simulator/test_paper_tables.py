@@ -2,6 +2,7 @@
 
 import pytest
 
+from coordinator.rules.round_record import RoundRecord
 from simulator.paper.table3 import wall_time
 from simulator.paper.table4 import recoveries
 from simulator.paper.table5 import ROUNDS, Departure, auto_accuracy, baseline_accuracy, choose_c
@@ -10,7 +11,8 @@ from simulator.paper.table5 import ROUNDS, Departure, auto_accuracy, baseline_ac
 def test_table4_readings_of_the_baseline():
     # The newcomer arrives during round 4 and trains from round 5 (tau_0 = 5). Round 4 is
     # evaluated on the new test set (0.70) and on the old one (0.80, loss 0.5).
-    rows = [{"round": r, "test_acc": a, "test_loss": loss, "extra_tests": {"start": {"acc": sa, "loss": sl}}}
+    rows = [RoundRecord(round=r, lr=0.1, participants=(), devices=(), s={}, p={}, coefficients={}, discarded=False,
+                        test_acc=a, test_loss=loss, extra_tests={"start": {"acc": sa, "loss": sl}})
             for r, a, loss, sa, sl in [(3, 0.80, 0.5, 0.80, 0.5), (4, 0.70, 0.9, 0.80, 0.5), (5, 0.60, 1.4, 0, 0),
                                     (6, 0.72, 0.8, 0, 0), (7, 0.79, 0.55, 0, 0), (8, 0.81, 0.45, 0, 0)]]
     rec = recoveries({"tau0": 5, "seed": 0, "reboot": "fast"}, rows)

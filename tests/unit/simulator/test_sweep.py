@@ -63,8 +63,8 @@ def test_each_run_gets_its_files_and_equals_its_run_alone(tmp_path):
         rows = list(csv.DictReader(open(tmp_path / f"{run.name}.csv")))
         assert [float(r["test_loss"]) for r in rows] == pytest.approx([r.test_loss for r in alone.records], rel=1e-5)
         metrics = read_metrics(tmp_path, run.name)
-        assert [m["s"] for m in metrics] == [r["s"] for r in alone.rows]
-        assert [m["coefficients"] for m in metrics] == [r["coefficients"] for r in alone.rows]
+        assert [dict(m.s) for m in metrics] == [r["s"] for r in alone.rows]
+        assert [dict(m.coefficients) for m in metrics] == [r["coefficients"] for r in alone.rows]
     # Seed 0 (fast trainer) was paired; seed 1 (plain trainer) ran one by one.
     assert summaries[0]["paired_with"] == ["s0_B", "s0_C"] and summaries[3]["paired_with"] == []
     assert lines[0].startswith("sweep: 6 runs, 0 already in") and lines[-1].startswith("sweep: 6 runs in")
