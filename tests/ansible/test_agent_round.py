@@ -206,5 +206,5 @@ def test_agent_trains_rounds_against_a_host_coordinator(target: Target, provisio
     measured = {"emulated": target.platform.emulated, "per_update_s": per_update_s, "join_s": join_s,
                 "agent_rss_mib": idle["VmRSS"], "agent_hwm_mib": peak.get("VmHWM"),
                 "torch_rss_mib": torch_memory["VmRSS"], "torch_hwm_mib": torch_memory["VmHWM"],
-                "python_rss_mib": python_memory["VmRSS"], "rounds": rows}
+                "python_rss_mib": python_memory["VmRSS"], "rounds": [row.to_json() for row in rows]}
     (target.logs / "figures.json").write_text(json.dumps(measured, indent=2) + "\n")
