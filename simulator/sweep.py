@@ -13,9 +13,10 @@ simulator.executors) receive the group's configs and trace sets, and send each r
 results back; the driver writes them, atomically, as each group finishes:
 
     <name>.csv            per-round records (simulator.engine.records_as_rows)
-    <name>.metrics.jsonl.gz  per-round rows of the round engine (coordinator.metrics.round_row:
+    <name>.metrics.jsonl.gz  per-round round records (coordinator.rules.round_record.RoundRecord:
                           s, p and coefficients of every device), gzip-compressed: ~1 MB a
-                          200-round SYNTHETIC run as text, 20x less compressed (read_metrics)
+                          200-round SYNTHETIC run as text, 20x less compressed (read_metrics
+                          reads them back as RoundRecords)
     <name>.json           summary: the full config (flexfl.config.to_dict), final accuracy and
                           loss, a SHA-256 of the final parameters, time, the runs paired with it
 

@@ -15,7 +15,7 @@ The record: RUN/conditions.jsonl, one JSON line per round at its opening, and fo
 second-clocked timeline one more whenever conditions change inside the round:
 {"round": r, "time": unix s, "t_s": s since round 1 opened, "devices": {id: Settings.record()}}
 (devices not joined yet are left out). Lines are appended and fsynced one by one
-(coordinator.metrics.MetricsWriter); `loadgen.fleet_timeline.read_conditions is the reader.
+(coordinator.metrics.MetricsWriter); loadgen.fleet_timeline.read_conditions is the reader.
 """
 
 from __future__ import annotations
