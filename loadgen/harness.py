@@ -40,7 +40,7 @@ class Managed:
     log_path: Path
     device: int | None = None  # emulated device index, if it runs in one
     reported: bool = False  # its exit has been returned by exits()
-    own_group: bool = False  # leads a process group of its own (its pid is the group id)
+    own_group: bool = False  # its process group (its pid is the group id) is signalled and killed with it
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,11 +113,13 @@ class Harness:
         else:
             # No preexec_fn: forking a process whose gRPC threads run and then running Python in
             # the child can abort it; the child arms its parent-death signal itself (flexfl.app.cli).
+            # A process group of its own: a terminal's Ctrl-C reaches this process only, which stops
+            # the others in its order (stop()), as loadgen.fleet's devices are started too.
             env = {**self.env, DIE_WITH_PARENT_ENV: str(os.getpid())}
             with open(log_path, "ab") as out:
                 try:
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            env=env, process_group=0 if own_group else None)
+                                            env=env, process_group=0)
                 except OSError as exc:
                     raise HarnessError(f"cannot start {name}: {exc}") from exc
         self.procs[name] = Managed(name=name, proc=proc, log_path=log_path, device=device,

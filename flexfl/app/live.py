@@ -20,6 +20,12 @@ row says why it stopped (edge_agent.deadline.StopReason). With a device timeline
 ([emulate] timeline, --timeline) the fleet's quotas, link rates and link states follow it round
 by round and RUN/conditions.jsonl records them (flexfl.app.live_conditions). The fleet is removed on
 exit, Ctrl-C, SIGTERM and errors. Processes are run by loadgen.harness.
+
+The run's config is saved as RUN/live.toml when it starts. `flexfl live --resume --out RUN`
+continues an interrupted run (Ctrl-C, SIGTERM, a killed process, a reboot) from its coordinator's
+checkpoint with that config: the coordinator resumes, the agents start again, except a device whose
+scripted departure is behind the checkpoint. A run that ends short of its rounds, or without a
+scripted arrival or departure, is an error that says how far it got (summarize's problems).
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coordinator.checkpoint import checkpointed_round
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
 from coordinator.metrics import MetricsTail, write_run_info
+from coordinator.resume import CHECKPOINT_NAME
 from coordinator.rules.config import RulesConfig
 from coordinator.rules.round_record import RoundRecord
 from edge_agent.config import AgentConfig, ParticipationConfig
@@ -62,8 +70,12 @@ log = logging.getLogger(__name__)
 EXPECTED_WAIT_S = 90.0
 
 
+# The run's LiveConfig, written when it starts; `flexfl live --resume` reads it back.
+CONFIG_NAME = "live.toml"
+
+
 class LiveRunError(FlexFLError):
-    """The run ended, but not as scripted (the late device never arrived, or in another round)."""
+    """The run ended, but not as scripted (short of its rounds, or an arrival/departure missing or late)."""
 
 
 @dataclass(frozen=True)
@@ -233,10 +245,12 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
 class LiveRun:
     """Starts and supervises the processes; always stops them (and the emulated fleet) on exit."""
 
-    def __init__(self, cfg: LiveConfig, *, fresh: bool = False) -> None:
+    def __init__(self, cfg: LiveConfig, *, fresh: bool = False, resume: bool = False) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.fresh = fresh
+        self.resume = resume
+        self.resumed_after = 0  # the round the coordinator's checkpoint held when this run resumed it
         self.fleet: EmulatedFleet | None = None  # when emulating
         self.timeline: FleetTimeline | None = None  # when the fleet follows one
         self.playing: LiveTimeline | None = None  # ... once the fleet is up
@@ -275,31 +289,62 @@ class LiveRun:
         cfg = self.cfg
         self.timeline = cfg.fleet_timeline()  # a bad timeline fails here, before the folder is touched
         # The whole folder is this run's: an earlier run in it (its agents' files, its metrics)
-        # is moved aside with --fresh or refused, never mixed into this one.
+        # is continued (--resume), moved aside (--fresh) or refused, never mixed into this one.
         folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh,
-                                  resumable=False)  # a live run starts over; its coordinator resumes, not flexfl live
+                                  resume=self.resume)
         if folder.moved_aside is not None:
             print(f"--fresh: moved the earlier run in {self.out} to {folder.moved_aside}", flush=True)
         started = time.monotonic()
         harness = None
+        interrupted = False
         try:
+            self._begin()
             host = self._start_fleet() if cfg.emulate.enabled else cfg.host
             address = f"{host}:{free_port(host)}"
             coord_path, agent_paths, token = write_configs(cfg, self.out, address)
             harness = Harness(self.out, fleet=self.fleet)
             self._start_processes(harness, coord_path, agent_paths, address=address, token=token)
             rows, dead = self._supervise(harness)
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
-            self._stop(harness)
+            self._stop(harness)  # the coordinator writes its checkpoint as it stops
             folder.release()
+        if interrupted:
+            raise KeyboardInterrupt(self._how_far())
         return self._finish(rows, dead_agents=dead, started=started)
+
+    def _begin(self) -> None:
+        """A new run saves its config (CONFIG_NAME); a resumed one finds the round its checkpoint holds."""
+        if not self.resume:
+            write_config(self.out / CONFIG_NAME, self.cfg, header="written by flexfl live: this run's config "
+                         "(flexfl live --resume reads it)")
+            return
+        checkpoint = self.out / "coordinator" / CHECKPOINT_NAME
+        done = checkpointed_round(checkpoint) if checkpoint.exists() else None
+        if done is None:
+            raise ConfigError(f"flexfl live --resume: {self.out} holds no readable coordinator checkpoint "
+                              f"({checkpoint}); nothing to continue (drop --resume, or --fresh to start over)")
+        self.resumed_after = done
+        print(f"resuming {self.out} after round {done} of {self.cfg.rounds}", flush=True)
+
+    def _how_far(self) -> str:
+        """What an interrupted run says: the rounds its checkpoint holds and the command that continues it."""
+        checkpoint = self.out / "coordinator" / CHECKPOINT_NAME
+        done = checkpointed_round(checkpoint) if checkpoint.exists() else None
+        if not done:
+            return f"flexfl live stopped before round 1 completed (results folder {self.out})"
+        return (f"flexfl live stopped after round {done} of {self.cfg.rounds}; "
+                f"`flexfl live --resume --out {self.out}` continues it")
 
     def _start_processes(self, harness: Harness, coord_path: Path, agent_paths: list[Path], *,
                          address: str, token: str) -> None:
         """The coordinator, once it answers, then every agent (on its device when emulating)."""
-        harness.start_coordinator(coord_path, address=address, token=token)
+        harness.start_coordinator(coord_path, address=address, token=token, resume=self.resume)
         harness.wait_ready()
         for i, path in enumerate(agent_paths):
+            if self.resumed_after and i == 0 and self.cfg.departure and self.resumed_after >= self.cfg.departure:
+                continue  # dev-0 left after round `departure` (the coordinator's journal holds it): it stays away
             if self.fleet is not None:
                 self.fleet.set_cpu_quota(i, None)  # full speed until it has joined (see _quotas)
             harness.start_agent(f"agent-{i}", path, device=i if self.fleet is not None else None)
@@ -316,7 +361,8 @@ class LiveRun:
         while harness.running("coordinator"):
             rows = tail.rows()
             for row in rows[printed:]:
-                print(round_line(row, cfg), flush=True)
+                if row.round > self.resumed_after:
+                    print(round_line(row, cfg), flush=True)
             printed = len(rows)
             self._check_agents(harness, dead, rounds_done=len(rows))
             if unquoted:
@@ -327,7 +373,8 @@ class LiveRun:
         harness.check("coordinator")
         rows = tail.rows()
         for row in rows[printed:]:
-            print(round_line(row, cfg), flush=True)
+            if row.round > self.resumed_after:
+                print(round_line(row, cfg), flush=True)
         return rows, dead
 
     def _check_agents(self, harness: Harness, dead: dict[str, int], *, rounds_done: int) -> None:
@@ -350,6 +397,9 @@ class LiveRun:
             self.playing.close()
             self.playing = None
         if harness is not None:
+            # The coordinator first: it checkpoints the rounds done, and agents stopped after it announce
+            # no departure into the run (stopping a run is not a device leaving: --resume brings them back).
+            harness.stop([name for name in harness.procs if name == "coordinator"])
             harness.close()
         if self.fleet is not None:
             self.fleet.down()  # also whatever the agents left in their devices
@@ -364,6 +414,7 @@ class LiveRun:
                        devices={device_id(i): {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
                                 for i in range(cfg.devices)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead_agents)
+        summary["resumed_after_round"] = self.resumed_after or None
         if cfg.emulate.timeline:
             summary["timeline"] = self._timeline_summary(rows)
         with atomic_file(self.out / "summary.json") as f:
@@ -423,11 +474,18 @@ def summarize(rows: list[RoundRecord], cfg: LiveConfig, *, wall_s: float, dead_a
     arrival = next((r.round for r in rows if r.arrivals), None)
     departure = next((r.round for r in rows if r.departures), None)
     problems = []
+    if rows[-1].round < cfg.rounds:
+        problems.append(f"the run stopped after round {rows[-1].round} of {cfg.rounds} (the coordinator ended "
+                        f"early: see {Path(cfg.out) / 'coordinator.log'}); `flexfl live --resume --out {cfg.out}` "
+                        "continues it")
     if cfg.arrival and arrival != cfg.arrival:
         late = device_id(cfg.devices - 1)
         when = "never arrived" if arrival is None else f"arrived in round {arrival}"
         problems.append(f"the late device {late} {when}"
                         f", not in round {cfg.arrival} as asked (see {Path(cfg.out) / f'agent-{cfg.devices - 1}.log'})")
+    if cfg.departure and departure != cfg.departure and rows[-1].round >= cfg.departure:
+        when = "never departed" if departure is None else f"departed in round {departure}"
+        problems.append(f"dev-0 {when}, not after round {cfg.departure} as asked (see {Path(cfg.out) / 'agent-0.log'})")
     return {
         "problems": problems,
         "rounds": len(rows), "final_acc": rows[-1].test_acc, "final_loss": rows[-1].test_loss,

@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
     p.add_argument("--fresh", action="store_true",
                    help="the results folder holds an earlier run: move it to <folder>.previous-<time> first "
-                        "(without --fresh such a folder is refused)")
+                        "(without --fresh or --resume such a folder is refused)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --out (default out/live) from its coordinator's checkpoint, "
+                        "with the config it saved there (live.toml); flags that would change it are refused")
     p.add_argument("--emulate", dest=flag_dest("emulate", "enabled"), action="store_true", default=None,
                    help="run each agent in an emulated device (needs root): its own network namespace and veth "
                         "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
@@ -138,21 +141,49 @@ def check_before_claim(cfg) -> None:
         write_configs(cfg, run, f"{host}:{port}")
 
 
+def resumed_config(args: argparse.Namespace, overrides: dict):
+    """The config an interrupted run saved in its folder (--out, default out/live): flags may repeat it, not change
+    it."""
+    from flexfl.app.live import CONFIG_NAME, LiveConfig, load_live_config
+    from flexfl.config import to_dict
+    from flexfl.errors import ConfigError
+
+    if args.config is not None:
+        raise ConfigError(f"--resume continues a run with the config it saved ({CONFIG_NAME} in its folder): "
+                          f"drop --config {args.config}")
+    out = Path(overrides.get("out") or LiveConfig().out)
+    saved_path = out / CONFIG_NAME
+    if not saved_path.exists():
+        raise ConfigError(f"--resume: {out} holds no {CONFIG_NAME} (no flexfl live run started there"
+                          f"{'' if out.exists() else ': the folder does not exist'}); --out names the run's folder")
+    saved = load_live_config(saved_path)
+    cfg = load_live_config(saved_path, overrides=overrides)
+    before, after = to_dict(saved, absolute_paths=True), to_dict(cfg, absolute_paths=True)
+    changed = [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after))
+               if key != "out" and before.get(key) != after.get(key)]
+    if changed:
+        raise ConfigError(f"--resume continues {out} as it was configured ({saved_path}); these flags change it: "
+                          + "; ".join(changed))
+    return cfg
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     from flexfl.app.live import LiveRun, load_live_config
     from flexfl.config import overrides_from_args
 
-    cfg = load_live_config(args.config, overrides=overrides_from_args(args))
+    overrides = overrides_from_args(args)
+    cfg = resumed_config(args, overrides) if args.resume else load_live_config(args.config, overrides=overrides)
     print(banner(cfg), flush=True)
     check_before_claim(cfg)
-    s = LiveRun(cfg, fresh=args.fresh).run()
+    s = LiveRun(cfg, fresh=args.fresh, resume=args.resume).run()
     happened = []
     if s["arrival_round"] is not None:
         happened.append(f"arrival took effect at round {s['arrival_round']} (asked {s['arrival_asked']})")
     if s["departure_round"] is not None:
         happened.append(f"departure at round {s['departure_round']} (asked {s['departure_asked']})")
     print(f"final test accuracy {100 * s['final_acc']:.2f}% under {cfg.rules.aggregation.description} after "
-          f"{s['rounds']} rounds ({s['wall_s']:.0f} s); "
+          f"{s['rounds']} of {cfg.rounds} rounds ({s['wall_s']:.0f} s"
+          f"{f', resumed after round {r}' if (r := s['resumed_after_round']) else ''}); "
           f"{'; '.join(happened) or 'no membership events'}; results in {cfg.out}/ "
           f"(coordinator/metrics.jsonl, accuracy.png, summary.json, *.log)")
     timeline = s.get("timeline") or {}

@@ -187,14 +187,27 @@ def test_the_summary_counts_each_devices_stop_reasons_and_rows_without_them_coun
 
 
 def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():
-    cfg = LiveConfig(rounds=6, arrive_round=2, depart_round=0)
-    row = _row(round=1)
-    never = summarize([row], cfg, wall_s=1.0, dead_agents={})
+    cfg = LiveConfig(rounds=3, arrive_round=2, depart_round=0)
+    row, last = _row(round=1), _row(round=3)
+    never = summarize([row, last], cfg, wall_s=1.0, dead_agents={})
     assert never["problems"] and "dev-4 never arrived, not in round 2 as asked" in never["problems"][0]
     late = summarize([row, replace(row, round=3, arrivals=("dev-4",))], cfg, wall_s=1.0, dead_agents={})
     assert "arrived in round 3, not in round 2" in late["problems"][0]
-    on_time = summarize([row, replace(row, round=2, arrivals=("dev-4",))], cfg, wall_s=1.0, dead_agents={})
+    on_time = summarize([row, replace(row, round=2, arrivals=("dev-4",)), last], cfg, wall_s=1.0, dead_agents={})
     assert on_time["problems"] == [] and on_time["arrival_round"] == 2
+
+
+def test_a_run_short_of_its_rounds_or_without_its_departure_is_a_problem_that_says_how_far_it_got():
+    cfg = LiveConfig(rounds=4, arrive_round=0, depart_round=2, out="out/x")
+    rows = [_row(round=r) for r in (1, 2, 3)]
+    short = summarize(rows, cfg, wall_s=1.0, dead_agents={})["problems"]
+    assert short[0].startswith("the run stopped after round 3 of 4 (the coordinator ended early")
+    assert short[0].endswith("`flexfl live --resume --out out/x` continues it")
+    assert short[1].startswith("dev-0 never departed, not after round 2 as asked")
+    departed = [rows[0], replace(rows[1], departures=("dev-0",)), rows[2], _row(round=4)]
+    assert summarize(departed, cfg, wall_s=1.0, dead_agents={})["problems"] == []
+    # Stopped before the departure's round: only the rounds are missing, not the departure.
+    assert len(summarize(rows[:1], cfg, wall_s=1.0, dead_agents={})["problems"]) == 1
 
 
 def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
