@@ -252,6 +252,14 @@ def _convert(tp: Any, value: Any, *, where: str, table: str, key: str) -> Any:
     raise TypeError(f"flexfl.config cannot read fields of type {tp!r} ({_key(table, key)})")
 
 
+def file_relative(cls: type, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of `raw` (tables of a `cls` config, as a file holds them) whose relative path fields are taken
+    relative to the folder `base`, as load_config takes a file's: for tables read from inside another file."""
+    resolved = copy.deepcopy(dict(raw))
+    _resolve_paths(cls, resolved, Path(base).resolve())
+    return resolved
+
+
 def _resolve_paths(cls: type, raw: dict[str, Any], base: Path) -> None:
     # Before overrides are merged: only values that came from the file are file-relative.
     hints = typing.get_type_hints(cls)
@@ -269,6 +277,15 @@ def _resolve_paths(cls: type, raw: dict[str, Any], base: Path) -> None:
                 for v in value:
                     if isinstance(v, dict):
                         _resolve_paths(item, v, base)
+
+
+def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Config tables layered as load_config layers them: later layers win key by key, tables merge, None is "not
+    given"."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        _merge(out, copy.deepcopy(dict(layer)))
+    return out
 
 
 def _merge(into: dict[str, Any], overrides: Mapping[str, Any]) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.rules.round_record import LiveRound, RoundRecord, RoundRecordError
+from flexfl.app.campaign.results import INDEX_NAME as CAMPAIGN_INDEX
 from flexfl.errors import ConfigError, ReportError
 from loadgen.fleet_timeline import CONDITIONS_FILE, read_conditions
 
@@ -251,13 +252,15 @@ def detect(path: Path) -> str:
         return "run"
     if (path / TRACE_MANIFEST).is_file():
         return "traces"
+    if (path / CAMPAIGN_INDEX).is_file():
+        return "campaign"
     if (path / TABLE3_RUNS).is_file() or any(SWEEP_FINAL_RE.match(p.name) or SWEEP_RUN_RE.match(p.name)
                                              for p in path.iterdir()):
         return "sweep"
     raise ReportError(
         f"{path}: not a run (run.json, metrics.jsonl, coordinator/metrics.jsonl or rounds.csv), "
         f"a sweep ({TABLE3_RUNS}, schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json) "
-        f"or a trace set (manifest.json)")
+        f", a trace set (manifest.json) or a campaign ({CAMPAIGN_INDEX})")
 
 
 # ---- runs ---------------------------------------------------------------------------------

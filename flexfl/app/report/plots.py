@@ -400,3 +400,24 @@ def trace_figure(trace, resolution: int | None) -> str:
         ax_h.set(xlabel="fraction of E", ylabel="rounds", title="distribution")
         ax_h.set_xlim(-0.05, 1.05)
     return svg_uri(fig)
+
+
+def campaign_curves(curves: list[tuple[str, str, list[int], list[float]]]) -> str:
+    """Test accuracy per round of every run of a campaign: (group, run, rounds, accuracies); one colour per group."""
+    fig, axes = _figure(7.0, 3.6)
+    ax = axes[0, 0]
+    colors = {group: f"C{i % 10}" for i, group in enumerate(dict.fromkeys(g for g, *_ in curves))}
+    labelled: set[str] = set()
+    for group, _run, rounds, acc in curves:
+        ax.plot(rounds, [100 * a for a in acc], color=colors[group], lw=1.2, alpha=0.8,
+                label=None if group in labelled else group)
+        labelled.add(group)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="lower right", fontsize=8)
+    return svg_uri(fig)

@@ -74,7 +74,8 @@ def write_report(path: Path, out: Path | None = None) -> Path:
     path = Path(path)
     kind = data.detect(path)
     started = time.perf_counter()
-    context = {"run": _run_context, "sweep": _sweep_context, "traces": _traces_context}[kind](path)
+    context = {"run": _run_context, "sweep": _sweep_context, "traces": _traces_context,
+               "campaign": _campaign_context}[kind](path)
     context.update(path=str(path), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), version=__version__)
     html = _environment().get_template(f"{kind}.html").render(**context)
     out = Path(out) if out is not None else default_out(path)
@@ -222,6 +223,36 @@ def _sweep_context(path: Path) -> dict[str, Any]:
             "notes": str(ds.notes_file.relative_to(path)) if ds.notes_file else None,
         })
     return {"title": f"sweep: {path.resolve().name}", "datasets": datasets}
+
+
+# ---- campaigns ----------------------------------------------------------------------------
+
+
+def _campaign_context(path: Path) -> dict[str, Any]:
+    from coordinator.metrics import read_metrics
+    from flexfl.app.campaign.results import FIGURES, RUNS_DIR, RunState, groups, read_index
+    from flexfl.app.campaign.spec import SEED_AXIS
+
+    index = read_index(path)
+    grouped = groups(index, seed_key=SEED_AXIS)
+    varied = [k for k in index.axes if k != SEED_AXIS]
+
+    def group_name(values) -> str:
+        return ", ".join(f"{k.rpartition('.')[2]} {values[k]}" for k in varied) or "all runs"
+
+    curves = []
+    for g in grouped:
+        for r in g.runs:
+            metrics = path / RUNS_DIR / r.name / "coordinator" / "metrics.jsonl"
+            if r.state is not RunState.PENDING and metrics.is_file():
+                rows = read_metrics(metrics)
+                curves.append((group_name(g.values), r.name, [x.round for x in rows], [x.test_acc for x in rows]))
+    runs = [{"r": r, "report": (path / RUNS_DIR / r.name / REPORT_NAME).is_file(),
+             "href": f"{RUNS_DIR}/{r.name}/{REPORT_NAME}"} for r in index.runs]
+    return {"title": f"campaign: {index.name}", "index": index, "figures": FIGURES,
+            "groups": [{"name": group_name(g.values), "g": g} for g in grouped], "runs": runs,
+            "ended": sum(r.state is not RunState.PENDING for r in index.runs),
+            "curves_svg": plots.campaign_curves(curves) if curves else None}
 
 
 # ---- trace sets ---------------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""Run a campaign's runs one after another into one folder; rerun, it goes on where it stopped.
+
+The folder: campaign.toml (a copy of the campaign file as it was read), campaign.json and
+campaign.md (results.py), and runs/<run name>/, each a `flexfl live` run folder. Before each run
+its folder says where it stands (plan_run):
+- it ended (summary.json) under this run's config (its live.toml): never run again;
+- it was interrupted under this config: resumed from its coordinator's checkpoint (flexfl live --resume);
+- it holds another config (the campaign file changed) or nothing to continue: started again
+  (the earlier folder is moved aside, as --fresh does; nothing is deleted).
+Configs are compared as flexfl live saved them (to_dict, paths absolute), the run folder aside.
+
+A target runs one run: here (loopback) or on the emulated fleet (--emulate, root), both through
+flexfl.app.live.LiveRun, or on a real fleet over Ansible (campaign.ansible). Ctrl-C or SIGTERM
+stops the campaign in its current run, which the next invocation resumes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from coordinator.resume import CHECKPOINT_NAME
+from flexfl.app.campaign.results import (
+    RUNS_DIR,
+    CampaignIndex,
+    RunResult,
+    RunState,
+    run_result,
+    write_index,
+    write_page,
+)
+from flexfl.app.campaign.spec import SEED_AXIS, Campaign, CampaignRun
+from flexfl.app.live import CONFIG_NAME, LiveConfig, LiveRun, load_live_config
+from flexfl.config import to_dict
+from flexfl.errors import ConfigError
+from flexfl.run_folder import claim_run_folder
+
+CAMPAIGN_COPY = "campaign.toml"
+
+
+class Plan(StrEnum):
+    """What a run's folder says to do with it."""
+
+    SKIP = "done before: not run again"
+    RESUME = "interrupted: resumed from its checkpoint"
+    START = "started"
+    RESTART = "started again (its folder held another config or nothing to continue; moved aside)"
+
+
+class Target(Protocol):
+    """Where a campaign's runs run: one run to its end, its summary returned."""
+
+    @property
+    def label(self) -> str:
+        """Where, in words ("loopback", "the emulated fleet ...", "the fleet of hosts.ini")."""
+        ...
+
+    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
+        """Run `cfg` to its end (resuming its folder's run, or moving an earlier one aside); its summary."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalTarget:
+    """Runs on this machine, through flexfl live: on loopback, or on the emulated fleet (root)."""
+
+    emulate: bool
+
+    @property
+    def label(self) -> str:
+        return "the emulated fleet (netns, tbf, cgroup quotas)" if self.emulate else "loopback"
+
+    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
+        return LiveRun(cfg, resume=resume, fresh=fresh).run()
+
+
+def same_config(a: LiveConfig, b: LiveConfig) -> bool:
+    """Two runs' configs mean the same run (the folder they write to aside)."""
+    return {**to_dict(a, absolute_paths=True), "out": ""} == {**to_dict(b, absolute_paths=True), "out": ""}
+
+
+def plan_run(run_dir: Path, cfg: LiveConfig) -> Plan:
+    """What to do with a run whose folder is `run_dir` (the module docstring)."""
+    saved = run_dir / CONFIG_NAME
+    if not run_dir.exists() or not any(p for p in run_dir.iterdir() if p.name != ".lock"):
+        return Plan.START
+    try:
+        same = saved.exists() and same_config(load_live_config(saved), cfg)
+    except ConfigError:
+        same = False  # a saved config this version cannot read is another config
+    if not same:
+        return Plan.RESTART
+    if (run_dir / "summary.json").exists():
+        return Plan.SKIP
+    return Plan.RESUME if (run_dir / "coordinator" / CHECKPOINT_NAME).exists() else Plan.RESTART
+
+
+@dataclass
+class CampaignRunner:
+    """Runs `campaign` into `out` on `target`; `rerun` is the command that continues it (for messages)."""
+
+    campaign: Campaign
+    out: Path
+    target: Target
+    emulate: bool
+    rerun: str
+    report: Callable[[str], None] = print
+    after_run: Callable[[Path], None] | None = None  # given each ended run's folder (e.g. to write its report)
+
+    def run(self) -> CampaignIndex:
+        """Every run not ended yet, in order; the index and page are rewritten after each."""
+        folder = claim_run_folder(self.out, what="flexfl campaign", holds_run=lambda _: None)
+        try:
+            shutil.copyfile(self.campaign.path, self.out / CAMPAIGN_COPY)
+            index = self._index()
+            started = time.monotonic()
+            for run in self.campaign.runs:
+                index = self._one(index, run)
+            self.report(f"campaign {self.campaign.name}: {len(index.runs)} runs ended "
+                        f"({time.monotonic() - started:.0f} s this session); results in {self.out}")
+            return index
+        finally:
+            folder.release()
+
+    def _index(self) -> CampaignIndex:
+        return CampaignIndex(name=self.campaign.name, file=str(self.campaign.path.resolve()), target=self.target.label,
+                             axes={a.key: list(a.values) for a in self.campaign.axes},
+                             runs=tuple(RunResult(index=r.index, name=r.name, values=dict(r.values))
+                                        for r in self.campaign.runs))
+
+    def _one(self, index: CampaignIndex, run: CampaignRun) -> CampaignIndex:
+        run_dir = self.out / RUNS_DIR / run.name
+        cfg = self.campaign.config(run, out=run_dir, emulate=self.emulate)
+        plan = plan_run(run_dir, cfg)
+        n = len(self.campaign.runs)
+        self.report(f"campaign {self.campaign.name}: run {run.index + 1} of {n} ({run.name}): {plan}")
+        if plan is not Plan.SKIP:
+            try:
+                self.target.run(cfg, resume=plan is Plan.RESUME, fresh=plan is Plan.RESTART)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(f"campaign {self.campaign.name} stopped in run {run.index + 1} of {n} "
+                                        f"({run.name}); `{self.rerun}` continues it (runs that ended are not "
+                                        "run again)") from None
+        summary = _read_summary(run_dir)
+        if plan is not Plan.SKIP and self.after_run is not None:
+            self.after_run(run_dir)
+        result = run_result(run.index, run.name, dict(run.values), run_dir, summary)
+        if result.state is RunState.FAILED:
+            self.report(f"campaign {self.campaign.name}: run {run.index + 1} ({run.name}) ended with problems: "
+                        + "; ".join(result.problems))
+        index = replace(index, runs=tuple(result if r.index == run.index else r for r in index.runs))
+        write_index(self.out, index)
+        write_page(self.out, index, seed_key=SEED_AXIS)
+        return index
+
+
+def _read_summary(run_dir: Path) -> dict:
+    import json
+
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: the run's summary is missing or unreadable ({exc})") from None
