@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from flexfl.config import enum_choices, flag_dest
-from flexfl.vocabulary import DeparturePolicy, Sampling, Scheme, SRule, Unit
+from flexfl.vocabulary import ClientSampling, DeparturePolicy, Sampling, Scheme, SRule, Unit
 from workloads.defaults import DEFAULTS, default_eta0
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,12 @@ def add_rules_flags(p: argparse.ArgumentParser, *, table: tuple[str, ...] = ("ru
                    help="s per round: drawn i.i.d. from the device's trace (default) or in order")
     g.add_argument("--s-rule", dest=dest("s_rule"), choices=enum_choices(SRule),
                    help="trace fraction -> s (default round)")
+    g.add_argument("--sample-k", dest=dest("sample_k"), type=int, metavar="K",
+                   help="client sampling: K of the available devices train each round, drawn from the run's seed "
+                        "(default: every one; K above the available count: every one)")
+    g.add_argument("--client-sampling", dest=dest("client_sampling"), choices=enum_choices(ClientSampling),
+                   help="with --sample-k: K distinct devices uniformly (default), or K draws in proportion to p_k "
+                        "with replacement; weights expand so the aggregate stays unbiased")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

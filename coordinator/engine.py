@@ -71,7 +71,7 @@ class RoundEngine:
                                                   in_features=workload.in_features)
         self.expected = {n: (tuple(p.shape), np.dtype(np.float32)) for n, p in params.items()}
         self.federation = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params,
-                                     horizon=cfg.run.rounds)
+                                     horizon=cfg.run.rounds, seed=cfg.run.seed)
         self.partition_json = cfg.partition.to_json()
         self.run_id = uuid.uuid4().hex[:12]
         self.started = False

@@ -51,6 +51,14 @@ class Sampling(StrEnum):
     REPLAY = "replay"
 
 
+class ClientSampling(StrEnum):
+    """How a round draws its K devices when [rules] sample_k is set (coordinator.rules.sampling): K distinct
+    devices uniformly, or K draws with replacement in proportion to p_k."""
+
+    UNIFORM = "uniform"
+    WEIGHTED = "weighted"
+
+
 class SRule(StrEnum):
     """How a fraction of E becomes s: round half up, or only updates finished in full (trace_recorder.sampler)."""
 

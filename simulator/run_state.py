@@ -50,7 +50,8 @@ class RunState:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
         self.cfg, self.data, self.participation = cfg, data, participation
         self.model, params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model), seed=cfg.seed)
-        self.fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params, horizon=cfg.rounds)
+        self.fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params, horizon=cfg.rounds,
+                              seed=cfg.seed)
         late = {a.device for a in cfg.schedule.arrivals}
         self.start_shards = [k for k in range(n) if k not in late]
         self.fed.apply_events(arrivals=[Arrival(device_id(k), int(data.sample_counts[k]))

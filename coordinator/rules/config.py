@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 
 from coordinator.rules.objective import AutoDeparture, FastReboot
+from coordinator.rules.sampling import ClientSampler, check_sample_k
 from coordinator.rules.strategies import STRATEGIES, FedProx, SchemeStrategy, configured, get_strategy
 from coordinator.rules.strategy import Strategy
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms
-from flexfl.vocabulary import DeparturePolicy, Sampling, Scheme, SRule, Unit
+from flexfl.vocabulary import ClientSampling, DeparturePolicy, Sampling, Scheme, SRule, Unit
 from workloads.defaults import default_eta0
 from workloads.federated import DEFAULTS
 from workloads.models import MODEL_NAMES, model_plugin
@@ -95,6 +96,12 @@ class RulesConfig:
     and runs saved before strategies existed (whose files say scheme = "C") are the same runs
     (simulator.engine.runs_alike). With another strategy, `scheme` must stay at its default.
 
+    Client sampling (coordinator.rules.sampling): `sample_k` = K draws K of the round's available
+    devices to train, seeded by the run's seed and the round (left out: every available device,
+    as before); `client_sampling` = "uniform" (K distinct devices; K above the available count is
+    clamped to all of them) or "weighted" (K draws with replacement in proportion to p_k). The
+    drawn devices' weights are expanded so that the schemes' aggregate stays unbiased.
+
     `strategy` and `model` may name plug-ins (flexfl.plugins: "mypkg.strategies:Mine", or an
     installed entry point); they are imported and checked here. `model` left out is the
     paper's model for the dataset; a plug-in dataset has no paper values, so with one
@@ -116,6 +123,10 @@ class RulesConfig:
     auto_c: float = AUTO_C  # departure_policy = auto: exclude when T - tau_0 >= auto_c sqrt(Gamma_l tau_0)
     threshold_k: float = THRESHOLD_K  # departure_policy = threshold: exclude when T - tau_0 >= threshold_k
     trace_sampling: Sampling = Sampling.IID
+    sample_k: int | None = None  # K devices drawn per round (coordinator.rules.sampling); None: every available one
+    # How the K are drawn; written only when weighted, so the configs saved before it existed read back byte-equal
+    client_sampling: ClientSampling = field(default=ClientSampling.UNIFORM,
+                                            metadata={"written_when": ClientSampling.WEIGHTED})
     s_rule: SRule = SRule.ROUND
     # A diagnostic, never the paper's rule: False keeps eta_0 / tau after an objective shift instead of
     # restarting at eta_0 / (tau - tau_0) (Table 4's "no restart" rows, results/README.md; issue 33 item 12).
@@ -141,6 +152,11 @@ class RulesConfig:
         AutoDeparture(c=self.auto_c)
         if not (np.isfinite(self.threshold_k) and self.threshold_k >= 0):
             raise ConfigError(f"rules.threshold_k (rounds left) must be a number >= 0, got {self.threshold_k!r}")
+        if self.sample_k is not None:
+            check_sample_k(self.sample_k)
+        elif self.client_sampling is not ClientSampling.UNIFORM:
+            raise ConfigError(f"rules.client_sampling = {self.client_sampling.value!r} needs rules.sample_k (K, the "
+                              "devices drawn per round); without it every available device trains")
 
     def _read_strategy(self) -> None:
         """`strategy` as a StrategyTable (the older [rules] mu moved into it), or None for a scheme's; checked."""
@@ -223,6 +239,10 @@ class RulesConfig:
         if not self.fast_reboot:
             return None
         return FastReboot(boost=self.fast_reboot_boost, decay_power=self.fast_reboot_decay_power)
+
+    def client_sampler(self, *, seed: int) -> ClientSampler | None:
+        """The round's client sampling under the run's `seed` (coordinator.rules.sampling); None: every device."""
+        return None if self.sample_k is None else ClientSampler(k=self.sample_k, how=self.client_sampling, seed=seed)
 
     def in_effect(self, policies: Collection[DeparturePolicy]) -> RulesConfig:
         """These rules with the constants of departure policies not in `policies` (the ones

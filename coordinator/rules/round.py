@@ -2,13 +2,15 @@
 
 Round tau under the rules (paper Sections 4.1-4.3):
 
-    open    participants = the objective's active members
+    open    participants = the objective's active members, or K of them drawn  (coordinator.rules.sampling)
             eta_tau = eta_0 / (tau - tau_0)                       (coordinator.rules.objective)
     ...     each participant k trains s_k local updates from w and returns delta_k
             (live: over gRPC until its deadline; simulated: s from the trace sampler)
     close   p^k   = n_k / n over the objective, boosted by fast-reboot for recent arrivals
             c_k   = strategy(s m, E max m, p): Scheme A/B/C, FedNova, ...  (coordinator.rules.strategies;
                     m_k = 1, or what the strategy counts an update as: FedNova's SGD steps)
+                    under client sampling over the drawn devices (and the members not available to
+                    draw), each drawn p_k times its expansion g_k (N_A / K uniformly): c_k = 0 for the others
             w    <- w + sum_k c_k delta_k
                     (a strategy with a memory makes w itself from the round and its memory:
                      MIFA's m_k <- (E/s_k) delta_k / eta_tau for each contributor, then
@@ -38,6 +40,7 @@ from coordinator.rules.config import RulesConfig
 from coordinator.rules.gamma import UpdateSketch, dissimilarities
 from coordinator.rules.memory import ClosingRound, StrategyMemory
 from coordinator.rules.objective import AutoDeparture, LearningRate, Objective, ThresholdDeparture
+from coordinator.rules.sampling import ClientDraw
 from edge_agent.trainer import steps_per_update
 from flexfl.errors import AggregationError, ConfigError, RoundStateError
 from flexfl.vocabulary import DeparturePolicy
@@ -68,6 +71,7 @@ class RoundOpening:
     round_index: int
     participants: tuple[str, ...]
     lr: float
+    draw: ClientDraw | None = None  # under client sampling: who was drawn (the participants), how often
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,23 @@ class Weighing:
     round_index: int
     devices: tuple[str, ...]
     s: np.ndarray  # int64 [N]
-    p: np.ndarray  # float64 [N], fast-reboot boost included
+    p: np.ndarray  # float64 [N], fast-reboot boost included (not the sampling's expansion)
     coefficients: Coefficients
+    draw: ClientDraw | None = None  # client sampling's draw of this round; None: every available device
 
     @property
     def contributors(self) -> list[str]:
         """Devices whose update enters the aggregate (coefficient > 0); the only ones worth training."""
         return [self.devices[i] for i in self.coefficients.contributors]
+
+    @property
+    def weighed(self) -> tuple[str, ...]:
+        """The devices the strategy weighed: every member, or under client sampling the drawn ones and the
+        members outside the draw's pool (ClientDraw.weighed), in the objective's order."""
+        if self.draw is None:
+            return self.devices
+        index, _ = self.draw.weighed(self.devices, self.p)
+        return tuple(self.devices[i] for i in index)
 
 
 @dataclass(frozen=True)
@@ -126,7 +140,8 @@ class RoundSum:
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
         if device not in self.running.p:
-            raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective")
+            raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective "
+                                  "or was not drawn for this round")
         counted = s if self.counts is None else s * self.counts[device]
         if self.running.add(device, s=counted, delta=delta) > 0:
             self.sketches[device] = self.sketch.of(delta)
@@ -146,6 +161,7 @@ class Federation:
     objective: Objective = field(default_factory=Objective)
     completed_round: int = 0
     horizon: int | None = None  # T, the run's last round (the auto departure rule needs it)
+    seed: int = 0  # the run's seed: client sampling's draws (coordinator.rules.sampling)
     # The strategy's state between rounds (Strategy.new_memory: MIFA's updates); None without one
     memory: StrategyMemory | None = field(default=None, init=False)
 
@@ -169,8 +185,24 @@ class Federation:
         """Who trains in round `round_index` and at which rate."""
         if round_index != self.completed_round + 1:
             raise RoundStateError(f"round {round_index} cannot open after round {self.completed_round}")
-        return RoundOpening(round_index=round_index, participants=tuple(self.objective.active_members()),
-                            lr=self.learning_rate(round_index))
+        draw = self.draw(round_index)
+        active = self.objective.active_members()
+        participants = active if draw is None else [d for d in active if d in draw.counts]
+        return RoundOpening(round_index=round_index, participants=tuple(participants),
+                            lr=self.learning_rate(round_index), draw=draw)
+
+    def draw(self, round_index: int) -> ClientDraw | None:
+        """The devices round `round_index` draws to train (coordinator.rules.sampling); None without client sampling.
+
+        A pure function of the run's seed, the round and the objective (which changes only at a close),
+        so the opening and the close of a round, live or simulated, see the same draw."""
+        sampler = self.rules.client_sampler(seed=self.seed)
+        if sampler is None:
+            return None
+        pool = self.objective.active_members()
+        p = (self.objective.weights(pool, round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
+             if pool else np.zeros(0))
+        return sampler.draw(round_index=round_index, pool=pool, p=p)
 
     def counts(self, devices: Sequence[str]) -> dict[str, int] | None:
         """What one local update of each device counts as in the strategy's s and E
@@ -195,6 +227,9 @@ class Federation:
         devices = self.objective.members()
         p = self.objective.weights(devices, round_index=opening.round_index, fast_reboot=self.rules.fast_reboot_rule())
         counts = self.counts(devices)
+        if opening.draw is not None:  # the strategy weighs the drawn devices (and those outside the pool) only
+            index, p = opening.draw.weighed(devices, p)
+            devices = [devices[i] for i in index]
         return RoundSum(round_index=opening.round_index,
                         running=RunningAggregate(strategy=self.rules.aggregation, E=self._counted_E(counts),
                                                  p=dict(zip(devices, p.tolist())), like=self.params),
@@ -210,8 +245,25 @@ class Federation:
         p = self.objective.weights(list(devices), round_index=round_index, fast_reboot=self.rules.fast_reboot_rule())
         counts = self.counts(devices)
         counted = s_arr if counts is None else s_arr * np.array([counts[d] for d in devices], dtype=np.int64)
-        coef = coefficients(self.rules.aggregation, s=counted, E=self._counted_E(counts), p=p, devices=devices)
-        return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef)
+        draw = self.draw(round_index)
+        if draw is None:
+            coef = coefficients(self.rules.aggregation, s=counted, E=self._counted_E(counts), p=p, devices=devices)
+        else:
+            coef = self._sampled_coefficients(draw, devices=devices, counted=counted, p=p, counts=counts)
+        return Weighing(round_index=round_index, devices=devices, s=s_arr, p=p, coefficients=coef, draw=draw)
+
+    def _sampled_coefficients(self, draw: ClientDraw, *, devices: tuple[str, ...], counted: np.ndarray,
+                              p: np.ndarray, counts: Mapping[str, int] | None) -> Coefficients:
+        """The strategy's coefficients over the devices the draw weighs (ClientDraw.weighed), 0 for the others."""
+        undrawn = [d for d, v in zip(devices, counted) if v > 0 and d in draw.pool and d not in draw.counts]
+        if undrawn:
+            raise RoundStateError(f"round {draw.round_index}: s > 0 given for devices not drawn: {undrawn}")
+        index, p_weighed = draw.weighed(devices, p)
+        part = coefficients(self.rules.aggregation, s=counted[index], E=self._counted_E(counts), p=p_weighed,
+                            devices=[devices[i] for i in index])
+        values = np.zeros(len(devices), dtype=np.float64)
+        values[index] = part.values
+        return Coefficients(values=values, discarded=part.discarded)
 
     def close_stacked(self, weighing: Weighing, *, deltas: Mapping[str, torch.Tensor], rows: Sequence[str],
                       arrivals: Sequence[Arrival] = (), departures: Sequence[Departure] = ()) -> RoundOutcome:
@@ -336,7 +388,7 @@ class Federation:
         if summed.round_index != tau:
             raise RoundStateError(f"round {tau}: the updates were summed for round {summed.round_index}")
         s = {d: int(v) for d, v in zip(weighing.devices, weighing.s) if v or d in summed.s}
-        if s != summed.s or list(summed.running.p) != list(weighing.devices):
+        if s != summed.s or list(summed.running.p) != list(weighing.weighed):
             raise RoundStateError(f"round {tau}: the summed updates (devices {sorted(summed.s)}) are not the ones "
                                   "weighed")
         scale = summed.running.scale() or 0.0

@@ -66,7 +66,7 @@ class RoundRecord:
 
     round: int
     lr: float
-    participants: tuple[str, ...]  # devices the round was opened for
+    participants: tuple[str, ...]  # devices the round was opened for (under client sampling: the drawn ones)
     devices: tuple[str, ...]  # the objective's members at the close (the keys of s, p, coefficients)
     s: Mapping[str, int]
     p: Mapping[str, float]  # base weights, fast-reboot boost included
@@ -80,6 +80,8 @@ class RoundRecord:
     departure_policies: Mapping[str, str] = field(default_factory=dict)  # departed device -> policy applied
     departure_gammas: Mapping[str, float | None] = field(default_factory=dict)  # None: no estimate yet
     remembered: tuple[str, ...] = ()  # MIFA: devices whose memory is in w (coefficients are this round's only)
+    # Client sampling ([rules] sample_k): each drawn device -> times drawn (uniform: 1); None: every available device
+    sampled: Mapping[str, int] | None = None
     stop_reason: Mapping[str, str] | None = None  # why each s is what it is (edge_agent.deadline.StopReason)
     extra_tests: Mapping[str, Mapping[str, float]] | None = None  # simulator: test set name -> {"acc", "loss"}
     train_loss: float | None = None  # simulator: coefficient-weighted mean local loss of contributors
@@ -101,7 +103,8 @@ class RoundRecord:
             arrivals=tuple(outcome.arrivals), founded=tuple(outcome.founded),
             departures=tuple(d for d, _ in outcome.departures),
             departure_policies={d: str(policy) for d, policy in outcome.departures},
-            departure_gammas=dict(outcome.departure_gammas), remembered=tuple(sorted(outcome.remembered)))
+            departure_gammas=dict(outcome.departure_gammas), remembered=tuple(sorted(outcome.remembered)),
+            sampled=None if opening.draw is None else dict(opening.draw.counts))
 
     # -- counts that follow from s and E ------------------------------------------------------------
 
@@ -172,7 +175,8 @@ class RoundRecord:
             departures=r.opt("departures", _ids) or (),
             departure_policies=r.opt("departure_policies", _map(_str)) or {},
             departure_gammas=r.opt("departure_gammas", _map(_float_or_none)) or {},
-            remembered=r.opt("remembered", _ids) or (), stop_reason=r.opt("stop_reason", _map(_str)),
+            remembered=r.opt("remembered", _ids) or (), sampled=r.opt("sampled", _map(_int)),
+            stop_reason=r.opt("stop_reason", _map(_str)),
             extra_tests=r.opt("extra_tests", _map(_map(_float))), train_loss=r.opt("train_loss", _float),
             seconds=r.opt("seconds", _float), members=r.opt("members", _int),
             live=_live(r) if "close_reason" in obj else None, rules=r.opt("rules", _object),

@@ -320,3 +320,41 @@ def test_live_emnist_run_from_a_user_given_folder(tmp_path, fleet_factory, make_
     assert all(r.s == {"dev-0": 2, "dev-1": 2} for r in rows)
     assert fleet.coordinator.engine.model_description.architecture == "cnn"
     assert {len(a.shard) for a, _ in fleet.agents.values()} == {150}
+
+
+@pytest.mark.parametrize("sampling, k", [("uniform", 2), ("weighted", 3)])
+def test_live_run_with_client_sampling_equals_its_simulation(live_config, fleet_factory, sampling, k):
+    """K of 5 devices per round, drawn by the one rule (coordinator.rules.sampling) from the run's seed: the
+    coordinator offers the model to the drawn devices only, the simulator trains only them; the same draws,
+    s, expanded coefficients and model."""
+    n, rounds = 5, 5
+    cfg = live_config(rounds=rounds, n_devices=n, min_devices=n, deadline_s=30.0, scheme="C", total_samples=2000,
+                      seed=3, sample_k=k, client_sampling=sampling)
+    fleet = fleet_factory(cfg)
+    traces = read_trace_set(REPO / "traces" / "paper").first(5)
+    assignment = assign_traces(n, n_traces=len(traces), seed=cfg.run.seed)
+    for i in range(n):
+        fleet.start_agent(i, participation=ParticipationConfig(
+            trace=f"{REPO / 'traces' / 'paper'}:{traces[assignment[i]].name}"))
+    assert fleet.coordinator.wait(timeout=120)
+    rows = _metrics(fleet)
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=rounds, seed=cfg.run.seed,
+                                   traces=TracesConfig(set=str(REPO / "traces" / "paper"), num_traces=5)))
+    for live_row, sim_row in zip(rows, _records(sim.rows), strict=True):
+        assert live_row.sampled == sim_row.sampled and sum(live_row.sampled.values()) == k, live_row.round
+        assert sorted(live_row.participants) == sorted(sim_row.participants) == sorted(live_row.sampled)
+        assert live_row.s == sim_row.s, live_row.round
+        # A device not drawn was not offered the model: s = 0, coefficient 0, and its agent says nothing
+        left_out = set(live_row.devices) - set(live_row.sampled)
+        assert left_out and all(live_row.s[d] == 0 == live_row.coefficients[d] for d in left_out)
+        assert all(live_row.stop_reason[d] == "offline" for d in left_out), live_row.stop_reason
+        assert live_row.coefficients == pytest.approx(sim_row.coefficients), live_row.round
+    assert len({tuple(sorted(r.sampled)) for r in rows}) > 1  # the rounds drew different devices
+    if sampling == "uniform":  # Scheme C's N/K factor on each drawn device's (E/s_k) p_k
+        r = rows[0]
+        drawn = [d for d in r.sampled if r.s[d] > 0]
+        assert drawn and all(r.coefficients[d] == pytest.approx(n / k * cfg.rules.required_updates / r.s[d] * r.p[d])
+                             for d in drawn)
+    live = fleet.coordinator.engine.params
+    for name, value in sim.final_params.items():
+        torch.testing.assert_close(live[name], value, rtol=1e-3, atol=1e-4)
