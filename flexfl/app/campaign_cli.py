@@ -22,13 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "report.html and runs/<run>/ (each a flexfl live run folder).")
     r.add_argument("file", type=Path, metavar="CAMPAIGN.toml", help="the campaign file ([campaign], [base], [axes])")
     r.add_argument("--out", type=Path, default=None, help="campaign folder (default out/campaigns/<name>)")
-    where = r.add_mutually_exclusive_group()
-    where.add_argument("--emulate", action="store_true",
-                       help="run on the emulated fleet (root): each device in its own network namespace with its "
-                            "tbf link and cgroup CPU quota, as flexfl live --emulate")
-    where.add_argument("--inventory", type=Path, metavar="HOSTS.ini",
-                       help="run on the real fleet of this Ansible inventory (provisioned with make provision): "
-                            "each run's configs are pushed, the services restarted, the results fetched")
+    r.add_argument("--emulate", action="store_true",
+                   help="run on the emulated fleet (root): each device in its own network namespace with its tbf "
+                        "link and cgroup CPU quota, as flexfl live --emulate (default: loopback)")
     r.set_defaults(func=cmd_campaign_run)
 
 
@@ -41,17 +37,11 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
 
     campaign = read_campaign(args.file)
     out = args.out or Path("out") / "campaigns" / campaign.name
-    target: Target
-    if args.inventory is not None:
-        from flexfl.app.campaign.ansible import AnsibleTarget
+    if args.emulate:
+        from loadgen.fleet import require_root
 
-        target = AnsibleTarget.from_inventory(args.inventory, campaign=campaign.name)
-    else:
-        if args.emulate:
-            from loadgen.fleet import require_root
-
-            require_root("flexfl campaign run --emulate")
-        target = LocalTarget(emulate=args.emulate)
+        require_root("flexfl campaign run --emulate")
+    target: Target = LocalTarget(emulate=args.emulate)
     rerun = shlex.join(["flexfl", *sys.argv[1:]]) if sys.argv[1:2] == ["campaign"] else \
         f"flexfl campaign run {args.file}" + (" --emulate" if args.emulate else "")
     print(f"campaign {campaign.name}: {len(campaign.runs)} runs on {target.label} into {out}", flush=True)

@@ -1,6 +1,6 @@
 """Campaigns: a set of live runs (a base config and the axes to vary) run one after another into one
-folder, resumable, on loopback, the emulated fleet or a real one (`flexfl campaign run`; docs/campaigns.md).
+folder, resumable, on loopback or the emulated fleet (`flexfl campaign run`; docs/campaigns.md).
 
 Modules: `spec` reads a campaign file into its runs, `runner` runs them and knows where each stands,
-`results` writes and reads the folder's index and page, `ansible` is the target for a real fleet.
+`results` writes and reads the folder's index and page.
 """

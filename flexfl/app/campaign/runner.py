@@ -10,8 +10,8 @@ its folder says where it stands (plan_run):
 Configs are compared as flexfl live saved them (to_dict, paths absolute), the run folder aside.
 
 A target runs one run: here (loopback) or on the emulated fleet (--emulate, root), both through
-flexfl.app.live.LiveRun, or on a real fleet over Ansible (campaign.ansible). Ctrl-C or SIGTERM
-stops the campaign in its current run, which the next invocation resumes.
+flexfl.app.live.LiveRun. Ctrl-C or SIGTERM stops the campaign in its current run, which the next
+invocation resumes.
 """
 
 from __future__ import annotations
