@@ -155,6 +155,12 @@ class LiveConfig:
         if any(c < 0 for c in self.emulate.cpus) or any(k < 0 for k in self.emulate.up_kbit):
             raise ConfigError(f"--emulate-cpu and --emulate-up-kbit must be >= 0, got {self.emulate.cpu} and "
                               f"{self.emulate.up_kbit}")
+        if self.rules.sample_k is not None and self.departure:
+            # dev-0 announces its departure after training in that round: not drawn in it, it would train later
+            # (or never) and the departure would land in another round.
+            raise ConfigError(f"--depart-round {self.departure} scripts dev-0's departure after it trains in that "
+                              f"round, which client sampling (--sample-k {self.rules.sample_k}) may not draw it for; "
+                              "add --depart-round 0")
         if self.emulate.timeline and not self.emulate.enabled:
             raise ConfigError(f"--timeline {self.emulate.timeline}: a timeline is applied to an emulated fleet; "
                               "add --emulate ([emulate] enabled = true)")
