@@ -165,6 +165,8 @@ def moved_keys(cls: type, raw: Mapping[str, Any], *, where: str, table: str = ""
         new_table, _, new_key = moved[key].to.rpartition(".")
         new_path = f"{table}.{new_table}" if table else new_table
         dest = out.get(new_table)
+        if dest is not None and not isinstance(dest, Mapping):
+            raise ConfigError(f"{where}: {_table(new_path)}: expected a table, got {_show(dest)}")
         if isinstance(dest, Mapping) and new_key in dest:
             raise ConfigError(f"{where}: {_key(table, key)} and {_key(new_path, new_key)} both given (the first is "
                               f"the older place of the second); keep {_key(new_path, new_key)}")
@@ -254,6 +256,8 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", ta
             if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
                 # A partial table changes only its keys of the field's default (which may differ
                 # from the nested class's own defaults, e.g. a simulation's 50 devices).
+                # Older keys moved first: the default's new-form keys are no "both given"
+                value = moved_keys(type(default), value, where=where, table=f"{table}.{name}" if table else name)
                 value = {**_without_partners(type(default), to_dict(default), value), **value}
             values[name] = _convert(hints[name], value, where=where, table=table, key=name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -436,6 +440,8 @@ def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
 def _left_out(obj: Any) -> set[str]:
     """Fields a written file leaves out: of an EXCLUSIVE_KEYS pair, those at their default while a partner is set."""
     out: set[str] = set()
+    if not _exclusive(type(obj)):
+        return out
     defaults = {f.name: _default(f) for f in dataclasses.fields(obj)}
     for keys in _exclusive(type(obj)):
         set_ = [k for k in keys if getattr(obj, k) is not None and getattr(obj, k) != defaults[k]]
