@@ -73,7 +73,7 @@ def groups(*, settings: Sequence[str], num_traces: Sequence[int], seeds: Sequenc
 
 
 def with_e(cfg: SimConfig, *, epochs: int, rounds: int) -> SimConfig:
-    return replace(cfg, rounds=rounds, rules=replace(cfg.rules, required_updates=epochs))
+    return replace(cfg.with_run(rounds=rounds), rules=replace(cfg.rules, required_updates=epochs))
 
 
 def header(mode: str) -> None:
@@ -140,7 +140,7 @@ def label(g: Group) -> tuple[str, int, int]:
 
 def measure_rate(group: Group, *, rounds: int, reps: int) -> tuple[list[float], list[float]]:
     """device-steps/s of the group's first `rounds` rounds in run_paired: per second of round time, per CPU-second."""
-    configs = [replace(r.config, rounds=rounds) for r in group.runs if r.same_as is None]
+    configs = [r.config.with_run(rounds=rounds) for r in group.runs if r.same_as is None]
     data = build_federated(configs[0].partition)
     model, start = initial_model("mnist", seed=0)
     CacheTrainer(model, data.train[:1], batch_size=10).train(start, shard_of_row=[0], steps=[1], lr=1e-3,

@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 
 from coordinator.rules.config import RulesConfig
+from flexfl.run_spec import RunSpec
 from simulator.engine import DEFAULT_TRACE_SET, SimConfig, TracesConfig, load_data, run_paired, run_simulation
 from simulator.paper_numbers import PAPER_DEVICES
 from trace_recorder.format import read_trace_set
@@ -36,8 +37,9 @@ VARIANTS = ("paired", "separate")
 def group(dataset: str, *, schemes: list[str], seeds: list[int], rounds: int) -> list[SimConfig]:
     base = SimConfig(partition=PartitionSpec(dataset=dataset, n_devices=PAPER_DEVICES[dataset], iid=False, seed=0),
                      rules=RulesConfig(required_updates=20, eta0=0.1 if dataset == "mnist" else None),
-                     traces=TracesConfig(num_traces=8), rounds=rounds)
-    return [replace(base, seed=seed, rules=base.rules.with_strategy(scheme)) for seed in seeds for scheme in schemes]
+                     traces=TracesConfig(num_traces=8), run=RunSpec(rounds=rounds))
+    return [replace(base.with_run(seed=seed), rules=base.rules.with_strategy(scheme))
+            for seed in seeds for scheme in schemes]
 
 
 def spread(values: list[float], fmt: str = "{:.1f}") -> str:

@@ -1,8 +1,9 @@
 """Coordinator configuration: dataclass defaults < TOML file < command-line flags.
 
 Tables: [server] (how devices reach it), [partition] (the data split, sent to every agent),
-[rules] (the experiment's rules, shared with the simulator), [run] (this run's length and
-deadlines) and [output]; and plugin_path, a folder put on sys.path for the plug-ins that
+[rules] (the experiment's rules, shared with the simulator), [run] (this run's length,
+seed and deadlines: flexfl.run_spec's keys and the coordinator's own) and [output]; and
+plugin_path, a folder put on sys.path for the plug-ins that
 [partition] dataset, [rules] model or strategy name. Read and written with flexfl.config.
 """
 
@@ -18,6 +19,7 @@ from flexfl.config import NOT_IN_FILE, coerce_enums, load_config, path_field, pl
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
 from flexfl.net import split_host_port
+from flexfl.run_spec import DeadlineRunSpec
 from workloads.partition_spec import PartitionSpec
 
 
@@ -57,9 +59,9 @@ class OnEmpty(StrEnum):
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    rounds: int = 100
-    deadline_s: float = 10.0  # per round, from the moment a device has the model
+class RunConfig(DeadlineRunSpec):
+    """[run] of a coordinator: the keys every program's [run] has (flexfl.run_spec), and the coordinator's own."""
+
     min_devices: int = 1  # a run starts once this many devices joined
     start_grace_s: float = 0.0  # after min_devices joined, wait this long for more before round 1
     # Devices that join before round `founding_rounds` has closed found the objective with the
@@ -68,7 +70,6 @@ class RunConfig:
     founding_rounds: int = 1
     on_empty: OnEmpty = OnEmpty.WAIT
     resume_wait_s: float = 30.0  # after --resume, wait this long at most for min_devices to reconnect
-    seed: int = 0  # initial model, minibatch streams, trace draws
     # Scripted experiments ({device id: round}): round R is not closed before the device has
     # joined during it, or (once it uploaded) announced its departure; at most expected_wait_s.
     expected_arrivals: dict[str, int] = field(default_factory=dict)
@@ -77,15 +78,13 @@ class RunConfig:
     evaluate: bool = True  # test the global model after each round; false only to benchmark the rest
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         coerce_enums(self)
-        for name in ("rounds", "min_devices"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_devices < 1:
+            raise ConfigError(f"run.min_devices must be >= 1, got {self.min_devices}")
         if not 0 <= self.founding_rounds <= self.rounds:
             raise ConfigError(f"run.founding_rounds must be in 0..run.rounds ({self.rounds}), got "
                               f"{self.founding_rounds}")
-        if not self.deadline_s > 0:
-            raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
         if not self.expected_wait_s > 0:
             raise ConfigError(f"run.expected_wait_s must be > 0, got {self.expected_wait_s}")
         for name in ("expected_arrivals", "expected_departures"):

@@ -20,6 +20,14 @@ Field metadata:
 
 Errors name the file, the table, the key, the value and the valid choices, and suggest a
 key for a misspelt one: `c.toml: [run].roundz: unknown key; did you mean 'rounds'?`.
+
+A config class may declare (as class attributes, docs/config.md lists them):
+- MOVED_KEYS {old key: Moved("table.key")}: a key that moved to another table. A file with it in
+  the old place reads (the same value) when Moved.read, else it is refused with the new form
+  shown; given in both places, it is refused.
+- EXCLUSIVE_KEYS {(key, key): advice}: keys of one table that a file gives one of at most (a
+  flag or a table's default yields to the file's partner); the one left at its default is left
+  out of a written file.
 """
 
 from __future__ import annotations
@@ -48,6 +56,17 @@ PATH = {"path": True}
 IMPORT_PATH = {"path": True, "import_path": True}
 NOT_IN_FILE = {"in_file": False}
 FLAGS_WHERE = "command line"  # what an error names when the value came from an override (a flag)
+
+
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """Where an older key of a config table is now: `to` is "table.key" (relative to the old key's table).
+
+    read: a file that still has the key in its old place reads, with the same value; else it is
+    refused, with the new form shown."""
+
+    to: str
+    read: bool = True
 
 
 def path_field(default: str = "") -> Any:
@@ -93,14 +112,17 @@ def load_config(cls: type[T], path: Path | None = None, *, overrides: Mapping[st
         _merge(raw, defaults)
     where = "config"
     if path is not None:
-        from_file = read_toml(path)
         where = str(path)
+        from_file = dict(moved_keys(cls, read_toml(path), where=where))
+        _check_exclusive(cls, from_file, where=where)
         _resolve_paths(cls, from_file, Path(path).resolve().parent)
+        _yield_partners(cls, raw, from_file)
         _merge(raw, from_file)
     if not overrides:
         _add_import_folders(cls, raw, where=where)
         return from_dict(cls, raw, where=where)
     with_flags = copy.deepcopy(raw)
+    _yield_partners(cls, with_flags, overrides)
     _merge(with_flags, overrides)
     _add_import_folders(cls, with_flags, where=where)
     try:
@@ -130,10 +152,95 @@ def _valid(cls: type, raw: Mapping[str, Any]) -> bool:
     return True
 
 
+def moved_keys(cls: type, raw: Mapping[str, Any], *, where: str, table: str = "") -> Mapping[str, Any]:
+    """`raw` (a table of `cls`) with its older keys in their new places (cls.MOVED_KEYS); a key given in both
+    places, or one whose old place no longer reads, is a ConfigError (the latter shows the new form)."""
+    moved: Mapping[str, Moved] = getattr(cls, "MOVED_KEYS", {})
+    old = [key for key in moved if key in raw]
+    if not old:
+        return raw
+    out = dict(raw)
+    refused: dict[str, dict[str, Any]] = {}  # new table -> {key: value}: the form to write instead
+    for key in old:
+        new_table, _, new_key = moved[key].to.rpartition(".")
+        new_path = f"{table}.{new_table}" if table else new_table
+        dest = out.get(new_table)
+        if dest is not None and not isinstance(dest, Mapping):
+            raise ConfigError(f"{where}: {_table(new_path)}: expected a table, got {_show(dest)}")
+        if isinstance(dest, Mapping) and new_key in dest:
+            raise ConfigError(f"{where}: {_key(table, key)} and {_key(new_path, new_key)} both given (the first is "
+                              f"the older place of the second); keep {_key(new_path, new_key)}")
+        value = out.pop(key)
+        if not moved[key].read:
+            refused.setdefault(new_path, {})[new_key] = value
+        else:
+            out[new_table] = {**(dest if isinstance(dest, Mapping) else {}), new_key: value}
+    if refused:
+        import tomli_w
+
+        keys = ", ".join(k for k in old if not moved[k].read)
+        where_now = " and ".join(_table(t) for t in refused)
+        new_form = "".join(f"[{t}]\n{tomli_w.dumps(values)}" for t, values in refused.items())
+        raise ConfigError(f"{where}: {keys} {'in [' + table + ']' if table else 'at the top level'} moved to "
+                          f"{where_now} (docs/config.md); write\n{new_form.rstrip()}")
+    return out
+
+
+def _exclusive(cls: type) -> Mapping[tuple[str, ...], str]:
+    return getattr(cls, "EXCLUSIVE_KEYS", {})
+
+
+def _check_exclusive(cls: type, raw: Mapping[str, Any], *, where: str, table: str = "") -> None:
+    """One line when `raw` (a table of `cls`, or a nested table's) gives two keys of one EXCLUSIVE_KEYS pair."""
+    for keys, advice in _exclusive(cls).items():
+        given = [k for k in keys if k in raw]
+        if len(given) > 1:
+            raise ConfigError(f"{where}: {_table(table) + ' ' if table else ''}{' and '.join(given)} both given; "
+                              f"give one ({advice})")
+    for name, tp in _table_types(cls).items():
+        if isinstance(raw.get(name), Mapping):
+            _check_exclusive(tp, raw[name], where=where, table=f"{table}.{name}" if table else name)
+
+
+def _table_types(cls: type) -> dict[str, type]:
+    """The fields of `cls` that are nested config tables (dataclasses), by name."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = _unwrap_optional(hints[f.name])
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out[f.name] = tp
+    return out
+
+
+def _yielding(cls: type, over: Mapping[str, Any]) -> set[str]:
+    """Keys of a `cls` table that yield to `over` (the layer above): their EXCLUSIVE_KEYS partner is in it."""
+    return {k for keys in _exclusive(cls) if any(over.get(k2) is not None for k2 in keys) for k in keys
+            if over.get(k) is None}
+
+
+def _without_partners(cls: type, under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`under` (a table's lower layer: its default) without the keys that yield to `over`."""
+    drop = _yielding(cls, over)
+    return {k: v for k, v in under.items() if k not in drop}
+
+
+def _yield_partners(cls: type, under: dict[str, Any], over: Mapping[str, Any]) -> None:
+    """Before `over` is merged into `under` (the file over defaults, flags over the file): drop from `under`
+    (and its tables) the keys that yield to `over` (--scheme A replaces the file's strategy)."""
+    for key in _yielding(cls, over) & set(under):
+        del under[key]
+    for name, tp in _table_types(cls).items():
+        if isinstance(under.get(name), dict) and isinstance(over.get(name), Mapping):
+            _yield_partners(tp, under[name], over[name])
+
+
 def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", table: str = "") -> T:
     """Build dataclass `cls` from plain values (a parsed TOML or JSON document), checking every key."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: {_table(table) or 'config'}: expected a table, got {_show(raw)}")
+    raw = moved_keys(cls, raw, where=where, table=table)
+    _check_exclusive(cls, raw, where=where, table=table)
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("in_file", True)}
     for key in raw:
@@ -149,7 +256,9 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], *, where: str = "config", ta
             if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
                 # A partial table changes only its keys of the field's default (which may differ
                 # from the nested class's own defaults, e.g. a simulation's 50 devices).
-                value = {**to_dict(default), **value}
+                # Older keys moved first: the default's new-form keys are no "both given"
+                value = moved_keys(type(default), value, where=where, table=f"{table}.{name}" if table else name)
+                value = {**_without_partners(type(default), to_dict(default), value), **value}
             values[name] = _convert(hints[name], value, where=where, table=table, key=name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where}: {_key(table, name)}: missing (required)")
@@ -331,8 +440,9 @@ def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
     holds them) are made absolute, so that a file written here means the same when read.
     """
     out: dict[str, Any] = {}
+    left_out = _left_out(obj)
     for f in dataclasses.fields(obj):
-        if not f.metadata.get("in_file", True):
+        if not f.metadata.get("in_file", True) or f.name in left_out:
             continue
         value = _plain(getattr(obj, f.name), absolute_paths)
         if "written_when" in f.metadata and value != f.metadata["written_when"]:
@@ -341,6 +451,19 @@ def to_dict(obj: Any, *, absolute_paths: bool = False) -> dict[str, Any]:
             value = str(Path(value).absolute())
         if value is not None:
             out[f.name] = value
+    return out
+
+
+def _left_out(obj: Any) -> set[str]:
+    """Fields a written file leaves out: of an EXCLUSIVE_KEYS pair, those at their default while a partner is set."""
+    out: set[str] = set()
+    if not _exclusive(type(obj)):
+        return out
+    defaults = {f.name: _default(f) for f in dataclasses.fields(obj)}
+    for keys in _exclusive(type(obj)):
+        set_ = [k for k in keys if getattr(obj, k) is not None and getattr(obj, k) != defaults[k]]
+        if set_:
+            out.update(k for k in keys if k not in set_)
     return out
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from coordinator.rules.config import RulesConfig
-from flexfl.config import coerce_enums, path_field, plugin_path_field
+from flexfl.config import Moved, coerce_enums, plugin_path_field
 from flexfl.errors import ConfigError
+from flexfl.run_spec import RunSpec, TracesConfig
 from flexfl.vocabulary import DeparturePolicy
 from simulator.paper_numbers import DEFAULT_PARTITION
 from simulator.trainers.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
@@ -31,14 +33,6 @@ class ExtraTest(StrEnum):
 
     START = "start"
     ACTIVE = "active"
-
-
-@dataclass(frozen=True)
-class TracesConfig:
-    """[traces]: devices follow traces drawn from the first `num_traces` of `set` (|T|)."""
-
-    set: str = path_field(str(DEFAULT_TRACE_SET))
-    num_traces: int = 8
 
 
 @dataclass(frozen=True)
@@ -98,14 +92,19 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything that determines a simulation run (with the seed, it determines it exactly)."""
+    """Everything that determines a simulation run (with the seed, it determines it exactly).
+
+    Its [run] table (rounds, seed: flexfl.run_spec.RunSpec) is every program's; runs saved
+    before it, with rounds and seed at the top level, still read (MOVED_KEYS), as the same runs."""
+
+    MOVED_KEYS: ClassVar[dict[str, Moved]] = {"rounds": Moved("run.rounds"), "seed": Moved("run.seed")}
 
     partition: PartitionSpec = DEFAULT_PARTITION
     rules: RulesConfig = field(default_factory=RulesConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    rounds: int = 200
-    seed: int = 0  # initial model, trace assignment, s draws, minibatches (the partition has its own)
+    # seed: initial model, trace assignment, s draws, minibatches (the partition has its own)
+    run: RunSpec = field(default_factory=lambda: RunSpec(rounds=200))
     trainer: TrainerKind = TrainerKind.AUTO
     extra_tests: tuple[ExtraTest, ...] = ()
     plugin_path: str | None = plugin_path_field()  # a folder put on sys.path for the plug-ins named here
@@ -113,15 +112,23 @@ class SimConfig:
     def __post_init__(self) -> None:
         coerce_enums(self)
         object.__setattr__(self, "extra_tests", tuple(ExtraTest(t) for t in self.extra_tests))
-        if self.rounds < 1:
-            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         self.rules.check_for(self.partition.dataset)
         if self.rules.plugin_model and self.trainer in ROW_KINDS:
             raise ConfigError(f"trainer = {self.trainer.value!r} has kernels for the built-in models only; the plug-in "
                               f"model {self.rules.model!r} trains with trainer = 'plain' (or 'auto', which picks it)")
-        if self.traces.num_traces < 1:
-            raise ConfigError(f"traces.num_traces must be >= 1, got {self.traces.num_traces}")
         self.schedule.check(self.partition.n_devices, self.rounds)
+
+    @property
+    def rounds(self) -> int:
+        return self.run.rounds
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
+
+    def with_run(self, **changes: Any) -> SimConfig:
+        """This config with [run] keys changed: cfg.with_run(seed=3, rounds=10)."""
+        return replace(self, run=replace(self.run, **changes))
 
     def in_effect(self) -> SimConfig:
         """This config with the rules' constants of departure policies its departures never use
@@ -146,11 +153,16 @@ class SimConfig:
 def runs_alike(saved: object, cfg: SimConfig) -> bool:
     """A saved config (a dict as flexfl.config.to_dict wrote it) means `cfg` if it reads back
     equal where a run uses it (SimConfig.in_effect): fields added since, at their defaults,
-    and the constants of departure policies the run never uses do not count."""
+    and the constants of departure policies the run never uses do not count; older forms
+    (rounds and seed at the top level, scheme beside a strategy) read as the same run."""
     from flexfl.config import from_dict
 
     if not isinstance(saved, dict):
         return False
+    rules = saved.get("rules")
+    if isinstance(rules, dict) and rules.get("strategy") is not None and "scheme" in rules:
+        # Written before [rules] took scheme or strategy, not both: scheme = "C" beside the strategy
+        saved = {**saved, "rules": {k: v for k, v in rules.items() if k != "scheme"}}
     try:
         return from_dict(SimConfig, saved, where="saved run").in_effect() == cfg.in_effect()
     except (ConfigError, TypeError):

@@ -76,7 +76,7 @@ LIVE_DEFAULTS: dict[str, dict] = {"mnist": {"partition": {"iid": True}, "rules":
 # runs out (edge_agent.deadline) and the emulated CPU quota and upload rate decide s. On
 # loopback the traces (and the padding) stay: there every agent shares the host, and nothing
 # else would make s differ. Traces on the emulated fleet: --trace-set traces/paper.
-EMULATED_DEFAULTS: dict[str, object] = {"trace_set": "", "update_s": 0.0}
+EMULATED_DEFAULTS: dict[str, object] = {"traces": {"set": ""}, "update_s": 0.0}
 
 
 def live_defaults(dataset: str, *, emulated: bool) -> dict:

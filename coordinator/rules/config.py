@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -102,11 +102,19 @@ class RulesConfig:
     clamped to all of them) or "weighted" (K draws with replacement in proportion to p_k). The
     drawn devices' weights are expanded so that the schemes' aggregate stays unbiased.
 
+    A file gives `scheme` or `strategy`, not both (EXCLUSIVE_KEYS, flexfl.config: refused with one
+    line); a flag naming one replaces the file's other, and a written file leaves out the scheme
+    when a strategy is set.
+
     `strategy` and `model` may name plug-ins (flexfl.plugins: "mypkg.strategies:Mine", or an
     installed entry point); they are imported and checked here. `model` left out is the
     paper's model for the dataset; a plug-in dataset has no paper values, so with one
     `model`, `eta0` and `batch_size` are required (check_for).
     """
+
+    EXCLUSIVE_KEYS: ClassVar[dict[tuple[str, ...], str]] = {
+        ("scheme", "strategy"): "scheme is the older spelling of [rules.strategy] name = 'scheme-a' | 'scheme-b' | "
+                                "'scheme-c'"}
 
     scheme: Scheme = Scheme.C
     strategy: StrategyTable | None = None  # code may give a name, or a {name: ..., key: value} mapping

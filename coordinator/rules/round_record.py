@@ -192,9 +192,17 @@ def rules_record(rules: RulesConfig, *, dataset: str) -> dict[str, Any]:
 
 def rule_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Setting -> (old, new) for each setting that differs, nested tables as dotted names ("strategy.mu")."""
-    flat_old, flat_new = _flat(old), _flat(new)
+    flat_old, flat_new = _flat(_without_older_scheme(old)), _flat(_without_older_scheme(new))
     return {k: (flat_old.get(k), flat_new.get(k)) for k in sorted(flat_old.keys() | flat_new.keys())
             if flat_old.get(k) != flat_new.get(k)}
+
+
+def _without_older_scheme(rules: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Rules as written now: records written before [rules] took scheme or strategy, not both, hold scheme = "C"
+    beside a strategy (the scheme its strategy left at its default)."""
+    if rules.get("strategy") is not None and "scheme" in rules:
+        return {k: v for k, v in rules.items() if k != "scheme"}
+    return rules
 
 
 def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

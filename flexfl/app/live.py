@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from coordinator.checkpoint import checkpointed_round
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
@@ -46,15 +46,15 @@ from coordinator.resume import CHECKPOINT_NAME
 from coordinator.rules.config import RulesConfig
 from coordinator.rules.round_record import RoundRecord
 from edge_agent.config import AgentConfig, ParticipationConfig
-from flexfl.config import load_config, path_field, plugin_path_field, to_dict, write_config
+from flexfl.config import Moved, load_config, path_field, plugin_path_field, to_dict, write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.run_folder import claim_run_folder, entries_besides_lock, secrets_dir
+from flexfl.run_spec import DeadlineRunSpec, TracesConfig
 from flexfl.signals import sigterm_as_interrupt
 from flexfl.vocabulary import StopReason
 from loadgen.fleet_timeline import POLL_S
 from loadgen.harness import Harness, HarnessError, free_port
-from trace_recorder import PAPER_TRACE_SET
 from workloads.defaults import live_defaults
 from workloads.partition_spec import PartitionSpec, Sizes, device_id
 
@@ -109,21 +109,27 @@ class EmulationConfig:
 
 @dataclass(frozen=True)
 class LiveConfig:
-    """A live run: the data split, the rules, and the script of who joins and leaves when."""
+    """A live run: the data split, the rules, the run's length, the traces, and the script of who joins and leaves when.
+
+    [partition], [rules], [run] and [traces] are the tables every program's config shares (docs/config.md);
+    rounds, deadline_s, seed, trace_set and num_traces at the top level (the form before them) are refused
+    with the new form shown (MOVED_KEYS)."""
+
+    MOVED_KEYS: ClassVar[dict[str, Moved]] = {
+        **{key: Moved(f"run.{key}", read=False) for key in ("rounds", "deadline_s", "seed")},
+        "trace_set": Moved("traces.set", read=False), "num_traces": Moved("traces.num_traces", read=False)}
 
     partition: PartitionSpec = field(default_factory=lambda: PartitionSpec(n_devices=5, sizes=Sizes.EQUAL))
     rules: RulesConfig = field(default_factory=RulesConfig)
-    rounds: int = 30
-    deadline_s: float = 2.0
+    run: DeadlineRunSpec = field(default_factory=lambda: DeadlineRunSpec(rounds=30, deadline_s=2.0))
+    # Agents follow traces of traces.set ("" = none), assigned as the simulator assigns them
+    traces: TracesConfig = field(default_factory=lambda: TracesConfig(num_traces=5))
     # The last device is absent until it arrives during this round (it trains from the next);
     # dev-0 trains in depart_round and leaves at its close (the coordinator holds the round for
     # both, see the module docstring). None: a third / two thirds of the rounds; 0: no such event.
     arrive_round: int | None = None
     depart_round: int | None = None
-    trace_set: str = path_field(str(PAPER_TRACE_SET))  # "" = agents follow no trace
-    num_traces: int = 5
     update_s: float = 0.05  # each local update takes at least this long (edge-device speed); 0: this machine's
-    seed: int = 0
     out: str = path_field("out/live")
     host: str = "127.0.0.1"
     emulate: EmulationConfig = field(default_factory=EmulationConfig)
@@ -134,6 +140,27 @@ class LiveConfig:
         return self.partition.n_devices
 
     @property
+    def rounds(self) -> int:
+        return self.run.rounds
+
+    @property
+    def deadline_s(self) -> float:
+        return self.run.deadline_s
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
+
+    @property
+    def trace_set(self) -> str:
+        """The trace set the agents follow ("": none)."""
+        return self.traces.set
+
+    @property
+    def num_traces(self) -> int:
+        return self.traces.num_traces
+
+    @property
     def arrival(self) -> int:
         return self.rounds // 3 if self.arrive_round is None else self.arrive_round
 
@@ -142,8 +169,6 @@ class LiveConfig:
         return 2 * self.rounds // 3 if self.depart_round is None else self.depart_round
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or not self.deadline_s > 0:
-            raise ConfigError(f"rounds must be >= 1 and deadline_s > 0, got {self.rounds}, {self.deadline_s}")
         events = (self.arrival > 0) + (self.departure > 0)
         if self.devices < 1 + events:
             raise ConfigError(f"--devices must be >= {1 + events} for {events} arrival/departure event(s) "

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     own = "; ".join(f"{dataset}: " + ", ".join(f"{table}.{key} = {toml(value)}" for table, values in tables.items()
                                                for key, value in values.items())
                     for dataset, tables in LIVE_DEFAULTS.items())
-    emulated = ", ".join(f"{key} = {toml(value) or repr(value)}" for key, value in EMULATED_DEFAULTS.items())
+    emulated = ", ".join(f"{key} = {toml(value) or repr(value)}" for key, value in _flat(EMULATED_DEFAULTS))
     p = sub.add_parser("live", help="a live run on this machine: coordinator + N agent processes, "
                                     "one late arrival and one departure",
                        description=f"A live run on this machine. Its own defaults, below --config and the flags: "
@@ -32,19 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_partition_flags(p)
     live_eta0 = {str(ds): t["rules"]["eta0"] for ds, t in LIVE_DEFAULTS.items() if "eta0" in t.get("rules", {})}
     add_rules_flags(p, eta0_defaults=live_eta0)
-    p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 30)")
-    p.add_argument("--deadline-s", dest=flag_dest("deadline_s"), type=float, help="per-round deadline (default 2)")
+    p.add_argument("--rounds", dest=flag_dest("run", "rounds"), type=int, help="rounds (default 30)")
+    p.add_argument("--deadline-s", dest=flag_dest("run", "deadline_s"), type=float,
+                   help="per-round deadline (default 2)")
     p.add_argument("--arrive-round", dest=flag_dest("arrive_round"), type=int, metavar="R",
                    help="the last device arrives during round R and trains from R+1 (default rounds/3; 0: none)")
     p.add_argument("--depart-round", dest=flag_dest("depart_round"), type=int, metavar="R",
                    help="dev-0 trains in round R and leaves at its close (default 2*rounds/3; 0: none)")
-    p.add_argument("--trace-set", dest=flag_dest("trace_set"), help="agents follow its traces ('' = none; "
+    p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="agents follow its traces ('' = none; "
                    "default traces/paper on loopback, none with --emulate)")
-    p.add_argument("--num-traces", dest=flag_dest("num_traces"), type=int, help="|T|: traces used (default 5)")
+    p.add_argument("--num-traces", dest=flag_dest("traces", "num_traces"), type=int,
+                   help="|T|: traces used (default 5)")
     p.add_argument("--update-s", dest=flag_dest("update_s"), type=float,
                    help="emulated device speed: each local update takes at least this long "
                         "(default 0.05 on loopback, 0 = full speed with --emulate)")
-    p.add_argument("--seed", dest=flag_dest("seed"), type=int, help="model, minibatch and trace seed (default 0)")
+    p.add_argument("--seed", dest=flag_dest("run", "seed"), type=int,
+                   help="model, minibatch and trace seed (default 0)")
     p.add_argument("--out", dest=flag_dest("out"), help="results folder (default out/live)")
     p.add_argument("--fresh", action="store_true",
                    help="the results folder holds an earlier run: move it to <folder>.previous-<time> first "
@@ -70,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "offline), round by round from round 1's opening, or by seconds from it; the applied "
                         "conditions go to <out>/conditions.jsonl and the report")
     p.set_defaults(func=cmd_live)
+
+
+def _flat(tables: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """(table.key, value) of nested {table: {key: value}}: the defaults for the help, a config's keys by name."""
+    return [pair for key, value in tables.items()
+            for pair in (_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(prefix + key, value)])]
 
 
 def _float_list(text: str) -> list[float]:
@@ -158,7 +167,7 @@ def resumed_config(args: argparse.Namespace, overrides: dict):
                           f"{'' if out.exists() else ': the folder does not exist'}); --out names the run's folder")
     saved = load_live_config(saved_path)
     cfg = load_live_config(saved_path, overrides=overrides)
-    before, after = to_dict(saved, absolute_paths=True), to_dict(cfg, absolute_paths=True)
+    before, after = dict(_flat(to_dict(saved, absolute_paths=True))), dict(_flat(to_dict(cfg, absolute_paths=True)))
     changed = [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after))
                if key != "out" and before.get(key) != after.get(key)]
     if changed:

@@ -44,8 +44,8 @@ def _register_run(sim_sub: argparse._SubParsersAction) -> None:
     _add_config_flags(run, partition=DEFAULT_PARTITION)
     run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
                      help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
-                          "MODULE:CLASS) to run, repeatable (default: A, B and C); each run's strategy, whatever "
-                          "[rules] says")
+                          "MODULE:CLASS) to run, repeatable (default: the strategy the --config file's [rules] "
+                          "names, else A, B and C); each run's strategy, whatever [rules] says")
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
     run.add_argument("--schemes", dest="schemes_list", help=argparse.SUPPRESS)
     run.add_argument("--out", type=Path, default=Path("out/sim"), help="results folder (default out/sim)")
@@ -219,8 +219,8 @@ def _add_config_flags(p: argparse.ArgumentParser, *, partition: PartitionSpec | 
     p.add_argument("--config", type=Path, help="TOML file with SimConfig tables (flags override it)")
     add_partition_flags(p, defaults=partition)
     add_rules_flags(p, scheme=False)  # run and schemes run several schemes: their own flags say which
-    p.add_argument("--rounds", dest=flag_dest("rounds"), type=int, help="rounds (default 200)")
-    p.add_argument("--seed", dest=flag_dest("seed"), type=int,
+    p.add_argument("--rounds", dest=flag_dest("run", "rounds"), type=int, help="rounds (default 200)")
+    p.add_argument("--seed", dest=flag_dest("run", "seed"), type=int,
                    help="seed of the model, traces and minibatches, and of the data split unless --data-seed "
                         "(default 0)")
     p.add_argument("--trace-set", dest=flag_dest("traces", "set"), help="trace set folder (default traces/paper)")
@@ -243,7 +243,7 @@ def config_from_args(args: argparse.Namespace, **defaults):
     from simulator.engine import SimConfig
 
     flags = overrides_from_args(args)
-    seed = flags.get("seed")
+    seed = flags.get("run", {}).get("seed")
     if seed is not None and "seed" not in flags.get("partition", {}):
         flags.setdefault("partition", {})["seed"] = seed  # one --seed varies the data too
     flags.setdefault("schedule", {}).update(_schedule(args))
@@ -297,13 +297,21 @@ def run_choices() -> list[str]:
     return PluginChoices([*enum_choices(Scheme), *strategy_names()], STRATEGY)
 
 
-def _schemes(args: argparse.Namespace) -> list[str]:
-    """--scheme NAME (repeatable), or the old --schemes X,Y; neither: the paper's three schemes."""
+def _schemes(args: argparse.Namespace) -> list[str] | None:
+    """--scheme NAME (repeatable), or the old --schemes X,Y; neither: None (the config's strategy, or A, B, C)."""
     if args.schemes_list is not None:
         names = [s.strip() for s in args.schemes_list.split(",") if s.strip()]
         log.warning("--schemes is deprecated: write --scheme %s", " --scheme ".join(names))
         return names
-    return list(args.schemes) if args.schemes else list(enum_choices(Scheme))
+    return list(args.schemes) if args.schemes else None
+
+
+def names_a_strategy(path: Path | None) -> bool:
+    """The config file at `path` names its strategy ([rules] scheme, strategy or [rules.strategy])."""
+    from flexfl.config import read_toml
+
+    rules = read_toml(path).get("rules") if path is not None else None
+    return isinstance(rules, dict) and ("scheme" in rules or "strategy" in rules)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -318,13 +326,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
     mu = mu if mu is not None else cfg.rules.aggregation.parameters.get("mu")
-    # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
-    # named as rounds.csv and the report name it (its label). Every run's config is made (and an
-    # unknown name or a missing mu refused) before any run.
-    # A plug-in is named by its import path and labelled by its own label (its folder's name).
-    chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s) for s in _schemes(args)]
-    configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
-               for s in chosen}
+    names = _schemes(args)
+    if names is None and names_a_strategy(args.config):
+        # The file's [rules] strategy (with its parameters) is the one run, as `flexfl live` runs it
+        agg = cfg.rules.aggregation
+        own = cfg if mu is None else replace(cfg, rules=cfg.rules.with_strategy(agg.name, mu=mu, params=agg.parameters))
+        configs = {own.rules.aggregation.label: own}
+    else:
+        # The paper's schemes by letter (any case, as before) or name, other strategies by name; each
+        # named as rounds.csv and the report name it (its label). Every run's config is made (and an
+        # unknown name or a missing mu refused) before any run.
+        # A plug-in is named by its import path and labelled by its own label (its folder's name).
+        chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s)
+                  for s in names or enum_choices(Scheme)]
+        configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
+                   for s in chosen}
     simulate(SimRunPlan(base=cfg, configs=configs, out=args.out, timeline=_timeline_run(args),
                         progress_every=args.progress_every, fresh=args.fresh))
     from flexfl.app.report import report_line  # the report sits above the simulator (it reads runs of both engines)

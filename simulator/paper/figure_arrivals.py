@@ -17,6 +17,7 @@ import numpy as np
 from coordinator.rules.config import RulesConfig
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
+from flexfl.run_spec import RunSpec
 from flexfl.vocabulary import Scheme
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, TracesConfig
 from simulator.groups import Group, Run
@@ -46,7 +47,7 @@ def file_stem(dataset: str) -> str:
 def run_config(*, seed: int, fast_reboot: bool, dataset: str = "mnist", regime: Regime = Regime()) -> SimConfig:
     return regime.apply(SimConfig(
         partition=partition(dataset, seed),
-        rules=RulesConfig(scheme=Scheme.C, fast_reboot=fast_reboot), rounds=ROUNDS, seed=seed,
+        rules=RulesConfig(scheme=Scheme.C, fast_reboot=fast_reboot), run=RunSpec(rounds=ROUNDS, seed=seed),
         traces=TracesConfig(num_traces=5),
         schedule=ScheduleConfig(arrivals=tuple(ArrivalEvent(device=7 + i, round=r - 1)
                                                for i, r in enumerate(FIRST_ROUNDS)))))

@@ -82,7 +82,8 @@ def base_config(dataset: str, unit: Unit | str):
 
     reading = READINGS[HEADLINE]
     cfg = table3_base(dataset, reading)
-    cfg = replace(cfg, rounds=horizon(dataset, unit), rules=replace(cfg.rules.with_strategy("C"), unit=Unit(unit)))
+    cfg = replace(cfg.with_run(rounds=horizon(dataset, unit)),
+                  rules=replace(cfg.rules.with_strategy("C"), unit=Unit(unit)))
     return cfg, reading
 
 

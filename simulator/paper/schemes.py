@@ -37,7 +37,7 @@ def cell_config(base: SimConfig, *, setting: str, seed: int, num_traces: int, sc
     """The config of one run of the grid: the setting's data, the seed (data and model), |T|, the scheme or
     strategy (`mu`: FedProx's)."""
     setting_fields = SETTINGS[str(base.partition.dataset)][setting]
-    return replace(base, seed=seed, partition=replace(base.partition, seed=seed, **setting_fields),
+    return replace(base.with_run(seed=seed), partition=replace(base.partition, seed=seed, **setting_fields),
                    traces=replace(base.traces, num_traces=num_traces),
                    rules=base.rules.with_strategy(scheme, mu=mu) if scheme else base.rules)
 

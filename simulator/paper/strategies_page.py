@@ -85,7 +85,7 @@ def base_config(dataset: str, regime: Regime):
 def mu_groups(dataset: str, regime: Regime) -> list[Group]:
     """One group per (protocol seed, setting): FedProx at every mu of the grid, trained together."""
     base, reading = base_config(dataset, regime)
-    base = replace(base, rounds=horizon(dataset, regime.unit))
+    base = base.with_run(rounds=horizon(dataset, regime.unit))
     groups = []
     for seed in PROTOCOL_SEEDS[dataset]:
         for setting in SETTINGS:

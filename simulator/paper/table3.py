@@ -25,6 +25,7 @@ import numpy as np
 
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
+from flexfl.run_spec import RunSpec
 from simulator.engine import SimConfig
 from simulator.groups import Executor, Group
 from simulator.paper.regime import Regime
@@ -73,7 +74,7 @@ SETTINGS = ("iid", "niid")
 
 def base_config(dataset: str, reading: Reading, regime: Regime = Regime()) -> SimConfig:
     """The reading's base config: the paper's devices, 200 rounds, the traces of traces/paper, in `regime`."""
-    cfg = SimConfig(partition=PartitionSpec(dataset=dataset, n_devices=PAPER_DEVICES[dataset]), rounds=200)
+    cfg = SimConfig(partition=PartitionSpec(dataset=dataset, n_devices=PAPER_DEVICES[dataset]), run=RunSpec(rounds=200))
     return regime.apply(replace(cfg, rules=replace(cfg.rules, required_updates=reading.E)))
 
 

@@ -28,6 +28,7 @@ from coordinator.rules.round_record import RoundRecord
 from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import table
+from flexfl.run_spec import RunSpec
 from flexfl.text import count
 from flexfl.vocabulary import Scheme
 from simulator.engine import ArrivalEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
@@ -66,7 +67,8 @@ def run_config(dataset: str, *, seed: int, tau0: int, fast_reboot: bool, regime:
                lr_restart: bool = True) -> SimConfig:
     p = partition(dataset, seed)
     return regime.apply(SimConfig(
-        partition=p, rounds=ROUNDS, seed=seed, traces=TracesConfig(num_traces=5), extra_tests=(ExtraTest.START,),
+        partition=p, run=RunSpec(rounds=ROUNDS, seed=seed), traces=TracesConfig(num_traces=5),
+        extra_tests=(ExtraTest.START,),
         rules=RulesConfig(scheme=Scheme.C, fast_reboot=fast_reboot, lr_restart=lr_restart),
         schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=p.n_devices - 1, round=tau0 - 1),))))
 

@@ -35,6 +35,7 @@ from coordinator.rules.round_record import RoundRecord
 from flexfl.csv_records import converted, read_records
 from flexfl.errors import ConfigError
 from flexfl.markdown import ranges, table
+from flexfl.run_spec import RunSpec
 from flexfl.vocabulary import DeparturePolicy, Scheme
 from simulator.engine import DepartureEvent, ExtraTest, ScheduleConfig, SimConfig, TracesConfig
 from simulator.groups import Group, Run
@@ -70,7 +71,7 @@ def run_config(ab: tuple[float, float], *, seed: int, tau0: int, policy: str, re
         partition=PartitionSpec(dataset="synthetic", n_devices=30, alpha=ab[0], beta=ab[1], sizes=Sizes.EQUAL,
                                 seed=seed),
         rules=RulesConfig(scheme=Scheme.C, departure_policy=DeparturePolicy(policy)),
-        rounds=ROUNDS, seed=seed,
+        run=RunSpec(rounds=ROUNDS, seed=seed),
         traces=TracesConfig(num_traces=5), extra_tests=(ExtraTest.ACTIVE,),
         schedule=ScheduleConfig(departures=(DepartureEvent(device=0, round=tau0),))))
 

@@ -19,6 +19,7 @@ from coordinator.rules.round_record import RoundRecord
 from flexfl.app.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
+from flexfl.run_spec import DeadlineRunSpec, TracesConfig
 from trace_recorder import PAPER_TRACE_SET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,10 +93,11 @@ def test_live_refuses_a_folder_with_an_earlier_run_and_fresh_moves_it_aside(tmp_
 
 
 def test_event_rounds_scale_with_rounds_and_zero_means_none():
-    cfg = LiveConfig(rounds=20)
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=20))
     assert (cfg.arrival, cfg.departure) == (6, 13)
-    assert LiveConfig(rounds=2).arrival == 0  # too short for an arrival: none rather than an error
-    one = LiveConfig(rounds=5, arrive_round=0, depart_round=0, partition=LiveConfig().partition.__class__(n_devices=1))
+    assert LiveConfig(run=DeadlineRunSpec(rounds=2)).arrival == 0  # too short for an arrival: none rather than an error
+    one = LiveConfig(run=DeadlineRunSpec(rounds=5), arrive_round=0, depart_round=0,
+                     partition=LiveConfig().partition.__class__(n_devices=1))
     assert (one.arrival, one.departure, one.devices) == (0, 0, 1)
     with pytest.raises(ConfigError, match=r"--arrive-round 0 / --depart-round 0 drop an event"):
         LiveConfig(partition=LiveConfig().partition.__class__(n_devices=1))
@@ -133,10 +135,10 @@ def test_emulated_agents_follow_no_trace_and_pad_no_update_unless_asked(tmp_path
     assert (emulated.trace_set, emulated.update_s, device_traces(emulated)) == ("", 0.0, [])
     mnist = load_live_config(None, overrides={"emulate": {"enabled": True}, "partition": {"dataset": "mnist"}})
     assert (mnist.trace_set, mnist.rules.eta0) == ("", 0.1)  # the dataset's own defaults still apply
-    asked = load_live_config(None, overrides={"emulate": {"enabled": True}, "trace_set": str(PAPER_TRACE_SET),
+    asked = load_live_config(None, overrides={"emulate": {"enabled": True}, "traces": {"set": str(PAPER_TRACE_SET)},
                                               "update_s": 0.02})
     assert (asked.trace_set, asked.update_s, len(device_traces(asked))) == (str(PAPER_TRACE_SET), 0.02, 5)
-    (tmp_path / "live.toml").write_text(f'trace_set = "{PAPER_TRACE_SET}"\n[emulate]\nenabled = true\n')
+    (tmp_path / "live.toml").write_text(f'[traces]\nset = "{PAPER_TRACE_SET}"\n[emulate]\nenabled = true\n')
     assert load_live_config(tmp_path / "live.toml").trace_set == str(PAPER_TRACE_SET)  # a file asks as a flag does
     (tmp_path / "plain.toml").write_text("[emulate]\nenabled = true\n")
     assert load_live_config(tmp_path / "plain.toml").trace_set == ""
@@ -164,7 +166,7 @@ def _row(**fields) -> RoundRecord:
 
 
 def test_a_round_line_says_why_a_device_stopped_short_and_rows_from_before_the_reason_print_as_before():
-    cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=6), arrive_round=0, depart_round=0)
     row = _row(round=2, test_acc=0.5, test_loss=1.0, lr=0.5,
                s={"dev-0": 20, "dev-1": 7, "dev-2": 0, "dev-3": 0, "dev-4": 12})
     old = round_line(row, cfg)
@@ -176,7 +178,7 @@ def test_a_round_line_says_why_a_device_stopped_short_and_rows_from_before_the_r
 
 
 def test_the_summary_counts_each_devices_stop_reasons_and_rows_without_them_count_nothing():
-    cfg = LiveConfig(rounds=6, arrive_round=0, depart_round=0)
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=6), arrive_round=0, depart_round=0)
     base = _row(participants=("a", "b"), s={"a": 20, "b": 3})
     rows = [replace(base, round=1),  # written before the field
             replace(base, round=2, stop_reason={"a": "complete", "b": "upload"}),
@@ -187,7 +189,7 @@ def test_the_summary_counts_each_devices_stop_reasons_and_rows_without_them_coun
 
 
 def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():
-    cfg = LiveConfig(rounds=3, arrive_round=2, depart_round=0)
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=3), arrive_round=2, depart_round=0)
     row, last = _row(round=1), _row(round=3)
     never = summarize([row, last], cfg, wall_s=1.0, dead_agents={})
     assert never["problems"] and "dev-4 never arrived, not in round 2 as asked" in never["problems"][0]
@@ -198,7 +200,7 @@ def test_a_late_device_that_did_not_arrive_as_asked_is_a_problem_of_the_run():
 
 
 def test_a_run_short_of_its_rounds_or_without_its_departure_is_a_problem_that_says_how_far_it_got():
-    cfg = LiveConfig(rounds=4, arrive_round=0, depart_round=2, out="out/x")
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=4), arrive_round=0, depart_round=2, out="out/x")
     rows = [_row(round=r) for r in (1, 2, 3)]
     short = summarize(rows, cfg, wall_s=1.0, dead_agents={})["problems"]
     assert short[0].startswith("the run stopped after round 3 of 4 (the coordinator ended early")
@@ -214,7 +216,8 @@ def test_live_tells_the_coordinator_to_hold_the_scripted_rounds(tmp_path):
     from coordinator.config import load_coordinator_config
     from flexfl.app.live import write_configs
 
-    coordinator_toml, _, _ = write_configs(LiveConfig(rounds=30, trace_set=""), tmp_path, "127.0.0.1:50051")
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=30), traces=TracesConfig(set=""))
+    coordinator_toml, _, _ = write_configs(cfg, tmp_path, "127.0.0.1:50051")
     run = load_coordinator_config(coordinator_toml).run
     assert run.expected_arrivals == {"dev-4": 10} and run.expected_departures == {"dev-0": 20}
     assert run.min_devices == 4
@@ -246,7 +249,7 @@ def test_live_runs_the_strategy_asked_for_and_names_it_with_its_parameters(tmp_p
     assert live.returncode == 0, printed[-3000:]
     banner, *_, final, _report_line = printed.strip().splitlines()
     assert banner.endswith("FedProx (mu = 0.1); no arrival or departure"), banner
-    assert "under FedProx (mu = 0.1) after 2 rounds" in final, final
+    assert "under FedProx (mu = 0.1) after 2 of 2 rounds" in final, final
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["strategy"], summary["strategy_parameters"]) == ("fedprox", {"mu": 0.1})
     # The coordinator aggregated as FedProx does (Scheme B's c_k = p_k), not as the default Scheme C.
@@ -263,10 +266,10 @@ def test_the_start_up_checks_fail_on_a_missing_trace_set_or_an_address_not_here_
 
     out = tmp_path / "run"
     with pytest.raises(FlexFLError, match="nope"):
-        check_before_claim(LiveConfig(trace_set=str(tmp_path / "nope"), out=str(out)))
+        check_before_claim(LiveConfig(traces=TracesConfig(set=str(tmp_path / "nope")), out=str(out)))
     with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1"):  # TEST-NET-1: never this machine's
-        check_before_claim(LiveConfig(trace_set="", host="192.0.2.1", out=str(out)))
-    check_before_claim(LiveConfig(trace_set="", out=str(out)))
+        check_before_claim(LiveConfig(traces=TracesConfig(set=""), host="192.0.2.1", out=str(out)))
+    check_before_claim(LiveConfig(traces=TracesConfig(set=""), out=str(out)))
     assert not out.exists()
 
 
@@ -278,7 +281,8 @@ def test_live_keeps_the_fleet_token_out_of_the_results_folder_and_its_processes_
 
     out = tmp_path / "demo"
     out.mkdir()
-    coordinator_toml, agents, token = write_configs(LiveConfig(rounds=3, trace_set=""), out, "127.0.0.1:50051")
+    cfg = LiveConfig(run=DeadlineRunSpec(rounds=3), traces=TracesConfig(set=""))
+    coordinator_toml, agents, token = write_configs(cfg, out, "127.0.0.1:50051")
     assert not any("token" in p.name for p in out.rglob("*")) and token not in "".join(
         p.read_text() for p in out.rglob("*.toml"))
     assert load_coordinator_config(coordinator_toml).server.token() == token

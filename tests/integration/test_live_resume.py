@@ -60,7 +60,7 @@ def test_an_interrupted_live_run_resumes_to_its_last_round_without_its_departed_
                               "--rounds", "9"], capture_output=True, text=True, timeout=120)
     assert changed.returncode == 2 and changed.stderr.strip().splitlines() == [
         f"{ERROR}--resume continues {out} as it was configured ({out / 'live.toml'}); these flags change it: "
-        "rounds: 7 -> 9"], changed.stderr
+        "run.rounds: 7 -> 9"], changed.stderr
 
     resumed = _live("--resume", "--out", str(out), "--E", "10")
     printed, errors = _finish(resumed)

@@ -17,6 +17,7 @@ from coordinator.rules.aggregation import coefficients
 from coordinator.rules.round_record import RoundRecord
 from coordinator.rules.strategies import strategy_names
 from edge_agent.config import ParticipationConfig
+from flexfl.run_spec import RunSpec
 from simulator.engine import (
     ArrivalEvent,
     DepartureEvent,
@@ -93,7 +94,7 @@ def _live_and_simulated(live_config, fleet_factory, **rules):
     for i in range(4):
         fleet.start_agent(i, participation=ParticipationConfig(forced_updates=tuple(row[i] for row in FORCED)))
     assert fleet.coordinator.wait(timeout=60)
-    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=3, seed=cfg.run.seed),
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, run=RunSpec(rounds=3, seed=cfg.run.seed)),
                          participation=FixedParticipation(FORCED, E=cfg.rules.required_updates))
     return cfg, fleet, sim
 
@@ -149,12 +150,14 @@ def test_live_model_equals_simulated_model_under_every_strategy(live_config, fle
     if strategy == "mifa":  # dev-3, inactive in round 2, applied its round-1 memory on both sides: not Scheme C
         assert [r.remembered for r in rows] == [r.remembered for r in _records(sim.rows)] == \
             [("dev-0", "dev-1", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3"), ("dev-0", "dev-1", "dev-2", "dev-3")]
-        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"), rounds=3,
-                                         seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
+        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("C"),
+                                         run=RunSpec(rounds=3, seed=cfg.run.seed)),
+                               participation=FixedParticipation(FORCED, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
     if mu:  # the term was there on both sides: without it (Scheme B) the model is another
-        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"), rounds=3,
-                                         seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
+        plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"),
+                                         run=RunSpec(rounds=3, seed=cfg.run.seed)),
+                               participation=FixedParticipation(FORCED, E=5))
         assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
@@ -224,7 +227,7 @@ def test_live_run_with_traces_arrival_and_departure_equals_its_simulation(live_c
     departure = next(r.round for r in rows if r.departures)
     assert (arrival, departure) == (3, 5)  # the scripted rounds
     sim = run_simulation(SimConfig(
-        partition=cfg.partition, rules=cfg.rules, rounds=rounds, seed=cfg.run.seed,
+        partition=cfg.partition, rules=cfg.rules, run=RunSpec(rounds=rounds, seed=cfg.run.seed),
         traces=TracesConfig(set=str(REPO / "traces" / "paper"), num_traces=5),
         schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=n - 1, round=arrival),),
                                 departures=(DepartureEvent(device=0, round=departure),))))

@@ -10,6 +10,7 @@ import torch
 from coordinator.metrics import read_metrics
 from coordinator.rules.config import RulesConfig
 from flexfl.errors import PluginError
+from flexfl.run_spec import RunSpec
 from simulator.engine import FixedParticipation, SimConfig, run_simulation
 from workloads.partition_spec import PartitionSpec
 
@@ -83,8 +84,9 @@ def test_a_plug_in_strategy_with_its_own_memory_runs_live_as_in_simulation(live_
         # Agents train per device, the simulator all devices at once: float32 rounding apart.
         torch.testing.assert_close(live[tensor_name], value, rtol=1e-3, atol=1e-4)
     # The memory changed the model: Scheme B, its weights without the stale updates, ends elsewhere.
-    plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"), rounds=3,
-                                     seed=cfg.run.seed), participation=FixedParticipation(FORCED, E=5))
+    plain = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules.with_strategy("B"),
+                                     run=RunSpec(rounds=3, seed=cfg.run.seed)),
+                           participation=FixedParticipation(FORCED, E=5))
     assert not all(torch.allclose(live[n], v, rtol=1e-3, atol=1e-4) for n, v in plain.final_params.items())
 
 
@@ -132,6 +134,6 @@ def test_a_plug_in_strategy_that_fails_on_a_real_round_stops_the_coordinator(tmp
 def test_the_simulator_stops_the_same_plug_in_naming_the_device(plugin_module):
     name = plugin_module(NAN_ON_REAL_ROUNDS)
     cfg = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=3, total_samples=600),
-                    rules=RulesConfig(strategy=f"{name}:NanOnRealRounds", required_updates=5), rounds=1)
+                    rules=RulesConfig(strategy=f"{name}:NanOnRealRounds", required_updates=5), run=RunSpec(rounds=1))
     with pytest.raises(PluginError, match=r"returned arrival weight nan for device 'dev-0' \(s = 5"):
         run_simulation(cfg, participation=FixedParticipation([[5, 5, 5]], E=5))

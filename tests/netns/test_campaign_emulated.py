@@ -25,10 +25,11 @@ def _campaign_file(tmp_path: Path, prefix: str) -> Path:
 name = "two-by-three"
 
 [base]
-rounds = 3
-deadline_s = 1.5
 arrive_round = 0
 depart_round = 0
+[base.run]
+rounds = 3
+deadline_s = 1.5
 [base.partition]
 dataset = "synthetic"
 n_devices = 2
@@ -41,7 +42,7 @@ subnet = "10.78.{(os.getpid() % 60) * 4 + 1}"
 
 [axes]
 "rules.strategy" = ["scheme-a", "scheme-c"]
-seed = [0, 1, 2]
+"run.seed" = [0, 1, 2]
 """)
     return path
 

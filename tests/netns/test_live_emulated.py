@@ -17,6 +17,7 @@ from pathlib import Path
 from coordinator.metrics import read_metrics
 from edge_agent.config import load_agent_config
 from flexfl.app.live import EmulationConfig, LiveConfig, LiveRun, load_live_config
+from flexfl.run_spec import DeadlineRunSpec, TracesConfig
 from flexfl.vocabulary import StopReason
 from loadgen import fleet as fl
 from workloads.partition_spec import PartitionSpec
@@ -24,8 +25,9 @@ from workloads.partition_spec import PartitionSpec
 
 def test_bandwidth_limited_agent_is_inactive_while_the_unlimited_one_stays_active(fleet_host, tmp_path: Path) -> None:
     prefix = f"fl{os.getpid():06x}"
-    cfg = LiveConfig(partition=PartitionSpec(dataset="mnist", n_devices=2, sizes="equal"), rounds=3, deadline_s=2.0,
-                     arrive_round=0, depart_round=0, trace_set="", update_s=0.0, out=str(tmp_path),
+    cfg = LiveConfig(partition=PartitionSpec(dataset="mnist", n_devices=2, sizes="equal"),
+                     run=DeadlineRunSpec(rounds=3, deadline_s=2.0), arrive_round=0, depart_round=0,
+                     traces=TracesConfig(set=""), update_s=0.0, out=str(tmp_path),
                      emulate=EmulationConfig(enabled=True, cpu=0.0, up_kbit=(0, 256), prefix=prefix,
                                              subnet=f"10.78.{(os.getpid() % 60) * 4 + 2}"))
     try:

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from flexfl.run_spec import RunSpec
 from loadgen import fleet as fl
 from simulator.engine import SimConfig, TracesConfig, run_simulation
 from trace_recorder.format import read_trace_set
@@ -65,7 +66,7 @@ def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fle
     assert t90.fraction.mean() < t0.fraction.mean(), (t0.fraction, t90.fraction)
     assert result["elapsed_s"] > 0
 
-    sim = run_simulation(SimConfig(partition=PartitionSpec(n_devices=4), rounds=3,
+    sim = run_simulation(SimConfig(partition=PartitionSpec(n_devices=4), run=RunSpec(rounds=3),
                                    traces=TracesConfig(set=str(out), num_traces=2)))
     assert len(sim.records) == 3
     assert set(sim.trace_assignment) <= {"T0", "T90"}

@@ -305,6 +305,7 @@ def _finish_live(work: WorkFolder, backend: EmulatedBackend, *, rounds: int, sta
 
 def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_set: TraceSet) -> None:
     """Phase 3: K simulations replaying the recorded traces (device k: trace k), and the live run's own s replayed."""
+    from flexfl.run_spec import RunSpec
     from simulator.engine import (
         FixedParticipation,
         SimConfig,
@@ -317,8 +318,9 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
     started, load = time.monotonic(), [_loadavg()]
     cfg = opts.config
     n = len(profile.traces)
-    base = SimConfig(partition=replace(profile.partition, n_devices=n), rules=profile.rules, rounds=cfg.live_rounds,
-                     seed=profile.seed, traces=TracesConfig(set=str(work.traces), num_traces=n))
+    base = SimConfig(partition=replace(profile.partition, n_devices=n), rules=profile.rules,
+                     run=RunSpec(rounds=cfg.live_rounds, seed=profile.seed),
+                     traces=TracesConfig(set=str(work.traces), num_traces=n))
     live_rows = read_metrics(work.live / "coordinator" / "metrics.jsonl")[:cfg.live_rounds]
     ids = work.state["phases"]["live"]["devices"]
     live_s = FixedParticipation([[int(r.s.get(d, 0)) for d in ids] for r in live_rows],
@@ -328,7 +330,7 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
     # Per seed, s from the traces and s as the live run had it: the pair differs in the source of s only; and the
     # traces after the live run's own start (the rounds the recorder's rule drops), which the traces cannot hold.
     runs: list[tuple[str, SimConfig, Any]] = [
-        (sim_name(source, seed), replace(base, seed=seed), source)
+        (sim_name(source, seed), base.with_run(seed=seed), source)
         for source in ("traces", "live-s", "traces-after-live-start") for seed in seeds]
     todo = [(name, c, p) for name, c, p in runs if not work.sim_path(name).exists()]
     data = load_data(base) if todo else None

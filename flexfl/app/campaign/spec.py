@@ -4,18 +4,18 @@
     name = "strategies"            # the folder's default name: out/campaigns/<name>
     base = "live.toml"             # optional: a `flexfl live` config file (relative to this file)
 
-    [base]                         # optional: the same tables and keys, here (they win over `base`)
+    [base.run]                     # optional: the same tables and keys, here (they win over `base`)
     rounds = 12
     [base.partition]
     dataset = "synthetic"
     n_devices = 4
 
     [axes]                         # dotted keys of that config: each run takes one value of each
-    "rules.strategy" = ["scheme-c", "fedavg"]
-    seed = [0, 1, 2]
+    "rules.strategy" = ["scheme-c", "fednova"]
+    "run.seed" = [0, 1, 2]
 
 The runs are the product of the axes, the first axis outermost (here scheme-c with seeds 0, 1, 2,
-then fedavg with seeds 0, 1, 2). Each run is a `flexfl live` config built by load_live_config, so a
+then fednova with seeds 0, 1, 2). Each run is a `flexfl live` config built by load_live_config, so a
 campaign's base means what the same tables mean in a `flexfl live --config` file; relative paths
 in [base] and in axis values are relative to the campaign file. Every run's config is built and
 checked when the file is read: a bad value fails before anything runs.
@@ -36,7 +36,7 @@ from flexfl.errors import ConfigError
 
 TABLES = ("campaign", "base", "axes")
 CAMPAIGN_KEYS = ("name", "base")
-SEED_AXIS = "seed"  # the axis a campaign page takes medians over
+SEED_AXIS = "run.seed"  # the axis a campaign page takes medians over
 
 
 @dataclass(frozen=True)

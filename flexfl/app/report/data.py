@@ -434,7 +434,7 @@ def _legacy_live_meta(path: Path) -> tuple[dict[str, Any], list[str]]:
             trace = None
             if a.participation.trace:  # "<trace set folder>:<trace name>"
                 trace_set, _, trace = a.participation.trace.rpartition(":")
-                config.setdefault("trace_set", trace_set)
+                config.setdefault("traces", {}).setdefault("set", trace_set)
             devices[a.device_id] = DeviceInfo(trace=trace, shard=a.shard_index)
             used.append(agent.name)
     except ConfigError as exc:

@@ -19,10 +19,12 @@ BASE = """
 name = "c1"
 
 [base]
-rounds = 4
 arrive_round = 0
 depart_round = 0
-trace_set = ""
+[base.run]
+rounds = 4
+[base.traces]
+set = ""
 [base.partition]
 dataset = "synthetic"
 n_devices = 3
@@ -36,8 +38,8 @@ def _file(tmp_path: Path, text: str) -> Path:
 
 
 def test_runs_are_the_product_of_the_axes_first_axis_outermost_named_by_their_values(tmp_path: Path) -> None:
-    c = read_campaign(_file(tmp_path, BASE + '[axes]\n"rules.strategy" = ["scheme-a", "fednova"]\nseed = [0, 1]\n'
-                                             'deadline_s = [1.5]\n'))
+    c = read_campaign(_file(tmp_path, BASE + '[axes]\n"rules.strategy" = ["scheme-a", "fednova"]\n'
+                                             '"run.seed" = [0, 1]\n"run.deadline_s" = [1.5]\n'))
     assert [r.name for r in c.runs] == ["strategy-scheme-a__seed-0__deadline_s-1.5",
                                         "strategy-scheme-a__seed-1__deadline_s-1.5",
                                         "strategy-fednova__seed-0__deadline_s-1.5",
@@ -48,19 +50,19 @@ def test_runs_are_the_product_of_the_axes_first_axis_outermost_named_by_their_va
 
 
 def test_a_relative_path_in_base_or_an_axis_is_relative_to_the_campaign_file(tmp_path: Path) -> None:
-    text = BASE.replace('trace_set = ""', 'trace_set = "traces/a"') + '[axes]\ntrace_set = ["traces/b"]\n'
+    text = BASE + '[axes]\n"traces.set" = ["traces/b"]\n'
     (tmp_path / "traces").mkdir()
-    c = read_campaign(_file(tmp_path, text.replace('trace_set = "traces/a"\n', "")))
-    assert c.runs[0].overrides == {"trace_set": str(tmp_path.resolve() / "traces" / "b")}
-    assert c.runs[0].name == "trace_set-b"
+    c = read_campaign(_file(tmp_path, text.replace('[base.traces]\nset = ""\n', "")))
+    assert c.runs[0].overrides == {"traces": {"set": str(tmp_path.resolve() / "traces" / "b")}}
+    assert c.runs[0].name == "set-b"
 
 
 @pytest.mark.parametrize(("axes", "message"), [
-    ('seed = []\n', "[axes] seed must be a non-empty list of values"),
-    ('seed = 3\n', "[axes] seed must be a non-empty list of values"),
-    ('seed = [1, 1]\n', "[axes] seed repeats a value"),
+    ('"run.seed" = []\n', "[axes] run.seed must be a non-empty list of values"),
+    ('"run.seed" = 3\n', "[axes] run.seed must be a non-empty list of values"),
+    ('"run.seed" = [1, 1]\n', "[axes] run.seed repeats a value"),
     ('out = ["a", "b"]\n', "[axes] out is set by the campaign itself"),
-    ('rounds = [3, 0]\n', "run 2 (rounds-0): "),
+    ('"run.rounds" = [3, 0]\n', "run 2 (rounds-0): "),
     ('"rules.strategy" = ["scheme-c", "nope"]\n', "run 2 (strategy-nope): "),
 ])
 def test_bad_axes_fail_when_the_file_is_read_naming_the_axis_or_the_run(tmp_path: Path, axes: str,
@@ -72,13 +74,13 @@ def test_bad_axes_fail_when_the_file_is_read_naming_the_axis_or_the_run(tmp_path
 
 def test_an_unknown_table_or_campaign_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown table\(s\) axis; a campaign has \[campaign\], \[base\]"):
-        read_campaign(_file(tmp_path, BASE + "[axis]\nseed = [1]\n"))
+        read_campaign(_file(tmp_path, BASE + "[axis]\nrounds = [1]\n"))
     with pytest.raises(ConfigError, match=r"\[campaign\] has unknown key\(s\) rounds"):
         read_campaign(_file(tmp_path, BASE.replace('name = "c1"', 'name = "c1"\nrounds = 3')))
 
 
 def test_a_runs_folder_says_whether_it_ended_was_interrupted_or_holds_another_config(tmp_path: Path) -> None:
-    c = read_campaign(_file(tmp_path, BASE + "[axes]\nseed = [0, 1]\n"))
+    c = read_campaign(_file(tmp_path, BASE + '[axes]\n"run.seed" = [0, 1]\n'))
     run_dir = tmp_path / "runs" / c.runs[0].name
     cfg = c.config(c.runs[0], out=run_dir, emulate=False)
     assert plan_run(run_dir, cfg) is Plan.START  # no folder
@@ -99,19 +101,19 @@ def test_a_runs_folder_says_whether_it_ended_was_interrupted_or_holds_another_co
 
 
 def _result(i: int, strategy: str, seed: int, acc: float | None, state: RunState = RunState.DONE) -> RunResult:
-    return RunResult(index=i, name=f"{strategy}-{seed}", values={"rules.strategy": strategy, "seed": seed},
+    return RunResult(index=i, name=f"{strategy}-{seed}", values={"rules.strategy": strategy, "run.seed": seed},
                      state=state, rounds=None if acc is None else 4, final_acc=acc, last20_acc=acc,
                      final_loss=None if acc is None else 1 - acc)
 
 
 def test_the_page_shows_medians_and_ranges_over_seeds_per_group_and_the_index_reads_back() -> None:
     index = CampaignIndex(name="c1", file="c.toml", target="loopback",
-                          axes={"rules.strategy": ["a", "b"], "seed": [0, 1, 2]},
+                          axes={"rules.strategy": ["a", "b"], "run.seed": [0, 1, 2]},
                           runs=(_result(0, "a", 0, 0.5), _result(1, "a", 1, 0.9), _result(2, "a", 2, 0.6),
                                 _result(3, "b", 0, 0.7), _result(4, "b", 1, None, RunState.PENDING),
                                 _result(5, "b", 2, 0.8, RunState.FAILED)))
-    assert [g.values for g in groups(index, seed_key="seed")] == [{"rules.strategy": "a"}, {"rules.strategy": "b"}]
-    text = page(index, seed_key="seed")
+    assert [g.values for g in groups(index, seed_key="run.seed")] == [{"rules.strategy": "a"}, {"rules.strategy": "b"}]
+    text = page(index, seed_key="run.seed")
     assert "| a | 60.0 [50.0, 90.0] (n=3) |" in text
     assert "| b | 75.0 [70.0, 80.0] (n=2) |" in text  # the pending run is not counted, the failed one is
     assert "| b | 0.250 [0.200, 0.300] (n=2) |" in text  # the loss at three decimals, unscaled

@@ -113,7 +113,8 @@ def test_a_command_that_runs_several_schemes_has_one_flag_for_them() -> None:
     shown = {cmd: {f for a in subs[cmd]._actions if a.help != argparse.SUPPRESS for f in a.option_strings
                    if "scheme" in f} for cmd in ("run", "schemes")}
     assert shown == {"run": {"--scheme"}, "schemes": set()}, shown
-    assert "repeatable (default: A, B and C)" in _help("sim", "run")
+    assert ("repeatable (default: the strategy the --config file's [rules] names, else A, B and C)"
+            in _help("sim", "run"))
 
 
 @pytest.mark.parametrize("command", [("coordinator",), ("sim", "run"), ("live",)])

@@ -13,6 +13,7 @@ from edge_agent.config import AgentConfig, ParticipationConfig
 from flexfl.app.live import EmulationConfig, LiveConfig
 from flexfl.config import dump_toml, load_config, to_dict, write_config
 from flexfl.errors import ConfigError
+from flexfl.run_spec import DeadlineRunSpec, RunSpec
 from flexfl.vocabulary import DeparturePolicy, Scheme
 from simulator.engine import ArrivalEvent, DepartureEvent, ScheduleConfig, SimConfig, TracesConfig
 from trace_recorder.recording.profiles import Inventory, InventoryDevice, load_profile
@@ -38,9 +39,9 @@ CONFIGS = {
                                              departures=(
                                                  DepartureEvent(device=0, round=50, policy=DeparturePolicy.INCLUDE),
                                                  DepartureEvent(device=1, round=60))),
-                     rounds=80, seed=2),
-    "live": LiveConfig(partition=PartitionSpec(n_devices=6), rounds=12, arrive_round=3, depart_round=0,
-                       out="/tmp/live", emulate=EmulationConfig(enabled=True, up_kbit=(0, 8000))),
+                     run=RunSpec(rounds=80, seed=2)),
+    "live": LiveConfig(partition=PartitionSpec(n_devices=6), run=DeadlineRunSpec(rounds=12), arrive_round=3,
+                       depart_round=0, out="/tmp/live", emulate=EmulationConfig(enabled=True, up_kbit=(0, 8000))),
     "profile": replace(load_profile(), path=""),
     "inventory": Inventory(coordinator_listen="0.0.0.0:50051", fleet_token_file="/etc/flexfl/token",
                            devices=(InventoryDevice(device_id="pi-01", trace="T0", loadgen="tcp://10.0.0.21:5601"),)),

@@ -146,7 +146,7 @@ def _sim_toml(folder: Path, package: str, *, rules: dict | None = None) -> Path:
     """)
     rules = rules or {"model": f"{package}.model:Net", "eta0": 0.5, "batch_size": 8, "required_updates": 3}
     return _toml(folder / "sim.toml", {
-        "plugin_path": "code", "rounds": 2, "rules": rules,
+        "plugin_path": "code", "run": {"rounds": 2}, "rules": rules,
         "partition": {"dataset": f"{package}.data:load", "n_devices": 4, "iid": True, "sizes": "equal"}})
 
 
@@ -215,7 +215,7 @@ def test_flexfl_live_checks_a_plug_in_dataset_before_it_claims_its_folder(tmp_pa
             return {"x_train": x, "y_train": np.zeros(40, np.int64), "x_test": None, "y_test": None, "num_classes": 2}
     """)
     live = _toml(exp / "live.toml", {
-        "plugin_path": "code", "rounds": 3, "out": str(tmp_path / "live"),
+        "plugin_path": "code", "run": {"rounds": 3}, "out": str(tmp_path / "live"),
         "partition": {"dataset": "pp_pkg_e.data:load", "n_devices": 3},
         "rules": {"model": "pp_pkg_e.model:Net", "eta0": 0.5, "batch_size": 8}})
     assert main(["live", "--config", str(live)]) == 2

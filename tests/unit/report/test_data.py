@@ -21,7 +21,7 @@ def test_todays_live_folder_gets_deadline_E_and_traces_from_its_tomls(live_dir):
     assert run.deadline_s == 2.0 and run.required_updates == 10
     assert run.devices == {"dev-0": DeviceInfo("T0", 0), "dev-1": DeviceInfo("T30", 1),
                            "dev-2": DeviceInfo("T50", 2), "dev-3": DeviceInfo(None, 3)}
-    assert run.config["trace_set"] == "/somewhere/traces/paper"
+    assert run.config["traces"]["set"] == "/somewhere/traces/paper"  # as a live or sim file says it
     assert run.sources[:2] == ("coordinator/metrics.jsonl", "coordinator.toml")
     assert [r.round for r in run.rounds] == [1, 2, 3, 4]
     r2 = run.rounds[1]

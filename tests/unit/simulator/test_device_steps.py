@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from coordinator.rules.config import RulesConfig
+from flexfl.run_spec import RunSpec
 from simulator.device_steps import count_group, count_run, round_work
 from simulator.engine import (
     ArrivalEvent,
@@ -20,7 +21,8 @@ from workloads.partition_spec import PartitionSpec
 
 # E in epochs on Pareto sizes: devices' steps per epoch differ, so a count of rows or of s would be wrong.
 EPOCHS = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
-                   rules=RulesConfig(required_updates=3, unit="epoch"), traces=TracesConfig(num_traces=8), rounds=5)
+                   rules=RulesConfig(required_updates=3, unit="epoch"), traces=TracesConfig(num_traces=8),
+                   run=RunSpec(rounds=5))
 
 
 @pytest.mark.parametrize("scheme", ["A", "B", "C"])
@@ -41,7 +43,7 @@ def test_counted_steps_equal_the_engines_device_updates(scheme):
 
 
 def test_count_follows_arrivals_and_departures():
-    cfg = replace(EPOCHS, rounds=6, schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=2, round=2),),
+    cfg = replace(EPOCHS.with_run(rounds=6), schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=2, round=2),),
                                                             departures=(DepartureEvent(device=5, round=3),)))
     data = load_data(cfg)
     counted = count_run(cfg, data=data)
@@ -53,7 +55,7 @@ def test_count_follows_arrivals_and_departures():
 
 def test_a_group_counts_only_the_runs_it_computes():
     """|T| = 1: every device completes, A = B = C, the sweep computes A once; |T| = 8: all three."""
-    groups = comparison_groups(replace(EPOCHS, rounds=2), settings=["niid"], num_traces=[1, 8], seeds=[0])
+    groups = comparison_groups(EPOCHS.with_run(rounds=2), settings=["niid"], num_traces=[1, 8], seeds=[0])
     data = load_data(groups[0].runs[0].config)
     one, eight = (count_group(g, data=data) for g in groups)
     assert list(one) == ["niid_T1_seed0_A"]

@@ -13,6 +13,7 @@ import torch
 from coordinator.rules.config import RulesConfig
 from flexfl.app.cli import main
 from flexfl.errors import ConfigError, DivergenceError
+from flexfl.run_spec import RunSpec
 from simulator.engine import (
     ArrivalEvent,
     DepartureEvent,
@@ -28,7 +29,7 @@ from trace_recorder.format import Trace, TraceManifest, read_trace_set, utc_now_
 from workloads.partition_spec import PartitionSpec
 
 SMALL = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
-                  rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), rounds=4)
+                  rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), run=RunSpec(rounds=4))
 
 
 def small(*, rules=None, partition=None, **fields):
@@ -38,7 +39,8 @@ def small(*, rules=None, partition=None, **fields):
         cfg = replace(cfg, rules=replace(cfg.rules, **rules))
     if partition:
         cfg = replace(cfg, partition=replace(cfg.partition, **partition))
-    return replace(cfg, **fields)
+    run = {key: fields.pop(key) for key in ("rounds", "seed") if key in fields}  # [run]'s keys
+    return replace(cfg.with_run(**run), **fields)
 
 
 def test_short_run_is_deterministic_for_a_seed():

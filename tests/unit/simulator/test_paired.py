@@ -7,6 +7,7 @@ import torch
 
 from coordinator.rules.config import RulesConfig
 from flexfl.errors import ConfigError
+from flexfl.run_spec import RunSpec
 from simulator.engine import (
     ArrivalEvent,
     DepartureEvent,
@@ -22,7 +23,7 @@ from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
 
 BASE = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=8, total_samples=1200),
-                 rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), rounds=6)
+                 rules=RulesConfig(required_updates=5), traces=TracesConfig(num_traces=8), run=RunSpec(rounds=6))
 
 
 def with_rules(cfg: SimConfig, **rules) -> SimConfig:
@@ -61,7 +62,7 @@ def test_strategies_trained_together_equal_each_run_alone():
     data = load_data(BASE)
     fedprox = [replace(BASE, rules=BASE.rules.with_strategy("fedprox", mu=mu)) for mu in (1.0, 0.1)]
     for configs in ([BASE, replace(BASE, rules=BASE.rules.with_strategy("fednova"))],
-                    [replace(BASE, rules=BASE.rules.with_strategy("fedprox", mu=1.0), seed=s) for s in (0, 2)],
+                    [replace(BASE.with_run(seed=s), rules=BASE.rules.with_strategy("fedprox", mu=1.0)) for s in (0, 2)],
                     # FedProx's rows beside plain SGD's and another mu's in one trainer call (a
                     # strategies page trains every strategy of a seed together)
                     [BASE, *fedprox, replace(BASE, rules=BASE.rules.with_strategy("mifa"))]):
@@ -76,10 +77,10 @@ def test_strategies_trained_together_equal_each_run_alone():
 def test_fast_reboot_on_and_off_with_an_arrival_equal_each_run_alone():
     events = ScheduleConfig(arrivals=(ArrivalEvent(device=5, round=2), ArrivalEvent(device=6, round=4)),
                             departures=(DepartureEvent(device=0, round=3, policy="include"),))
-    base = replace(BASE, rounds=7, schedule=events)
+    base = replace(BASE.with_run(rounds=7), schedule=events)
     # Also: another model seed and fewer rounds (it leaves the lock-step early), and no events
     # at all (no shift of tau_0: its learning rate differs from round 3 on).
-    configs = [base, with_rules(base, fast_reboot=False), replace(base, seed=3, rounds=4),
+    configs = [base, with_rules(base, fast_reboot=False), base.with_run(seed=3, rounds=4),
                replace(base, schedule=ScheduleConfig())]
     data = load_data(base)
     results = run_paired(configs, data=data)
@@ -94,7 +95,8 @@ def test_fast_reboot_on_and_off_with_an_arrival_equal_each_run_alone():
 def test_mnist_mlp_runs_trained_together_equal_each_run_alone(mnist_cache_dir):
     """The MLP kernel trains rows in chunks of 16: rows of three runs share chunks here."""
     base = SimConfig(partition=PartitionSpec(dataset="mnist", n_devices=12, iid=True, total_samples=2400),
-                     rules=RulesConfig(required_updates=4, eta0=0.1), traces=TracesConfig(num_traces=8), rounds=3)
+                     rules=RulesConfig(required_updates=4, eta0=0.1), traces=TracesConfig(num_traces=8),
+                     run=RunSpec(rounds=3))
     data = build_federated(base.partition, cache_dir=mnist_cache_dir)
     configs = [with_rules(base, scheme=s) for s in "ABC"]
     for cfg, res in zip(configs, run_paired(configs, data=data)):
@@ -168,7 +170,7 @@ def test_an_interrupted_paired_group_resumes_from_its_checkpoint_to_the_same_res
     for a, b in zip(resumed, whole):
         assert_same_run(a, b)
     # A checkpoint of other configs is not used.
-    other = [replace(c, seed=9) for c in configs]
+    other = [c.with_run(seed=9) for c in configs]
     opened.clear()
     run_paired(other, data=load_data(other[0]), checkpoint=checkpoint)
     assert min(opened) == 1

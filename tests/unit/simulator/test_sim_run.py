@@ -72,7 +72,7 @@ def test_the_command_a_timeline_run_prints_parses_to_the_live_runs_setup() -> No
     # README's emulated timeline run: MNIST, 3 devices, 12 rounds, E = 1000 at eta_0 0.002; and events.
     live = load_live_config(None, overrides={"partition": {"dataset": "mnist", "n_devices": 3},
                                              "rules": {"required_updates": 1000, "eta0": 0.002, "strategy": "fednova"},
-                                             "rounds": 12, "arrive_round": 4, "depart_round": 8})
+                                             "run": {"rounds": 12}, "arrive_round": 4, "depart_round": 8})
     run = TimelineRun(path="traces/timelines/live example.csv", deadline_s=2.0, update_s=0.000585, round_s=2.5)
     argv = sim_run_argv(partition=live.partition, rules=live.rules, rounds=live.rounds, seed=live.seed, run=run,
                         arrivals=[(2, live.arrival)], departures=[(0, live.departure)])

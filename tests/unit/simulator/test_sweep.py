@@ -13,6 +13,7 @@ from coordinator.rules.config import RulesConfig
 from flexfl.app.cli import main
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError, SweepError
+from flexfl.run_spec import RunSpec
 from simulator.engine import SimConfig, TracesConfig, TrainerKind, load_data, run_simulation
 from simulator.executors import LocalExecutor, RayExecutor, executor_for
 from simulator.groups import Group, Run
@@ -20,11 +21,12 @@ from simulator.sweep import read_metrics, run_sweep, saved_summary
 from workloads.partition_spec import PartitionSpec
 
 BASE = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=6, total_samples=900),
-                 rules=RulesConfig(required_updates=4), traces=TracesConfig(num_traces=8), rounds=3)
+                 rules=RulesConfig(required_updates=4), traces=TracesConfig(num_traces=8), run=RunSpec(rounds=3))
 
 
 def cfg_of(seed: int, scheme: str, **fields) -> SimConfig:
-    return replace(BASE, seed=seed, partition=replace(BASE.partition, seed=seed),
+    run = {"seed": seed, **({"rounds": fields.pop("rounds")} if "rounds" in fields else {})}
+    return replace(BASE.with_run(**run), partition=replace(BASE.partition, seed=seed),
                    rules=replace(BASE.rules, scheme=scheme), **fields)
 
 
@@ -105,12 +107,12 @@ def test_a_changed_config_or_a_torn_summary_is_recomputed(tmp_path):
     run_sweep(groups(), work_dir=tmp_path, report=quiet([]))
     (tmp_path / "s0_B.json").write_text('{"config": {"rou')  # as if cut off mid-write by hand
     changed = groups()
-    changed[1] = Group(tuple(replace(r, config=replace(r.config, rounds=4)) if r.name == "s1_C" else r
+    changed[1] = Group(tuple(replace(r, config=r.config.with_run(rounds=4)) if r.name == "s1_C" else r
                              for r in changed[1].runs))
     summaries = run_sweep(changed, work_dir=tmp_path, report=quiet([]))
     assert {s["name"] for s in summaries if not s["cached"]} == {"s0_B", "s1_C"}
     s1c = json.loads((tmp_path / "s1_C.json").read_text())
-    assert s1c["config"]["rounds"] == 4 and s1c["rounds"] == 4
+    assert s1c["config"]["run"]["rounds"] == 4 and s1c["rounds"] == 4
     assert len(list(csv.DictReader(open(tmp_path / "s1_C.csv")))) == 4
     assert saved_summary(tmp_path, changed[1].runs[2]) is not None
     assert saved_summary(tmp_path, groups()[1].runs[2]) is None  # the old config is no longer there
@@ -199,7 +201,7 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
     from simulator.groups import Group, Run
     from simulator.sweep import run_sweep, saved_summary
 
-    cfg = SimConfig(partition=PartitionSpec(n_devices=4, total_samples=400), rounds=2)
+    cfg = SimConfig(partition=PartitionSpec(n_devices=4, total_samples=400), run=RunSpec(rounds=2))
     run = Run(name="r", config=cfg)
     run_sweep([Group((run,))], work_dir=tmp_path, report=lambda line: None)
     path = tmp_path / "r.json"
@@ -207,7 +209,7 @@ def test_a_saved_run_stays_finished_when_a_config_field_is_added_at_its_default(
     del saved["config"]["rules"]["auto_c"]  # as written before the field existed
     path.write_text(json.dumps(saved))
     assert saved_summary(tmp_path, run) is not None
-    saved["config"]["rounds"] = 3  # a changed value still means another run
+    saved["config"]["run"]["rounds"] = 3  # a changed value still means another run
     path.write_text(json.dumps(saved))
     assert saved_summary(tmp_path, run) is None
 
@@ -220,7 +222,7 @@ def test_saved_runs_and_checkpoints_stay_valid_when_only_an_unused_policy_consta
     new = replace(old, rules=replace(old.rules, auto_c=4.217, threshold_k=80.0))
     assert runs_alike(to_dict(old), new)
     assert _same_configs(_state_key([old, old]), [new, new])  # a checkpoint written under the old defaults
-    assert not _same_configs(_state_key([old]), [replace(new, seed=1)])
+    assert not _same_configs(_state_key([old]), [new.with_run(seed=1)])
     assert not runs_alike(to_dict(old), replace(new, rules=replace(new.rules, eta0=0.5)))
     # A departure under auto uses c (not k); under threshold, k (not c).
     leaves = ScheduleConfig(departures=(DepartureEvent(device=0, round=5, policy=DeparturePolicy.AUTO),))
@@ -245,7 +247,10 @@ def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     saved = json.loads((repo / "results/epoch-paper/runs/table3_mnist/per-label_niid_T2_seed0_A.json")
                        .read_text())["config"]
     cfg = from_dict(SimConfig, saved)
-    assert _plain_config(cfg) == saved  # the fast path: nothing new written for a scheme run
+    # Saved before [run]: rounds and seed at the top level read as the same run, written now in [run]
+    assert runs_alike(saved, cfg) and "rounds" not in _plain_config(cfg)
+    assert _plain_config(cfg) == {**{k: v for k, v in saved.items() if k not in ("rounds", "seed")},
+                                  "run": {"rounds": saved["rounds"], "seed": saved["seed"]}}
     assert cfg.rules.aggregation.name == "scheme-a"
     spelled = replace(cfg, rules=replace(cfg.rules, scheme="C", strategy="scheme-a"))
     assert spelled == cfg and runs_alike(saved, spelled)
@@ -256,3 +261,5 @@ def test_saved_scheme_runs_keep_their_identity_now_that_strategies_exist():
     assert runs_alike(to_dict(nova), nova) and to_dict(nova)["rules"]["strategy"] == {"name": "fednova"}
     older = {**to_dict(nova), "rules": {**to_dict(nova)["rules"], "strategy": "fednova"}}  # saved before the table
     assert runs_alike(older, nova)
+    both = {**to_dict(nova), "rules": {**to_dict(nova)["rules"], "scheme": "C"}}  # saved before one of the two
+    assert runs_alike(both, nova) and "scheme" not in to_dict(nova)["rules"]

@@ -11,6 +11,7 @@ from coordinator.rules.config import RulesConfig
 from edge_agent.config import AgentConfig
 from flexfl.app.cli import main
 from flexfl.errors import ConfigError
+from flexfl.run_spec import RunSpec
 from simulator.engine import SimConfig, load_data, run_simulation
 from simulator.timeline_source import TimelineRun, model_bytes, timeline_participation
 from trace_recorder.deadline import updates_before_deadline
@@ -18,7 +19,7 @@ from trace_recorder.timeline import OFFLINE, Conditions
 from workloads.partition_spec import PartitionSpec
 
 CFG = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=3, total_samples=600),
-                rules=RulesConfig(required_updates=5), rounds=4)
+                rules=RulesConfig(required_updates=5), run=RunSpec(rounds=4))
 DEADLINE_S, UPDATE_S = 1.0, 0.1
 
 # Round tau reads second tau - 1 (round_s = the deadline, 1 s).
