@@ -9,7 +9,8 @@ keys, and `--config AGENT_TOML` reads them all from an agent's config (on a devi
 In a terminal it redraws every --interval seconds until the run finishes or Ctrl-C; piped, it
 prints each poll below the last. --json prints one JSON object per poll, one a line; --once
 asks once. A coordinator that cannot be reached at the first call is an error (exit 2); later,
-the view says so and asks again, unless the run had done its rounds (then it ended: exit 0).
+the view says so (printed below the last: once, until it changes) and asks again, unless the run
+had done its rounds (then the coordinator ended with it: exit 0).
 """
 
 from __future__ import annotations
@@ -109,10 +110,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _printer(address: str, *, as_json: bool, redraw: bool) -> Callable[..., None]:
-    """show(state, problem=...): one poll's output, as JSON, a redrawn screen, or lines below the last."""
+    """show(state, problem=...): one poll's output, as JSON, a redrawn screen, or lines below the last.
+
+    Printed below the last (JSON, or a pipe), a problem is said once until it changes or passes: a
+    coordinator that has gone for good is not one line per poll.
+    """
     from flexfl.fleet_view import render, state_json
 
+    said: list[str | None] = [None]  # the problem printed last (printed below the last output only)
+
     def show(state: FleetState, *, problem: str | None) -> None:
+        if not redraw:
+            if problem is not None and problem == said[0]:
+                return
+            said[0] = problem
         if as_json:
             if problem is None:
                 print(json.dumps(state_json(state)), flush=True)
