@@ -62,6 +62,10 @@ class Callers:
                                  "this join under the same id is a second agent. Each agent needs its own device "
                                  "id; an agent that restarted may join once its old connection has ended")
 
+    def streaming(self) -> frozenset[str]:
+        """The devices that hold a live Session or PullRound call now."""
+        return frozenset(self._streams)
+
     @contextmanager
     def live_stream(self, caller: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
         """Hold this call as `caller`'s one live Session or PullRound; DeviceBusy while it has another.

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,7 @@ class RoundEngine:
                 self.stop()
                 raise
             self._answered(r, device_id)
+            self.membership.reported_memory(device_id, report.resident_bytes)
             return Accepted(round_id=r.round_id, message=f"s = {s} accepted")
 
     def note_rejection(self, device_id: str, round_id: int, reason: str) -> None:
@@ -235,12 +237,23 @@ class RoundEngine:
                 r.note_rejection(device_id, reason)  # no wake-up: the device may still send a valid update
 
     def status(self) -> FleetState:
+        """The run, its open round and every device: registry and membership, the open round, and each device's
+        newest closed round as the finisher noted it (its row may still be on its way to disk)."""
+        now = time.monotonic()
         with self._lock:
-            r = self.current
+            r = self.current if self.current is not None and not self.current.closed else None
+            rounds = self.finisher.device_rounds
+            devices = tuple(replace(d, round_state=r.state_of(d.device_id, now=now) if r is not None else d.round_state,
+                                    last_round=rounds.last_round(d.device_id),
+                                    upload_bytes_per_s=rounds.upload_bytes_per_s(d.device_id))
+                            for d in self.membership.states(now=time.time()))
             return FleetState(run_id=self.run_id, completed_round=self.completed_round,
-                              open_round=r.round_id if r is not None and not r.closed else 0, started=self.started,
-                              finished=self.finished, rounds=self.cfg.run.rounds, devices=self.membership.states(),
-                              partition_json=self.partition_json)
+                              open_round=r.round_id if r is not None else 0, started=self.started,
+                              finished=self.finished, rounds=self.cfg.run.rounds, devices=devices,
+                              partition_json=self.partition_json, required_updates=self.cfg.rules.required_updates,
+                              deadline_s=self.cfg.run.deadline_s,
+                              round_open_s=now - r.opened_at if r is not None else None,
+                              round_closes_in_s=max(0.0, r.closes_at() - now) if r is not None else None)
 
     def parked(self) -> int:
         """Pulls waiting for a round right now."""

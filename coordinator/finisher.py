@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from coordinator.checkpoint import Checkpoint, save_checkpoint
+from coordinator.device_rounds import DeviceRounds
 from coordinator.metrics import MetricsWriter
 from coordinator.open_round import OpenRound
 from coordinator.registry import Registry
@@ -119,6 +120,7 @@ class Finisher:
         self.checkpoint_path = checkpoint_path
         self._evaluator: Stage | None = None
         self._writer: Stage | None = None
+        self.device_rounds = DeviceRounds()  # each device's newest round, from the rows as they are made (Status)
 
     def start(self) -> None:
         self._writer = Stage("round-writer", self._write)
@@ -166,7 +168,9 @@ class Finisher:
         """Evaluator thread: test each round's model and make its metrics row; the writer takes both."""
         writer = self._stages()[1]
         for c in closed:
-            writer.put((c, self._row(c)))
+            row = self._row(c)
+            self.device_rounds.note(row)
+            writer.put((c, row))
 
     def _row(self, c: ClosedRound) -> RoundRecord:
         r = c.r

@@ -265,11 +265,18 @@ class Membership:
         """Registered devices that have not departed."""
         return [d for d, r in self.registry.devices.items() if not r.departed]
 
-    def states(self) -> tuple[DeviceState, ...]:
+    def reported_memory(self, device_id: str, resident_bytes: int) -> None:
+        """Keep the resident memory a device reported with an update (0: its agent does not report it)."""
+        if resident_bytes > 0:
+            self.known(device_id).resident_bytes = int(resident_bytes)
+
+    def states(self, *, now: float) -> tuple[DeviceState, ...]:
+        """Every registered device as the registry knows it; `now` (unix time) dates its last call."""
         members = set(self.federation.objective.sample_counts)
         return tuple(DeviceState(device_id=d.device_id, shard_index=d.shard_index, departed=d.departed,
                                  in_objective=d.device_id in members, joined_after_round=d.joined_after_round,
-                                 connected=d.device_id in self.seen)
+                                 connected=d.device_id in self.seen, resident_bytes=d.resident_bytes or None,
+                                 seen_ago_s=max(0.0, now - d.last_seen) if d.device_id in self.seen else None)
                      for d in self.registry.devices.values())
 
     def restore(self, registry: Registry, journaled: Mapping[str, str]) -> None:

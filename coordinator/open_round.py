@@ -18,7 +18,7 @@ import torch
 
 from coordinator.rules.round import RoundOpening, RoundSum
 from flexfl.errors import UpdateRejected, WrongRoundState
-from flexfl.exchange import Delta, UpdateReport
+from flexfl.exchange import Delta, RoundState, UpdateReport
 from flexfl.vocabulary import StopReason
 
 MAX_REJECTIONS_KEPT = 32  # reasons per device and round in the metrics row
@@ -164,6 +164,18 @@ class OpenRound:
         """
         return {d: self.updates[d].stop_reason if d in self.updates
                 else StopReason.MISSED if d in self.delivered else StopReason.OFFLINE for d in devices}
+
+    def state_of(self, device_id: str, *, now: float) -> RoundState:
+        """`device_id`'s part in this round now (Status): none, its model pending, training, late, answered, left."""
+        if self.closed or device_id not in self.taking_part:
+            return RoundState.NONE
+        if device_id in self.left:
+            return RoundState.LEFT
+        if device_id in self.updates:
+            return RoundState.ANSWERED
+        if now > self.deadline_for(device_id):
+            return RoundState.LATE
+        return RoundState.TRAINING if device_id in self.delivered else RoundState.PENDING
 
     def mark_delivered(self, device_id: str, nbytes: int, *, now: float) -> None:
         """The model is fully handed to `device_id`: its deadline starts now."""

@@ -20,7 +20,7 @@ class DeviceRecord:
     departed: bool = False
     last_seen: float = 0.0  # unix time
     shard_index: int | None = None  # shard of the seeded partition, when the device says
-    resident_bytes: int = 0  # the agent's resident memory when it (last) joined
+    resident_bytes: int = 0  # the agent's resident memory as it last reported it (join or update; 0: never)
 
 
 class Registry:

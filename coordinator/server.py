@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import grpc
@@ -37,6 +37,7 @@ from coordinator.status import mapped
 from coordinator.uploading import Uploads, kind
 from flexfl.errors import ProtocolMismatch, UpdateRejected
 from flexfl.exchange import Join
+from flexfl.fleet_status import status_reply
 
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
@@ -81,7 +82,9 @@ class FleetServicer(pb_grpc.FleetServicer):
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         self._callers.identify(context)
         state = self.engine.status()
-        return pb.StatusReply(**{**asdict(state), "devices": [pb.DeviceStatus(**asdict(d)) for d in state.devices]})
+        streaming = self._callers.streaming()
+        return status_reply(replace(state, devices=tuple(replace(d, streaming=d.device_id in streaming)
+                                                         for d in state.devices)))
 
     @mapped
     async def PullRound(self, request: pb.PullRequest,

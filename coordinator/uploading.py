@@ -92,7 +92,7 @@ class Uploads:
             report = UpdateReport(round_id=header.round_id, updates_completed=header.updates_completed,
                                   samples_used=header.samples_used, train_s=header.train_s,
                                   local_loss=header.local_loss, previous_upload_s=header.previous_upload_s,
-                                  stop_reason=stop_reason(header.stop_reason))
+                                  stop_reason=stop_reason(header.stop_reason), resident_bytes=header.resident_bytes)
             self.engine.check_update(caller, report)
             declared = header.payload.total_bytes
             if declared > self.max_update_bytes:

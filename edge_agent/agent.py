@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import psutil
@@ -200,8 +200,9 @@ class EdgeAgent:
                            shard=self.shard, cap=cap, deadline_at=deadline_at, estimates=self.estimates,
                            margin_s=self.cfg.safety_margin_s, participation=self.cfg.participation,
                            stopping=self._stop.is_set)
-        pushed = self.transport.push(update.report, update.delta,
-                                     timeout_s=max(1.0, deadline_at - time.monotonic() + 2.0))
+        # The resident memory goes with the update: the coordinator's Status shows each device's (flexfl status).
+        report = replace(update.report, resident_bytes=psutil.Process().memory_info().rss)
+        pushed = self.transport.push(report, update.delta, timeout_s=max(1.0, deadline_at - time.monotonic() + 2.0))
         self.estimates.after_upload(carried_update=pushed.carried_update, taken=pushed.taken,
                                     seconds=pushed.upload_s)
         r = update.report

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexfl.channel import TlsFiles
 from flexfl.config import NOT_IN_FILE, load_config, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret
@@ -71,6 +72,13 @@ class AgentConfig:
         if self.partition is not None and self.shard_index >= self.partition.n_devices:
             raise ConfigError(f"shard_index {self.shard_index} is outside the partition's "
                               f"0..{self.partition.n_devices - 1}")
+
+    def tls_files(self) -> TlsFiles | None:
+        """The TLS files to dial the coordinator with (None: plaintext, no tls_ca)."""
+        if not self.tls_ca:
+            return None
+        return TlsFiles(ca=self.tls_ca, client_cert=self.tls_client_cert, client_key=self.tls_client_key,
+                        server_name=self.tls_server_name)
 
     def token(self) -> str:
         if self.fleet_token_file:

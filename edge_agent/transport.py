@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -29,13 +28,13 @@ import torch
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
-from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS, PROTOCOL_VERSION, ErrorReason, error_reason
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION, ErrorReason, error_reason
 
 from edge_agent.config import AgentConfig
-from flexfl.errors import ConfigError, FlexFLError
+from flexfl.channel import open_channel
+from flexfl.errors import FlexFLError
 from flexfl.exchange import (
     Delta,
-    DeviceState,
     FleetState,
     Join,
     Joined,
@@ -45,6 +44,7 @@ from flexfl.exchange import (
     RoundTerms,
     UpdateReport,
 )
+from flexfl.fleet_status import fleet_state
 from flexfl.net import reach_problem
 from flexfl.vocabulary import StopReason
 
@@ -175,7 +175,7 @@ class Transport:
         self.cfg = cfg
         self._stop = stop
         self._token = cfg.token()
-        self._channel = _make_channel(cfg)
+        self._channel = open_channel(cfg.coordinator, cfg.tls_files())
         self._stub = pb_grpc.FleetStub(self._channel)
         self._session: _Session | None = None
         self.per_round_calls = False  # the coordinator has no Session: a PullRound and a PushUpdate per round
@@ -196,7 +196,7 @@ class Transport:
                 pb.StatusRequest(), metadata=self._metadata(), timeout=self.cfg.rpc_timeout_s))
         except grpc.RpcError as exc:
             raise self._refused("status", exc) from None
-        return _fleet_state(reply)
+        return fleet_state(reply)
 
     def join(self, join: Join) -> Joined:
         request = pb.JoinRequest(device_id=join.device_id, sample_count=join.sample_count,
@@ -247,7 +247,8 @@ class Transport:
                                  updates_completed=report.updates_completed, samples_used=report.samples_used,
                                  train_s=report.train_s, previous_upload_s=report.previous_upload_s,
                                  local_loss=report.local_loss, payload=payload,
-                                 stop_reason=wire_stop_reason(report.stop_reason))
+                                 stop_reason=wire_stop_reason(report.stop_reason),
+                                 resident_bytes=report.resident_bytes)
 
         def messages() -> Iterator[pb.UpdateChunk]:
             yield pb.UpdateChunk(header=header)
@@ -365,39 +366,7 @@ def _offer(header: pb.RoundHeader, data: bytes | bytearray, *,
     return RoundOffer(status=status, round_id=header.round_id, terms=terms)
 
 
-def _fleet_state(reply: pb.StatusReply) -> FleetState:
-    devices = tuple(DeviceState(device_id=d.device_id,
-                                shard_index=d.shard_index if d.HasField("shard_index") else None,
-                                departed=d.departed, in_objective=d.in_objective,
-                                joined_after_round=d.joined_after_round, connected=d.connected)
-                    for d in reply.devices)
-    return FleetState(run_id=reply.run_id, completed_round=reply.completed_round, open_round=reply.open_round,
-                      started=reply.started, finished=reply.finished, rounds=reply.rounds, devices=devices,
-                      partition_json=reply.partition_json)
-
-
 def wire_stop_reason(why: StopReason) -> int:
     """The update header's stop_reason for `why` (fleet.proto names each value after its member)."""
     return int(pb.StopReason.Value(f"STOP_REASON_{why.name}"))
-
-
-def _make_channel(cfg: AgentConfig) -> grpc.Channel:
-    options: list[tuple[str, int | str]] = list(GRPC_OPTIONS)
-    if cfg.tls_server_name:
-        options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
-    if cfg.tls_ca:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(cfg.tls_ca, what="tls_ca"),
-            private_key=_read(cfg.tls_client_key, what="tls_client_key") if cfg.tls_client_key else None,
-            certificate_chain=_read(cfg.tls_client_cert, what="tls_client_cert") if cfg.tls_client_cert else None,
-        )
-        return grpc.secure_channel(cfg.coordinator, creds, options=options)
-    return grpc.insecure_channel(cfg.coordinator, options=options)
-
-
-def _read(path: str, *, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
 

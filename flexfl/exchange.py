@@ -99,6 +99,7 @@ class UpdateReport:
     local_loss: float = 0.0
     previous_upload_s: float = 0.0  # the device's own measure of its previous upload (0: none yet)
     stop_reason: StopReason = StopReason.UNKNOWN  # why s is what it is (edge_agent.deadline.why_stopped)
+    resident_bytes: int = 0  # the agent's resident memory as it sends the update (0: not reported)
 
 
 Delta = Mapping[str, np.ndarray]  # name -> w_k - w, checked against the model's shapes; {} for s = 0
@@ -110,6 +111,29 @@ class Accepted:
     message: str
 
 
+class RoundState(StrEnum):
+    """A device's part in the open round (Status): what the round waits for from it."""
+
+    NONE = ""  # no round open, or it does not take part
+    PENDING = "pending"  # its model is not delivered yet
+    TRAINING = "training"  # it has the model; its deadline has not passed
+    LATE = "late"  # its deadline passed without an update (it counts as s = 0 unless one comes in the grace)
+    ANSWERED = "answered"  # its update was taken
+    LEFT = "left"  # it departed during the round
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """A device's part in the last closed round that counted it (in that round's metrics row)."""
+
+    round_id: int
+    s: int
+    stop_reason: str  # a flexfl.vocabulary.StopReason value
+    bytes_in: int  # its update as received (0: none taken)
+    bytes_out: int  # the model sent to it (0: none delivered)
+    train_s: float  # as the device measured it (0: no update taken)
+
+
 @dataclass(frozen=True)
 class DeviceState:
     device_id: str
@@ -118,10 +142,18 @@ class DeviceState:
     in_objective: bool  # its data is in the global objective (departed under include too)
     joined_after_round: int
     connected: bool  # called in since this coordinator process started
+    streaming: bool = False  # holds a live Session or PullRound call now
+    round_state: RoundState = RoundState.NONE
+    last_round: DeviceRound | None = None  # None: no closed round has counted it since this process started
+    resident_bytes: int | None = None  # the agent's resident memory as it last reported it (join or update)
+    upload_bytes_per_s: float | None = None  # its link as it measured it (coordinator.device_rounds)
+    seen_ago_s: float | None = None  # since it last called in (None: not since this process started)
 
 
 @dataclass(frozen=True)
 class FleetState:
+    """The coordinator's state as its Status call gives it: the run, the open round, every device."""
+
     run_id: str
     completed_round: int
     open_round: int  # 0: none
@@ -130,3 +162,7 @@ class FleetState:
     rounds: int
     devices: tuple[DeviceState, ...]
     partition_json: str
+    required_updates: int = 0  # E (0: a coordinator that does not say)
+    deadline_s: float = 0.0
+    round_open_s: float | None = None  # since the open round opened (None: none open)
+    round_closes_in_s: float | None = None  # until it closes unless all answer first (None: none open)

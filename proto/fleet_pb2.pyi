@@ -198,7 +198,7 @@ class RoundChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[RoundHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., reply: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload", "stop_reason")
+    __slots__ = ("device_id", "round_id", "updates_completed", "samples_used", "train_s", "previous_upload_s", "local_loss", "payload", "stop_reason", "resident_bytes")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class UpdateHeader(_message.Message):
     LOCAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     round_id: int
     updates_completed: int
@@ -217,7 +218,8 @@ class UpdateHeader(_message.Message):
     local_loss: float
     payload: Payload
     stop_reason: StopReason
-    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+    resident_bytes: int
+    def __init__(self, device_id: _Optional[str] = ..., round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., samples_used: _Optional[int] = ..., train_s: _Optional[float] = ..., previous_upload_s: _Optional[float] = ..., local_loss: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data", "pull")
@@ -243,24 +245,52 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class DeviceRound(_message.Message):
+    __slots__ = ("round_id", "updates_completed", "stop_reason", "bytes_in", "bytes_out", "train_s")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    updates_completed: int
+    stop_reason: str
+    bytes_in: int
+    bytes_out: int
+    train_s: float
+    def __init__(self, round_id: _Optional[int] = ..., updates_completed: _Optional[int] = ..., stop_reason: _Optional[str] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., train_s: _Optional[float] = ...) -> None: ...
+
 class DeviceStatus(_message.Message):
-    __slots__ = ("device_id", "shard_index", "departed", "in_objective", "joined_after_round", "connected")
+    __slots__ = ("device_id", "shard_index", "departed", "in_objective", "joined_after_round", "connected", "streaming", "round_state", "last_round", "resident_bytes", "upload_bytes_per_s", "seen_ago_s")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
     IN_OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     JOINED_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
+    ROUND_STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SEEN_AGO_S_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     shard_index: int
     departed: bool
     in_objective: bool
     joined_after_round: int
     connected: bool
-    def __init__(self, device_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., departed: _Optional[bool] = ..., in_objective: _Optional[bool] = ..., joined_after_round: _Optional[int] = ..., connected: _Optional[bool] = ...) -> None: ...
+    streaming: bool
+    round_state: str
+    last_round: DeviceRound
+    resident_bytes: int
+    upload_bytes_per_s: float
+    seen_ago_s: float
+    def __init__(self, device_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., departed: _Optional[bool] = ..., in_objective: _Optional[bool] = ..., joined_after_round: _Optional[int] = ..., connected: _Optional[bool] = ..., streaming: _Optional[bool] = ..., round_state: _Optional[str] = ..., last_round: _Optional[_Union[DeviceRound, _Mapping]] = ..., resident_bytes: _Optional[int] = ..., upload_bytes_per_s: _Optional[float] = ..., seen_ago_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("run_id", "completed_round", "open_round", "started", "finished", "rounds", "devices", "partition_json")
+    __slots__ = ("run_id", "completed_round", "open_round", "started", "finished", "rounds", "devices", "partition_json", "required_updates", "deadline_s", "round_open_s", "round_closes_in_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_ROUND_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +299,10 @@ class StatusReply(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PARTITION_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_OPEN_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_CLOSES_IN_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     completed_round: int
     open_round: int
@@ -277,4 +311,8 @@ class StatusReply(_message.Message):
     rounds: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
     partition_json: str
-    def __init__(self, run_id: _Optional[str] = ..., completed_round: _Optional[int] = ..., open_round: _Optional[int] = ..., started: _Optional[bool] = ..., finished: _Optional[bool] = ..., rounds: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., partition_json: _Optional[str] = ...) -> None: ...
+    required_updates: int
+    deadline_s: float
+    round_open_s: float
+    round_closes_in_s: float
+    def __init__(self, run_id: _Optional[str] = ..., completed_round: _Optional[int] = ..., open_round: _Optional[int] = ..., started: _Optional[bool] = ..., finished: _Optional[bool] = ..., rounds: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., partition_json: _Optional[str] = ..., required_updates: _Optional[int] = ..., deadline_s: _Optional[float] = ..., round_open_s: _Optional[float] = ..., round_closes_in_s: _Optional[float] = ...) -> None: ...

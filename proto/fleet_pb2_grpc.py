@@ -118,7 +118,9 @@ class FleetServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """The coordinator's state: rounds, devices, partition (operators, the process harness).
+        """The coordinator's state: the run, the open round and its time left, every device and its last
+        round, the partition (`flexfl status`, the process harness, an agent before it joins). It needs
+        the fleet token and a device id, but no joined device: under mutual TLS the id its certificate names.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -23,28 +22,6 @@ from coordinator.metrics import read_metrics
 from edge_agent.agent import EdgeAgent
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=flexfl-test-ca",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    # One client certificate per device (CN = device id), and one whose subject has no CN.
-    made = [("server", "/CN=server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
-            *((f"dev-{i}", f"/CN=dev-{i}", "extendedKeyUsage=clientAuth") for i in range(3)),
-            ("no-cn", "/O=flexfl-test", "extendedKeyUsage=clientAuth")]
-    for name, subject, ext in made:
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", f"{name}.key",
-                 "-out", f"{name}.csr", cwd=d)
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
-    return d
 
 
 def _tls_config(live_config, pki: Path, *, mutual: bool):

@@ -15,7 +15,7 @@ from coordinator.engine import RoundEngine
 from coordinator.metrics import read_metrics
 from coordinator.rules.config import RulesConfig
 from coordinator.rules.objective import Objective
-from flexfl.exchange import Join, OfferStatus, RoundOffer, UpdateReport
+from flexfl.exchange import DeviceRound, Join, OfferStatus, RoundOffer, UpdateReport
 from flexfl.vocabulary import StopReason
 from workloads.federated import build_federated
 from workloads.partition_spec import PartitionSpec
@@ -323,7 +323,8 @@ def test_one_round_through_domain_records_alone(tmp_path):
         eng.delivered("solo", 1, nbytes=1234)
         delta = {n: np.full(p.shape, 0.25, dtype=np.float32) for n, p in start.items()}
         accepted = eng.push("solo", UpdateReport(round_id=1, updates_completed=E, samples_used=30, train_s=0.5,
-                                                 local_loss=1.5, stop_reason=StopReason.COMPLETE), delta, bytes_in=999)
+                                                 local_loss=1.5, stop_reason=StopReason.COMPLETE,
+                                                 resident_bytes=123_456_789), delta, bytes_in=999)
         assert (accepted.round_id, accepted.message) == (1, f"s = {E} accepted")
         thread.join(timeout=60)
         assert eng.finished and _pull(eng, "solo", wait_s=0).status is OfferStatus.FINISHED
@@ -335,6 +336,12 @@ def test_one_round_through_domain_records_alone(tmp_path):
     assert (state.completed_round, state.open_round, state.finished) == (1, 0, True)
     devices = [(d.device_id, d.shard_index, d.in_objective, d.connected) for d in state.devices]
     assert devices == [("solo", 2, True, True)]
+    # What Status shows of it: the resident memory its update reported, and its part in the closed round.
+    (solo,) = state.devices
+    assert (state.required_updates, solo.resident_bytes, solo.round_state, state.round_closes_in_s) == (
+        E, 123_456_789, "", None)
+    assert solo.last_round == DeviceRound(round_id=1, s=E, stop_reason="complete", bytes_in=999, bytes_out=1234,
+                                          train_s=0.5)
     row = read_metrics(eng.out_dir / "metrics.jsonl")[0]
     assert (row.s, row.live.bytes_in, row.live.bytes_out, row.live.close_reason, row.stop_reason) == \
         ({"solo": E}, {"solo": 999}, {"solo": 1234}, "all answered", {"solo": "complete"})

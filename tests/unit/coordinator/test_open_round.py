@@ -97,3 +97,20 @@ def test_a_round_is_deserted_when_every_participant_left_before_sending_an_updat
     stayed.take("a", UpdateReport(round_id=1, updates_completed=0), {}, bytes_in=10, now=OPENED + 1)
     stayed.left.update({"a", "b"})  # a answered s = 0, then left: the round happened
     assert not stayed.deserted()
+
+
+def test_a_devices_state_in_the_round_follows_its_model_its_deadline_and_its_answer():
+    r = _round(participants=("a", "b", "c", "d"))
+    assert {d: r.state_of(d, now=OPENED) for d in "abcdz"} == {"a": "pending", "b": "pending", "c": "pending",
+                                                                  "d": "pending", "z": ""}
+    assert r.state_of("a", now=OPENED + DEADLINE + 0.01) == "late"  # never took its model: out of the round
+    for d in "abc":
+        r.mark_delivered(d, 100, now=OPENED + 1.0)
+    r.take("b", UpdateReport(round_id=1, updates_completed=3), {"w": torch.ones(2).numpy()}, bytes_in=50,
+           now=OPENED + 2.0)
+    r.left.add("c")
+    now = OPENED + 2.0
+    assert [r.state_of(d, now=now) for d in "abcd"] == ["training", "answered", "left", "pending"]
+    assert r.state_of("a", now=r.deadline_for("a") + 0.01) == "late"
+    r.closed = True
+    assert r.state_of("a", now=now) == ""

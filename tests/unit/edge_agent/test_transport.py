@@ -8,7 +8,7 @@ from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import tensors as wire
 
 from edge_agent.device_round import expected_parameters
-from edge_agent.transport import _fleet_state, _offer
+from edge_agent.transport import _offer
 from flexfl.exchange import ModelDescription, OfferStatus
 from workloads.models import build_model
 
@@ -64,14 +64,3 @@ def test_a_model_that_does_not_fit_the_description_is_refused_at_the_edge() -> N
 def test_headers_without_a_round_carry_no_terms(status: int, expected: OfferStatus) -> None:
     offer = _offer(pb.RoundHeader(status=status, round_id=9), b"", expected=_expected)
     assert (offer.status, offer.round_id, offer.terms) == (expected, 9, None)
-
-
-def test_the_fleet_state_keeps_an_unset_shard_apart_from_shard_0() -> None:
-    reply = pb.StatusReply(run_id="r", completed_round=3, open_round=4, started=True, rounds=9, partition_json="{}",
-                           devices=[pb.DeviceStatus(device_id="a", shard_index=0, connected=True),
-                                    pb.DeviceStatus(device_id="b", departed=True)])
-    state = _fleet_state(reply)
-    assert (state.run_id, state.completed_round, state.open_round, state.started, state.finished,
-            state.rounds) == ("r", 3, 4, True, False, 9)
-    assert [(d.device_id, d.shard_index, d.connected, d.departed) for d in state.devices] == [
-        ("a", 0, True, False), ("b", None, False, True)]
