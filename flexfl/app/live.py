@@ -373,6 +373,8 @@ class LiveRun:
         """The coordinator, once it answers, then every agent (on its device when emulating)."""
         harness.start_coordinator(coord_path, address=address, token=token, resume=self.resume)
         harness.wait_ready()
+        # An agent's config holds the address and the token file: what `flexfl status` needs to watch the fleet.
+        print(f"  watch the fleet: flexfl status --config {agent_paths[-1]}", flush=True)
         for i, path in enumerate(agent_paths):
             if self.resumed_after and i == 0 and self.cfg.departure and self.resumed_after >= self.cfg.departure:
                 continue  # dev-0 left after round `departure` (the coordinator's journal holds it): it stays away

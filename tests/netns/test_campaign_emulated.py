@@ -27,6 +27,7 @@ name = "two-by-three"
 [base]
 arrive_round = 0
 depart_round = 0
+update_s = 0.1        # 1 s of training a round: long enough to watch a run
 [base.run]
 rounds = 3
 deadline_s = 1.5
@@ -54,6 +55,24 @@ def _campaign(path: Path, out: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def _watch_a_run(campaign: subprocess.Popen, out: Path) -> dict:
+    """`flexfl status --config <run>/agent-1.toml --json --once` on a run in progress, as a user watches the fleet
+    from another terminal; a run can end between finding it and asking (each is a few seconds): then the next."""
+    limit = time.monotonic() + 300
+    while time.monotonic() < limit:
+        assert campaign.poll() is None, campaign.communicate()
+        busy = [run for run in sorted((out / "runs").glob("*/agent-1.toml"))
+                if not (run.parent / "summary.json").exists()]
+        if busy:
+            watch = subprocess.run([sys.executable, "-m", "flexfl.app.cli", "status", "--config", str(busy[0]),
+                                    "--json", "--once"], capture_output=True, text=True, timeout=60)
+            seen = json.loads(watch.stdout) if watch.returncode == 0 else {}
+            if len(seen.get("devices", ())) == 2:
+                return seen
+        time.sleep(0.2)
+    raise AssertionError("flexfl status never saw a run of the campaign in progress")
+
+
 def _digest(run: Path) -> str:
     return hashlib.sha256((run / "coordinator" / "metrics.jsonl").read_bytes()
                           + (run / "summary.json").read_bytes()).hexdigest()
@@ -66,6 +85,9 @@ def test_an_emulated_campaign_stopped_midway_completes_on_rerun_without_repeatin
     started = time.monotonic()
     first = _campaign(path, out)
     try:
+        seen = _watch_a_run(first, out)
+        assert seen["rounds"] == 3 and not seen["finished"], seen
+        assert sorted(d["device_id"] for d in seen["devices"]) == ["dev-0", "dev-1"], seen
         third = out / "runs" / RUNS[2] / "coordinator" / "metrics.jsonl"
         limit = time.monotonic() + 600
         while not (third.exists() and read_metrics(third)):
