@@ -1,4 +1,4 @@
-"""Build a reproducible FlexFL wheel from a checkout, on the controller.
+"""Build a reproducible wheel of FlexFL's checkout, or of a user's plug-in package, on the controller.
 
 Runs under the controller's Python (the one running Ansible) and prints one JSON line:
 {"changed": bool, "wheel": "/path/to/flexfl-X-py3-none-any.whl"}.
@@ -76,9 +76,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkout", type=Path, required=True, help="folder holding pyproject.toml")
     parser.add_argument("--out", type=Path, required=True, help="folder the wheel is kept in")
+    parser.add_argument("--setting", default="flexfl_install_checkout_dir",
+                        help="the role variable that names the folder (for the error message)")
     args = parser.parse_args()
     if not (args.checkout / "pyproject.toml").is_file():
-        sys.exit(f"no pyproject.toml in {args.checkout}: set flexfl_install_checkout_dir")
+        sys.exit(f"no pyproject.toml in {args.checkout}: {args.setting} must name a folder that holds one "
+                 "(a Python package's project folder; `flexfl new DIR` writes one)")
     print(json.dumps(build(args.checkout.resolve(), args.out.resolve())))
 
 
