@@ -31,15 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from coordinator.config import CoordinatorConfig, load_coordinator_config
-from coordinator.metrics import read_metrics
-from coordinator.rules.round_record import RoundRecord
-from coordinator.runtime import Coordinator
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # FlexFL's own modules load in the tests only: test_lint.py's venv may lack FlexFL
+    import torch
     from conftest import Target
+
+    from coordinator.config import CoordinatorConfig
+    from coordinator.rules.round_record import RoundRecord
+    from coordinator.runtime import Coordinator
 
 pytestmark = pytest.mark.provision
 
@@ -142,6 +141,8 @@ class AgentRounds:
 
 def agent_rounds(target: Target, cfg: CoordinatorConfig, *, log: Path) -> AgentRounds:
     """Run cfg's rounds with a coordinator in this process and the target's agent, started as its unit starts it."""
+    from coordinator.runtime import Coordinator
+
     device = str(target.inventory["edge_agent_device_id"])
     coordinator = Coordinator(cfg)
     port = coordinator.start()
@@ -182,6 +183,8 @@ def host_coordinator_config(target: Target, out: Path, *, rounds: int,
                             **tables: dict[str, object]) -> CoordinatorConfig:
     """The rendered coordinator.toml with its token and TLS files read through the target's root, a free
     loopback port, `rounds` rounds with a deadline the agent meets, and `tables`' keys changed."""
+    from coordinator.config import load_coordinator_config
+
     rendered = target.path("/etc/flexfl/coordinator.toml")
     server = tomllib.loads(rendered.read_text())["server"]
     target_files = {key: str(target.path(value)) for key, value in server.items()
@@ -196,6 +199,10 @@ def host_coordinator_config(target: Target, out: Path, *, rounds: int,
 
 def check_rounds_trained(target: Target, run: AgentRounds, out: Path, *, rounds: int) -> list[RoundRecord]:
     """Each round closed with the agent's answer in (s > 0, coefficient > 0, nothing rejected); the model moved."""
+    import torch
+
+    from coordinator.metrics import read_metrics
+
     device = str(target.inventory["edge_agent_device_id"])
     hardware = run.coordinator.engine.registry.get(device).hardware
     assert hardware["machine"] == target.platform.machine, hardware
