@@ -193,6 +193,10 @@ ANSIBLE_RUN   := cd ansible && export PATH="$(ANSIBLE_BIN):$$PATH" &&
 INVENTORY     ?= hosts.ini
 INVENTORY_PATH = $(if $(filter /%,$(INVENTORY)),$(INVENTORY),$(if $(wildcard $(INVENTORY)),$(abspath $(INVENTORY)),$(abspath ansible/$(INVENTORY))))
 ANSIBLE_ARGS  ?=
+# Your plug-in package (a folder with pyproject.toml, as `flexfl new DIR` writes): `make provision PLUGIN=DIR`
+# builds it into a wheel once and installs it on every host (flexfl_install_plugin_dir; ansible/README.md).
+PLUGIN        ?=
+PLUGIN_ARGS    = $(if $(PLUGIN),-e flexfl_install_plugin_dir=$(abspath $(PLUGIN)))
 ANSIBLE_NEED_INVENTORY = @test -f "$(INVENTORY_PATH)" || { echo "no inventory $(INVENTORY_PATH):" \
 	"cp ansible/example.hosts.ini ansible/hosts.ini and fill in your hosts (ansible/README.md)"; exit 1; }
 ANSIBLE_PLAYBOOKS := testbed coordinator agents status fetch_results recorder_inventory
@@ -207,9 +211,9 @@ $(ANSIBLE_STAMP): ansible/requirements.txt
 	$(ANSIBLE_BIN)/pip install --quiet --disable-pip-version-check -r ansible/requirements.txt
 	touch $@
 
-provision: setup-ansible ## provision the fleet in INVENTORY (default ansible/hosts.ini): FlexFL, configs, services
+provision: setup-ansible ## provision the fleet in INVENTORY (default ansible/hosts.ini): FlexFL, configs, services; PLUGIN=DIR: your plug-in package too
 	$(ANSIBLE_NEED_INVENTORY)
-	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) testbed.yml $(ANSIBLE_ARGS)
+	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) testbed.yml $(PLUGIN_ARGS) $(ANSIBLE_ARGS)
 
 fleet-status: setup-ansible ## each host's FlexFL version and agent/loadgen/coordinator service state
 	$(ANSIBLE_NEED_INVENTORY)

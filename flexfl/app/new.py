@@ -1,8 +1,10 @@
 """`flexfl new DIR`: a starter folder with a model, a dataset and a strategy of one's own, and configs that run them.
 
 The folder is a copy of flexfl/app/starter/ (a package `myfl` with the three plug-ins, sim.toml,
-live.toml and a README saying what to edit); its configs name the plug-ins by import path and
-put their own folder on sys.path (`plugin_path = "."`), so they run from anywhere as written.
+live.toml, a README saying what to edit, and a pyproject.toml that declares the plug-ins as entry
+points, so that the folder installs as a package, e.g. on a fleet by `make provision PLUGIN=DIR`);
+its configs name the plug-ins by import path and put their own folder on sys.path
+(`plugin_path = "."`), so they run from anywhere as written.
 The copy is made beside DIR and renamed into place: DIR holds all of it or none of it.
 """
 

@@ -186,6 +186,8 @@ class Platform:
     # pip download arguments that pick the target's wheels; empty: this machine's own.
     pip_platform: tuple[str, ...] = ()
     playbook_timeout_s: float = 1500
+    # Provision a plug-in package (`flexfl new`'s) too, and train a round with it (test_agent_round.py).
+    with_plugin: bool = True
 
     @property
     def emulated(self) -> bool:
@@ -201,7 +203,10 @@ ARM64 = Platform("arm64", "aarch64", "torch==2.10.0",
                   # pip takes only the tags named: every manylinux that bookworm's glibc 2.36 runs.
                   *(arg for minor in range(36, 16, -1) for arg in ("--platform", f"manylinux_2_{minor}_aarch64")),
                   "--platform", "manylinux2014_aarch64"),
-                 playbook_timeout_s=3600)
+                 playbook_timeout_s=3600,
+                 # Under qemu every Ansible task costs seconds and the agent's start minutes; the plug-in's
+                 # tasks and round run natively on amd64 only, where they add about 20 s.
+                 with_plugin=False)
 RECAP = re.compile(rf"^{HOST}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -226,6 +231,7 @@ class Target:
     ansible_dir: Path
     checkout: Path
     torch_wheel: Path
+    plugin: Path | None  # the plug-in package folder provisioned (flexfl_install_plugin_dir), if any
     inventory: dict[str, object]
     config: dict[str, object]
     first: PlaybookRun
@@ -463,6 +469,14 @@ def snapshot_checkout(dest: Path) -> Path:
     return dest
 
 
+def plugin_package(dest: Path) -> Path:
+    """A user's plug-in package as `flexfl new` writes it (model, dataset, strategy; pyproject with entry points)."""
+    from flexfl.app.new import write_starter
+
+    write_starter(dest)
+    return dest
+
+
 def copy_ansible_dir(dest: Path) -> Path:
     """ansible/ without the developer's own inventory, config, credentials or fetched results."""
     local_only = {"hosts.ini", "config.yml", "credentials", "fetched", ".build", "fleet.toml"}
@@ -568,6 +582,9 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
             checkout = snapshot_checkout(work / "checkout")
             config = {**CONFIG_VARS, "flexfl_install_checkout_dir": str(checkout),
                       "flexfl_install_torch_wheel": str(torch), "flexfl_install_wheelhouse_dir": str(wheels)}
+            plugin = plugin_package(work / "plugin") if plat.with_plugin else None
+            if plugin is not None:
+                config["flexfl_install_plugin_dir"] = str(plugin)
             write_inventory(ansible_dir, root, config)
             env = ansible_tools.env(ansible_playbook)
             # JSON results: one line per message, so the checks can search the output.
@@ -589,7 +606,7 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
             assert first.returncode == 0, f"first run failed (log: {logs}/testbed-first.log):\n{first.output[-6000:]}"
             second = run_playbook("testbed.yml", "testbed-second.log")
             provision_timings[f"{plat.arch}: testbed.yml, second run (idempotence)"] = second.seconds
-            yield Target(plat, root, work, logs, ansible_dir, checkout, torch, dict(INVENTORY_VARS), config,
+            yield Target(plat, root, work, logs, ansible_dir, checkout, torch, plugin, dict(INVENTORY_VARS), config,
                          first, second, run_playbook)
         finally:
             try:

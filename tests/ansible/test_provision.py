@@ -209,17 +209,23 @@ def test_fetch_results_brings_traces_and_metrics_back(target: Target) -> None:
 
 
 def test_code_change_reaches_the_target(target: Target) -> None:
-    # Same version number, new code: the role must notice the new wheel and reinstall it.
+    # Same version number, new code: the role must notice the new wheel and reinstall it; the plug-in's too.
     marker = f"# provision test {os.getpid()}"
-    init = target.checkout / "flexfl" / "__init__.py"
-    init.write_text(init.read_text() + marker + "\n")
+    changed = {"flexfl": target.checkout / "flexfl" / "__init__.py"}
+    if target.plugin is not None:
+        changed["myfl"] = target.plugin / "myfl" / "__init__.py"
+    for source in changed.values():
+        source.write_text(source.read_text() + marker + "\n")
     run = target.run_playbook("testbed.yml", "testbed-upgrade.log")
     assert run.returncode == 0, run.output[-6000:]
-    assert re.search(r"TASK \[flexfl_install : Install the pushed FlexFL wheel in place of the installed one\]"
-                     r".*\n(.*\n)?changed:", run.output), run.output[-6000:]
-    proc = target.run("/opt/flexfl/venv/bin/python", "-c",
-                      "import flexfl, pathlib; print(pathlib.Path(flexfl.__file__).read_text())")
-    assert proc.returncode == 0 and marker in proc.stdout, proc.stderr
+    reinstalls = ["FlexFL"] + (["plug-in"] if target.plugin is not None else [])
+    for what in reinstalls:
+        assert re.search(rf"TASK \[flexfl_install : Install the pushed {what} wheel in place of the installed one\]"
+                         r".*\n(.*\n)?changed:", run.output), (what, run.output[-6000:])
+    for module in changed:
+        proc = target.run("/opt/flexfl/venv/bin/python", "-c",
+                          f"import {module}, pathlib; print(pathlib.Path({module}.__file__).read_text())")
+        assert proc.returncode == 0 and marker in proc.stdout, (module, proc.stderr)
 
 
 def test_device_identity_and_loadgen_keys(target: Target) -> None:

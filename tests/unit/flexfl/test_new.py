@@ -14,7 +14,8 @@ from flexfl.config import load_config
 from flexfl.errors import ConfigError
 from simulator.engine import SimConfig
 
-FILES = ["README.md", "live.toml", "myfl/__init__.py", "myfl/data.py", "myfl/model.py", "myfl/strategy.py", "sim.toml"]
+FILES = ["README.md", "live.toml", "myfl/__init__.py", "myfl/data.py", "myfl/model.py", "myfl/strategy.py",
+         "pyproject.toml", "sim.toml"]
 
 
 def test_new_writes_the_starter_into_a_new_or_empty_folder_and_refuses_one_that_holds_files(tmp_path, capsys) -> None:
@@ -43,3 +44,18 @@ def test_the_starters_configs_name_plug_ins_that_import_from_their_own_folder(tm
     assert (sim.partition.dataset, sim.rules.model) == ("myfl.data:blobs", "myfl.model:TinyNet")
     assert live.rules.aggregation.label == "sqrt-c" and live.out == str(tmp_path / "exp" / "out" / "live")
     check_plugins(live.partition, model=live.rules.model)  # the data splits and the model builds on its shape
+
+
+def test_the_starters_entry_points_name_what_its_configs_import() -> None:
+    """pyproject.toml's entry points (what a fleet's configs name once the package is installed) lead to the
+    plug-ins live.toml names by import path, and its package list is the starter's package."""
+    import tomllib
+
+    project = tomllib.loads((STARTER / "pyproject.toml").read_text())
+    live = tomllib.loads((STARTER / "live.toml").read_text())
+    points = project["project"]["entry-points"]
+    assert list(points["flexfl.datasets"].values()) == [live["partition"]["dataset"]]
+    assert list(points["flexfl.models"].values()) == [live["rules"]["model"]]
+    assert list(points["flexfl.strategies"].values()) == [live["rules"]["strategy"]]
+    packages = [p.name for p in STARTER.iterdir() if (p / "__init__.py").is_file()]
+    assert project["tool"]["setuptools"]["packages"] == packages
