@@ -75,6 +75,8 @@ class EdgeAgent:
         self._stop = threading.Event()
         self._leave_on_stop = False
         self.device_index: int | None = None
+        self.run_id = ""  # the run it joined (serve_runs waits for another one once it finished)
+        self._given_shard = shard is not None  # a caller's shard is kept across runs; a loaded one is reloaded
         self.partition: PartitionSpec | None = None
         self.rounds_done: list[RoundDone] = []  # what this agent did per round (tests, logs)
         self._model: torch.nn.Module | None = None
@@ -95,42 +97,71 @@ class EdgeAgent:
         self._stop.set()
 
     def run(self) -> int:
-        """Returns 0 when training finished or the agent was stopped."""
+        """Returns 0 when training finished or the agent was stopped; with serve_runs, goes on to the next run."""
         try:
-            try:
-                self._prepare()
-                if self._stop.is_set():  # stopped while waiting for its scripted arrival round
-                    return 0
-                after_round = self._join()
-            except AgentError:
-                if self._stop.is_set():  # stopped while still trying to reach the coordinator
-                    return 0
-                raise
-            leave_after = self.cfg.participation.leave_after_round
-            while not self._stop.is_set():
-                delivery = self._pull(after_round)
-                if delivery is None or self._stop.is_set():
-                    continue
-                offer = delivery.offer
-                if offer.status == OfferStatus.FINISHED:
-                    log.info("%s: training finished", self.cfg.device_id)
-                    return 0
-                if offer.terms is None:  # WAIT (or a status this agent does not know)
-                    after_round = max(after_round, offer.round_id)
-                    continue
-                finish = self._do_round(offer.round_id, offer.terms, received_at=delivery.received_at)
-                del delivery, offer  # the model's tensors: given back before the round's memory is read
-                self._round_done(finish)
-                after_round = self.rounds_done[-1].round_id
-                if leave_after and after_round >= leave_after:
-                    log.info("%s: leaving after round %d as scripted", self.cfg.device_id, after_round)
-                    self.stop(announce=True)
-            self.transport.end_session()
-            if self._leave_on_stop:
-                self._leave()
+            while self._one_run() and self.cfg.serve_runs and not self._stop.is_set():
+                self._await_next_run()
             return 0
         finally:
             self.transport.close()
+
+    def _one_run(self) -> bool:
+        """Take part in the coordinator's run; True when it finished training, False when this agent stopped."""
+        try:
+            self._prepare()
+            if self._stop.is_set():  # stopped while waiting for its scripted arrival round
+                return False
+            after_round = self._join()
+        except AgentError:
+            if self._stop.is_set():  # stopped while still trying to reach the coordinator
+                return False
+            raise
+        leave_after = self.cfg.participation.leave_after_round
+        while not self._stop.is_set():
+            delivery = self._pull(after_round)
+            if delivery is None or self._stop.is_set():
+                continue
+            offer = delivery.offer
+            if offer.status == OfferStatus.FINISHED:
+                log.info("%s: training finished", self.cfg.device_id)
+                self.transport.end_session()
+                return True
+            if offer.terms is None:  # WAIT (or a status this agent does not know)
+                after_round = max(after_round, offer.round_id)
+                continue
+            finish = self._do_round(offer.round_id, offer.terms, received_at=delivery.received_at)
+            del delivery, offer  # the model's tensors: given back before the round's memory is read
+            self._round_done(finish)
+            after_round = self.rounds_done[-1].round_id
+            if leave_after and after_round >= leave_after:
+                log.info("%s: leaving after round %d as scripted", self.cfg.device_id, after_round)
+                self.stop(announce=True)
+        self.transport.end_session()
+        if self._leave_on_stop:
+            self._leave()
+        return False
+
+    def _await_next_run(self) -> None:
+        """serve_runs: wait (Status, retried while no coordinator answers) until a run other than the finished one
+        is under way, then start afresh: its partition may differ, and nothing measured in the last run carries
+        over (another deadline, model or load)."""
+        finished = self.run_id
+        log.info("%s: waiting for the coordinator's next run (serve_runs)", self.cfg.device_id)
+        while not self._stop.is_set():
+            try:
+                st = self.transport.status()
+            except AgentError:
+                if self._stop.is_set():
+                    return
+                raise
+            if st.run_id != finished and not st.finished:
+                break
+            self._stop.wait(1.0)
+        if not self._given_shard:
+            self.shard = None  # the next run's partition may split the data otherwise
+        self.device_index = None
+        self.rounds_done = []
+        self.estimates = Estimates()
 
     # ---- the coordinator -------------------------------------------------------------
 
@@ -170,6 +201,7 @@ class EdgeAgent:
                     resident_bytes=psutil.Process().memory_info().rss)
         joined = self.transport.join(join)
         self.device_index = joined.device_index
+        self.run_id = joined.run_id
         log.info("%s joined as index %d%s (coordinator at round %d, %.0f MiB resident)", self.cfg.device_id,
                  joined.device_index, ", an arrival" if joined.arrival else "", joined.current_round,
                  join.resident_bytes / 2**20)

@@ -58,6 +58,9 @@ class AgentConfig:
     backoff_max_s: float = 30.0
     give_up_after_s: float = 0.0  # exit with an error after this long without reaching the coordinator; 0 = never
     safety_margin_s: float = 0.05  # kept free before the deadline on top of the estimates
+    # After a run finishes, wait for the coordinator's next run and join it (a fleet's agent service, which
+    # campaigns run one run after another on); False: exit once training finished. Written only when True.
+    serve_runs: bool = field(default=False, metadata={"written_when": True})
     partition: PartitionSpec | None = None
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
     # A folder put on sys.path: the coordinator's plug-ins (its dataset and model) must import here too.

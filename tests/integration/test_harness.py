@@ -7,14 +7,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
-from coordinator.config import OutputConfig, RunConfig
+from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig
+from coordinator.metrics import read_metrics
 from edge_agent.config import AgentConfig
-from flexfl.config import write_config
+from flexfl.config import load_config, write_config
 from loadgen.harness import Harness, HarnessError, free_port
 
 from .conftest import make_config
@@ -85,3 +88,35 @@ def test_children_die_when_the_harness_is_killed(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_an_agent_that_serves_runs_joins_the_next_run_after_one_finished(tmp_path: Path) -> None:
+    """serve_runs (a fleet's agent service): after a run's FINISHED the agent waits for the coordinator's next run,
+    a new coordinator on the same address, and trains in it with the new run's partition."""
+    config, address = _configs(tmp_path)
+    for i in range(2):
+        write_config(tmp_path / f"a{i}.toml", AgentConfig(coordinator=address, device_id=f"dev-{i}", shard_index=i,
+                                                         fleet_token_file=str(tmp_path / "token"), pull_wait_s=0.5,
+                                                         backoff_max_s=1.0, serve_runs=True))
+    assert "serve_runs = true" in (tmp_path / "a0.toml").read_text()
+    first = load_config(CoordinatorConfig, config)
+    second = replace(first, run=replace(first.run, seed=1), partition=replace(first.partition, seed=7),
+                     output=OutputConfig(dir=str(tmp_path / "out2")))
+    write_config(tmp_path / "c2.toml", second)
+    with Harness(tmp_path / "logs") as h:
+        h.start_coordinator(config, address=address, token=TOKEN)
+        h.wait_ready(timeout_s=120)
+        for i in range(2):
+            h.start_agent(f"agent-{i}", tmp_path / f"a{i}.toml")
+        h.procs["coordinator"].proc.wait(timeout=120)
+        assert h.procs["coordinator"].proc.returncode == 0
+        h.start_coordinator(tmp_path / "c2.toml", address=address, token=TOKEN, name="coordinator-2")
+        h.procs["coordinator-2"].proc.wait(timeout=180)
+        assert h.procs["coordinator-2"].proc.returncode == 0
+        time.sleep(1.0)
+        assert all(h.procs[f"agent-{i}"].proc.poll() is None for i in range(2)), "an agent exited after a run"
+    for name, out in (("first", tmp_path / "out"), ("second", tmp_path / "out2")):
+        rows = read_metrics(out / "metrics.jsonl")
+        assert len(rows) == 2 and all(r.s["dev-0"] > 0 and r.s["dev-1"] > 0 for r in rows), (name, rows)
+    log = (tmp_path / "logs" / "agent-0.log").read_text()
+    assert log.count("dev-0 joined as index") == 2 and "waiting for the coordinator's next run" in log, log
