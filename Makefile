@@ -232,7 +232,7 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 	$(ANSIBLE_RUN) ansible-lint --profile production --offline
 	$(ANSIBLE_RUN) for p in $(ANSIBLE_PLAYBOOKS); do ansible-playbook -i example.hosts.ini --syntax-check $$p.yml || exit 1; done
 
-test-provision: setup setup-ansible ## apply testbed.yml to a debootstrapped bookworm chroot, check it, train a round from its agent (root; ~4 min)
+test-provision: setup setup-ansible ## apply testbed.yml (with a plug-in package) to a debootstrapped bookworm chroot, check it, train a round from its agent and one of the plug-in (root; ~6 min)
 	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
 
 test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 17-23 min cold)
