@@ -27,6 +27,7 @@ import grpc
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto.options import PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL, SERVER_OPTIONS
+from flexfl.proto.status import status_reply
 
 from coordinator.callers import Callers, same_device
 from coordinator.config import CoordinatorConfig
@@ -37,7 +38,6 @@ from coordinator.status import mapped
 from coordinator.uploading import Uploads, kind
 from flexfl.errors import ProtocolMismatch, UpdateRejected
 from flexfl.exchange import Join
-from flexfl.fleet_status import status_reply
 
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.

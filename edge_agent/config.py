@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexfl.channel import TlsFiles
+from flexfl.proto.channel import TlsFiles
+
 from flexfl.config import NOT_IN_FILE, load_config, path_field, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.files import read_secret

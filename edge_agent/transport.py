@@ -28,10 +28,11 @@ import torch
 from flexfl.proto import fleet_pb2 as pb
 from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto import tensors as wire
+from flexfl.proto.channel import open_channel
 from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, PROTOCOL_VERSION, ErrorReason, error_reason
+from flexfl.proto.status import fleet_state
 
 from edge_agent.config import AgentConfig
-from flexfl.channel import open_channel
 from flexfl.errors import FlexFLError
 from flexfl.exchange import (
     Delta,
@@ -44,7 +45,6 @@ from flexfl.exchange import (
     RoundTerms,
     UpdateReport,
 )
-from flexfl.fleet_status import fleet_state
 from flexfl.net import reach_problem
 from flexfl.vocabulary import StopReason
 

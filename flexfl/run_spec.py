@@ -1,10 +1,10 @@
-"""The tables a run's config shares across programs: [run] (length, seed, deadline) and [traces].
+"""The table a run's config shares across programs: [run] (length, seed, deadline).
 
 One owner for the keys that a coordinator file, a `flexfl live` file, a `flexfl sim run` file and
 a campaign's base config share (docs/config.md): RunSpec for a simulation (rounds, seed),
 DeadlineRunSpec for a run with devices (also deadline_s), which the coordinator's RunConfig
-extends with its own keys; TracesConfig for the participation traces that simulated devices and
-`flexfl live`'s agents follow. Each program sets its own defaults through its config's field
+extends with its own keys ([traces], the traces devices follow, is trace_recorder.traces_table's).
+Each program sets its own defaults through its config's field
 default (a live run: 30 rounds of 2 s; the coordinator: 100 of 10 s; a simulation: 200 rounds).
 """
 
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flexfl.config import path_field
 from flexfl.errors import ConfigError
-from trace_recorder import PAPER_TRACE_SET
 
 
 @dataclass(frozen=True)
@@ -39,18 +37,3 @@ class DeadlineRunSpec(RunSpec):
         super().__post_init__()
         if not self.deadline_s > 0:
             raise ConfigError(f"run.deadline_s must be > 0, got {self.deadline_s}")
-
-
-@dataclass(frozen=True)
-class TracesConfig:
-    """[traces]: devices follow traces drawn from the first `num_traces` (|T|) of the trace set `set`.
-
-    The assignment and the draws are trace_recorder.sampler's, live and simulated alike. `flexfl live`
-    reads set = "" as "agents follow no trace" (deadline mode)."""
-
-    set: str = path_field(str(PAPER_TRACE_SET))
-    num_traces: int = 8
-
-    def __post_init__(self) -> None:
-        if self.num_traces < 1:
-            raise ConfigError(f"traces.num_traces must be >= 1, got {self.num_traces}")

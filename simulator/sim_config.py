@@ -13,11 +13,12 @@ from typing import Any, ClassVar
 from coordinator.rules.config import RulesConfig
 from flexfl.config import Moved, coerce_enums, plugin_path_field
 from flexfl.errors import ConfigError
-from flexfl.run_spec import RunSpec, TracesConfig
+from flexfl.run_spec import RunSpec
 from flexfl.vocabulary import DeparturePolicy
 from simulator.paper_numbers import DEFAULT_PARTITION
 from simulator.trainers.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
 from trace_recorder import PAPER_TRACE_SET
+from trace_recorder.traces_table import TracesConfig
 from workloads.partition_spec import PartitionSpec
 
 DEFAULT_TRACE_SET = PAPER_TRACE_SET

@@ -63,7 +63,7 @@ COMMAND_MODULES: dict[str, str] = {
     "coordinator": "coordinator.cli", "token": "coordinator.cli", "agent": "edge_agent.cli",
     "live": "flexfl.app.live_cli", "sim": "flexfl.app.sim_cli", "traces": "flexfl.app.traces_cli",
     "data": "workloads.cli", "loadgen": "loadgen.cli", "fleet": "loadgen.fleet_cli", "report": "flexfl.app.report.cli",
-    "new": "flexfl.app.new", "campaign": "flexfl.app.campaign_cli", "status": "flexfl.app.status_cli",
+    "new": "flexfl.app.new", "campaign": "flexfl.app.campaign.cli", "status": "flexfl.app.status_cli",
 }
 
 

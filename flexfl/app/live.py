@@ -50,11 +50,12 @@ from flexfl.config import Moved, load_config, path_field, plugin_path_field, to_
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file
 from flexfl.run_folder import claim_run_folder, entries_besides_lock, secrets_dir
-from flexfl.run_spec import DeadlineRunSpec, TracesConfig
+from flexfl.run_spec import DeadlineRunSpec
 from flexfl.signals import sigterm_as_interrupt
 from flexfl.vocabulary import StopReason
 from loadgen.fleet_timeline import POLL_S
 from loadgen.harness import Harness, HarnessError, free_port
+from trace_recorder.traces_table import TracesConfig
 from workloads.defaults import live_defaults
 from workloads.partition_spec import PartitionSpec, Sizes, device_id
 

@@ -2,7 +2,7 @@
 
 It asks the coordinator the way an agent does: with the fleet token, and under TLS with the
 fleet's CA; under mutual TLS with a client certificate of the fleet, whose common name (CN)
-is the device id the call claims (flexfl/fleet_status.py). The flags mirror the agent config's
+is the device id the call claims (proto/status.py). The flags mirror the agent config's
 keys, and `--config AGENT_TOML` reads them all from an agent's config (on a device:
 /etc/flexfl/agent.toml, the certificate and token the provisioning put there); flags win.
 
@@ -27,7 +27,7 @@ from flexfl.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: `flexfl --help` imports no gRPC
     from flexfl.exchange import FleetState
-    from flexfl.fleet_status import Access
+    from flexfl.proto.status import Access
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen (ANSI)
 
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _access(args: argparse.Namespace) -> tuple[str, Access]:
     """The coordinator's address and what the call presents, from --config and the flags."""
     from edge_agent.config import load_agent_config
-    from flexfl.fleet_status import Access
+    from flexfl.proto.status import Access
 
     cfg = load_agent_config(args.config, overrides={
         "coordinator": args.address, "fleet_token_file": args.token_file, "tls_ca": args.tls_ca,
@@ -83,7 +83,7 @@ def _access(args: argparse.Namespace) -> tuple[str, Access]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from flexfl.fleet_status import StatusClient, StatusError
+    from flexfl.proto.status import StatusClient, StatusError
 
     if not args.interval > 0:
         raise ConfigError(f"--interval must be > 0 seconds, got {args.interval:g}")

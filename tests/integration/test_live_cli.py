@@ -19,8 +19,9 @@ from coordinator.rules.round_record import RoundRecord
 from flexfl.app.live import EmulationConfig, LiveConfig, device_traces, load_live_config, round_line, summarize
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
-from flexfl.run_spec import DeadlineRunSpec, TracesConfig
+from flexfl.run_spec import DeadlineRunSpec
 from trace_recorder import PAPER_TRACE_SET
+from trace_recorder.traces_table import TracesConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from coordinator.metrics import read_metrics
 from edge_agent.config import load_agent_config
 from flexfl.app.live import EmulationConfig, LiveConfig, LiveRun, load_live_config
-from flexfl.run_spec import DeadlineRunSpec, TracesConfig
+from flexfl.run_spec import DeadlineRunSpec
 from flexfl.vocabulary import StopReason
 from loadgen import fleet as fl
+from trace_recorder.traces_table import TracesConfig
 from workloads.partition_spec import PartitionSpec
 
 

@@ -2,5 +2,5 @@
 folder, resumable, on loopback or the emulated fleet (`flexfl campaign run`; docs/campaigns.md).
 
 Modules: `spec` reads a campaign file into its runs, `runner` runs them and knows where each stands,
-`results` writes and reads the folder's index and page.
+`cli` is the command; the folder's index and page are flexfl.campaign_index's (flexfl report reads them too).
 """

@@ -1,7 +1,7 @@
 """Run a campaign's runs one after another into one folder; rerun, it goes on where it stopped.
 
 The folder: campaign.toml (a copy of the campaign file as it was read), campaign.json and
-campaign.md (results.py), and runs/<run name>/, each a `flexfl live` run folder. Before each run
+campaign.md (flexfl.campaign_index), and runs/<run name>/, each a `flexfl live` run folder. Before each run
 its folder says where it stands (plan_run):
 - it ended (summary.json) under this run's config (its live.toml): never run again;
 - it was interrupted under this config: resumed from its coordinator's checkpoint (flexfl live --resume);
@@ -18,24 +18,28 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
+
+from coordinator.metrics import read_metrics
 from coordinator.resume import CHECKPOINT_NAME
-from flexfl.app.campaign.results import (
+from flexfl.app.campaign.spec import Campaign, CampaignRun
+from flexfl.app.live import CONFIG_NAME, LiveConfig, LiveRun, load_live_config
+from flexfl.campaign_index import (
+    LAST_ROUNDS,
     RUNS_DIR,
+    SEED_AXIS,
     CampaignIndex,
     RunResult,
     RunState,
-    run_result,
     write_index,
     write_page,
 )
-from flexfl.app.campaign.spec import SEED_AXIS, Campaign, CampaignRun
-from flexfl.app.live import CONFIG_NAME, LiveConfig, LiveRun, load_live_config
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 from flexfl.run_folder import claim_run_folder
@@ -167,3 +171,16 @@ def _read_summary(run_dir: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: the run's summary is missing or unreadable ({exc})") from None
+
+
+def run_result(index: int, name: str, values: Mapping[str, Any], run_dir: Path,
+               summary: Mapping[str, Any]) -> RunResult:
+    """A run's entry from its folder: the summary flexfl live wrote and its coordinator's rows."""
+    rows = read_metrics(Path(run_dir) / "coordinator" / "metrics.jsonl")
+    last = [r.test_acc for r in rows[-LAST_ROUNDS:]]
+    problems = tuple(summary.get("problems", ()))
+    return RunResult(index=index, name=name, values=values, state=RunState.FAILED if problems else RunState.DONE,
+                     rounds=len(rows), final_acc=rows[-1].test_acc if rows else None,
+                     last20_acc=float(np.mean(last)) if last else None,
+                     final_loss=rows[-1].test_loss if rows else None, wall_s=summary.get("wall_s"),
+                     resumed_after_round=summary.get("resumed_after_round"), problems=problems)

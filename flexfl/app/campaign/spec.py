@@ -36,7 +36,6 @@ from flexfl.errors import ConfigError
 
 TABLES = ("campaign", "base", "axes")
 CAMPAIGN_KEYS = ("name", "base")
-SEED_AXIS = "run.seed"  # the axis a campaign page takes medians over
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.rules.round_record import LiveRound, RoundRecord, RoundRecordError
-from flexfl.app.campaign.results import INDEX_NAME as CAMPAIGN_INDEX
+from flexfl.campaign_index import INDEX_NAME as CAMPAIGN_INDEX
 from flexfl.errors import ConfigError, ReportError
 from loadgen.fleet_timeline import CONDITIONS_FILE, read_conditions
 
@@ -259,8 +259,8 @@ def detect(path: Path) -> str:
         return "sweep"
     raise ReportError(
         f"{path}: not a run (run.json, metrics.jsonl, coordinator/metrics.jsonl or rounds.csv), "
-        f"a sweep ({TABLE3_RUNS}, schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json) "
-        f", a trace set (manifest.json) or a campaign ({CAMPAIGN_INDEX})")
+        f"a sweep ({TABLE3_RUNS}, schemes_<dataset>_final.csv or <setting>_T<j>_seed<s>_<scheme>.json), "
+        f"a trace set (manifest.json) or a campaign ({CAMPAIGN_INDEX})")
 
 
 # ---- runs ---------------------------------------------------------------------------------

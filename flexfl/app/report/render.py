@@ -230,8 +230,7 @@ def _sweep_context(path: Path) -> dict[str, Any]:
 
 def _campaign_context(path: Path) -> dict[str, Any]:
     from coordinator.metrics import read_metrics
-    from flexfl.app.campaign.results import FIGURES, RUNS_DIR, RunState, groups, read_index
-    from flexfl.app.campaign.spec import SEED_AXIS
+    from flexfl.campaign_index import FIGURES, RUNS_DIR, SEED_AXIS, RunState, groups, read_index
 
     index = read_index(path)
     grouped = groups(index, seed_key=SEED_AXIS)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flexfl.app.campaign.results import CampaignIndex, RunResult, RunState, groups, page
 from flexfl.app.campaign.runner import Plan, plan_run
 from flexfl.app.campaign.spec import read_campaign
 from flexfl.app.live import CONFIG_NAME
+from flexfl.campaign_index import CampaignIndex, RunResult, RunState, groups, page
 from flexfl.config import write_config
 from flexfl.errors import ConfigError
 

@@ -114,8 +114,12 @@ def test_detect_each_kind_and_a_clear_error_otherwise(tmp_path, live_dir, sim_di
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "schemes_synthetic_final.csv").write_text("setting,num_traces,seed,scheme,final_acc\n")
     assert detect(tmp_path / "sweep") == "sweep"
+    (tmp_path / "campaign").mkdir()
+    (tmp_path / "campaign" / "campaign.json").write_text("{}")
+    assert detect(tmp_path / "campaign") == "campaign"
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ReportError, match=r"empty: not a run \(run\.json, metrics\.jsonl.*a sweep.*or a trace set"):
+    with pytest.raises(ReportError, match=r"empty: not a run \(run\.json, metrics\.jsonl.*\), a sweep .*\), a trace set "
+                                          r"\(manifest\.json\) or a campaign \(campaign\.json\)$"):
         detect(tmp_path / "empty")
     with pytest.raises(ReportError, match="no such folder"):
         detect(tmp_path / "missing")

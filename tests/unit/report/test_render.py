@@ -228,3 +228,31 @@ def test_a_runs_file_list_never_shows_its_fleet_token(live_dir, tmp_path):
     (live_dir / "fleet_token").write_text("s3cret\n")  # a run from before the token moved out of results folders
     html, _ = _page(write_report(live_dir, tmp_path / "r.html"))
     assert "<code>coordinator.log</code>" in html and "<code>fleet_token</code>" not in html and "s3cret" not in html
+
+
+def test_a_campaign_page_shows_each_group_over_its_seeds_its_curves_and_links_to_ended_runs(tmp_path, live_dir):
+    import shutil
+
+    from flexfl.campaign_index import CampaignIndex, RunResult, RunState, write_index
+
+    folder = tmp_path / "campaign"
+    runs = []
+    for i, (strategy, seed) in enumerate([("scheme-c", 0), ("scheme-c", 1), ("fednova", 0)]):
+        name = f"strategy-{strategy}__seed-{seed}"
+        ended = i < 2
+        if ended:
+            shutil.copytree(live_dir, folder / "runs" / name)
+            (folder / "runs" / name / "report.html").write_text("<html></html>")
+        runs.append(RunResult(index=i, name=name, values={"rules.strategy": strategy, "run.seed": seed},
+                              state=RunState.DONE if ended else RunState.PENDING, rounds=4 if ended else None,
+                              final_acc=0.5 + 0.1 * i if ended else None, last20_acc=0.5 if ended else None,
+                              final_loss=1.0 if ended else None))
+    write_index(folder, CampaignIndex(name="two", file="c.toml", target="loopback",
+                                      axes={"rules.strategy": ["scheme-c", "fednova"], "run.seed": [0, 1]},
+                                      runs=tuple(runs)))
+    html = write_report(folder, tmp_path / "page.html").read_text()
+    assert "2 of 3 runs ended, on loopback" in html
+    assert "strategy scheme-c" in html and "55.0 [50.0, 60.0] (n=2)" in html  # the median over its two seeds
+    assert "strategy fednova" in html and "not run" in html
+    assert html.count('href="runs/strategy-scheme-c__seed-') == 2 and 'href="runs/strategy-fednova' not in html
+    assert html.count("data:image/svg+xml;base64,") == 1  # the curves of the two ended runs

@@ -32,7 +32,6 @@ class TlsFiles:
 def open_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
     """A channel to `address` (HOST:PORT): plaintext without `tls`; a ConfigError when a file cannot be read."""
     import grpc
-
     from flexfl.proto.options import GRPC_OPTIONS
 
     options: list[tuple[str, int | str]] = list(GRPC_OPTIONS)

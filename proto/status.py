@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto import fleet_pb2_grpc as pb_grpc
+from flexfl.proto.channel import TlsFiles, certificate_common_name, open_channel
+from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
-from flexfl.channel import TlsFiles, certificate_common_name, open_channel
 from flexfl.errors import FlexFLError
 from flexfl.exchange import DeviceRound, DeviceState, FleetState, RoundState
 from flexfl.net import reach_problem
-from flexfl.proto import fleet_pb2 as pb
-from flexfl.proto import fleet_pb2_grpc as pb_grpc
-from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
 STATUS_DEVICE_ID = "flexfl-status"  # the id a Status call claims when neither the caller nor a certificate names one
 

@@ -1,4 +1,4 @@
-"""The Status call's record on both ends, and the view of it (flexfl/fleet_status.py, flexfl/fleet_view.py)."""
+"""The Status call's record on both ends, and the view of it (proto/status.py, flexfl/fleet_view.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 from flexfl.proto import fleet_pb2 as pb
+from flexfl.proto.channel import TlsFiles, certificate_common_name
+from flexfl.proto.status import STATUS_DEVICE_ID, Access, fleet_state, status_reply
 
-from flexfl.channel import TlsFiles, certificate_common_name
 from flexfl.exchange import DeviceRound, DeviceState, FleetState, RoundState
-from flexfl.fleet_status import STATUS_DEVICE_ID, Access, fleet_state, status_reply
 from flexfl.fleet_view import COLUMNS, device_state, render, state_json
 
 TRAINING = DeviceState(device_id="pi-01", shard_index=0, departed=False, in_objective=True, joined_after_round=0,

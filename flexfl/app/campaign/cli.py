@@ -1,4 +1,4 @@
-"""`flexfl campaign run FILE`: a campaign's live runs one after another, resumable (flexfl/app/campaign)."""
+"""`flexfl campaign run FILE`: a campaign's live runs one after another, resumable (this package)."""
 
 from __future__ import annotations
 

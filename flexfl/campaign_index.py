@@ -1,4 +1,4 @@
-"""What a campaign's folder holds and says: its index (campaign.json), read back typed, and its page.
+"""A campaign's folder index (campaign.json), read back typed, and its page (flexfl campaign run; flexfl report).
 
 campaign.json is rewritten after every run: the campaign's name, file and target, and per run its
 axis values, its state and (once it ended) the three figures the sweep pages compare (final test
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.metrics import read_metrics
 from flexfl.errors import ConfigError
 from flexfl.files import atomic_file
 from flexfl.markdown import table
 
+SEED_AXIS = "run.seed"  # the axis a campaign's page takes medians over
 INDEX_NAME = "campaign.json"
 PAGE_NAME = "campaign.md"
 RUNS_DIR = "runs"
@@ -99,19 +99,6 @@ def read_index(folder: Path) -> CampaignIndex:
 def write_index(folder: Path, index: CampaignIndex) -> None:
     with atomic_file(Path(folder) / INDEX_NAME) as f:
         f.write(index.to_json())
-
-
-def run_result(index: int, name: str, values: Mapping[str, Any], run_dir: Path,
-               summary: Mapping[str, Any]) -> RunResult:
-    """A run's entry from its folder: the summary flexfl live wrote and its coordinator's rows."""
-    rows = read_metrics(Path(run_dir) / "coordinator" / "metrics.jsonl")
-    last = [r.test_acc for r in rows[-LAST_ROUNDS:]]
-    problems = tuple(summary.get("problems", ()))
-    return RunResult(index=index, name=name, values=values, state=RunState.FAILED if problems else RunState.DONE,
-                     rounds=len(rows), final_acc=rows[-1].test_acc if rows else None,
-                     last20_acc=float(np.mean(last)) if last else None,
-                     final_loss=rows[-1].test_loss if rows else None, wall_s=summary.get("wall_s"),
-                     resumed_after_round=summary.get("resumed_after_round"), problems=problems)
 
 
 # ---- the page ---------------------------------------------------------------------------------
