@@ -118,8 +118,8 @@ def test_detect_each_kind_and_a_clear_error_otherwise(tmp_path, live_dir, sim_di
     (tmp_path / "campaign" / "campaign.json").write_text("{}")
     assert detect(tmp_path / "campaign") == "campaign"
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ReportError, match=r"empty: not a run \(run\.json, metrics\.jsonl.*\), a sweep .*\), a trace set "
-                                          r"\(manifest\.json\) or a campaign \(campaign\.json\)$"):
+    with pytest.raises(ReportError, match=r"empty: not a run \(run\.json, metrics\.jsonl.*\), a sweep .*\), "
+                                          r"a trace set \(manifest\.json\) or a campaign \(campaign\.json\)$"):
         detect(tmp_path / "empty")
     with pytest.raises(ReportError, match="no such folder"):
         detect(tmp_path / "missing")
