@@ -20,9 +20,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flexfl.errors import ERROR_PREFIX, FlexFLError
 from flexfl.signals import DIE_WITH_PARENT_ENV
+
+if TYPE_CHECKING:
+    from flexfl.proto.channel import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +61,22 @@ def connect_address(listen: str) -> str:
 
 
 class CoordinatorClient:
-    """Plaintext Status calls to a coordinator (the harness's own processes; never TLS)."""
+    """Status calls to a coordinator: plaintext to the harness's own processes; over TLS (`tls`) to a coordinator
+    that serves a fleet of devices elsewhere, claiming the device its client certificate names under mutual TLS."""
 
-    def __init__(self, address: str, token: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, address: str, token: str, *, timeout_s: float = 5.0, tls: TlsFiles | None = None) -> None:
         import grpc
         from flexfl.proto import fleet_pb2 as pb
         from flexfl.proto import fleet_pb2_grpc as pb_grpc
-        from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER, GRPC_OPTIONS
+        from flexfl.proto.channel import certificate_common_name, open_channel
+        from flexfl.proto.options import AUTH_HEADER, DEVICE_HEADER
 
         self._grpc, self._pb = grpc, pb
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = open_channel(address, tls)
         self._stub = pb_grpc.FleetStub(self._channel)
-        self._metadata = [(AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, HARNESS_ID)]
+        claimed = (certificate_common_name(tls.client_cert) if tls is not None and tls.client_cert else None)
+        self._metadata = [(AUTH_HEADER, f"Bearer {token}"), (DEVICE_HEADER, claimed or HARNESS_ID)]
         self._timeout_s = timeout_s
 
     def status(self):
@@ -128,13 +135,13 @@ class Harness:
         return self.procs[name]
 
     def start_coordinator(self, config: Path, *, address: str, token: str, resume: bool = False,
-                          args: Sequence[str] = (), name: str = "coordinator") -> Managed:
-        """Start `flexfl coordinator --config CONFIG`; Status calls go to `address` with `token`."""
+                          args: Sequence[str] = (), name: str = "coordinator", tls: TlsFiles | None = None) -> Managed:
+        """Start `flexfl coordinator --config CONFIG`; Status calls go to `address` with `token` (over `tls`)."""
         managed = self._spawn(name, ["coordinator", "--config", str(config), *(["--resume"] if resume else []), *args])
         if self.client is None or self.client.address != address:
             if self.client is not None:
                 self.client.close()
-            self.client = CoordinatorClient(address, token)
+            self.client = CoordinatorClient(address, token, tls=tls)
         return managed
 
     def start_agent(self, name: str, config: Path, *, device: int | None = None, args: Sequence[str] = ()) -> Managed:

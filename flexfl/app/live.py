@@ -60,6 +60,7 @@ from workloads.defaults import live_defaults
 from workloads.partition_spec import PartitionSpec, Sizes, device_id
 
 if TYPE_CHECKING:
+    from flexfl.app.fleet_file import FleetFile
     from flexfl.app.live_conditions import LiveTimeline
     from loadgen.fleet import EmulatedFleet, FleetSpec
     from loadgen.fleet_timeline import FleetTimeline
@@ -135,6 +136,9 @@ class LiveConfig:
     host: str = "127.0.0.1"
     emulate: EmulationConfig = field(default_factory=EmulationConfig)
     plugin_path: str | None = plugin_path_field()  # given to the coordinator's and agents' configs too
+    # A fleet file (flexfl/app/fleet_file.py): devices whose agents run elsewhere as services (Pis) and dial
+    # this machine; only the coordinator runs here. "" = flexfl live starts the agents itself.
+    fleet: str = path_field("")
 
     @property
     def devices(self) -> int:
@@ -181,6 +185,10 @@ class LiveConfig:
         if any(c < 0 for c in self.emulate.cpus) or any(k < 0 for k in self.emulate.up_kbit):
             raise ConfigError(f"--emulate-cpu and --emulate-up-kbit must be >= 0, got {self.emulate.cpu} and "
                               f"{self.emulate.up_kbit}")
+        if self.fleet and (self.emulate.enabled or self.arrival or self.departure):
+            raise ConfigError(f"--fleet {self.fleet}: the fleet's agents are its devices' own services, so flexfl live "
+                              "neither emulates devices nor scripts an arrival or departure: drop --emulate, add "
+                              "--arrive-round 0 --depart-round 0")
         if self.rules.sample_k is not None and self.departure:
             # dev-0 announces its departure after training in that round: not drawn in it, it would train later
             # (or never) and the departure would land in another round.
@@ -194,6 +202,18 @@ class LiveConfig:
             raise ConfigError(f"--timeline {self.emulate.timeline} sets every device's upload rate: drop "
                               f"--emulate-up-kbit {','.join(map(str, self.emulate.up_kbit))} ([emulate] up_kbit)")
         self.rules.check_for(self.partition.dataset)
+
+    def fleet_file(self) -> FleetFile | None:
+        """The fleet file, read and checked against the partition (None without one)."""
+        if not self.fleet:
+            return None
+        from flexfl.app.fleet_file import load_fleet_file
+
+        fleet = load_fleet_file(Path(self.fleet))
+        if len(fleet.devices) != self.devices:
+            raise ConfigError(f"--fleet {self.fleet} lists {len(fleet.devices)} devices but the partition has "
+                              f"{self.devices} (partition.n_devices): one shard per device")
+        return fleet
 
     def device_spec(self, i: int):
         """Device i's emulated budget."""
@@ -240,16 +260,24 @@ def device_traces(cfg: LiveConfig) -> list[str]:
     return [f"{Path(cfg.trace_set).resolve()}:{chosen[j].name}" for j in assignment]
 
 
-def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[Path], str]:
-    """Coordinator and agent TOML files for this run (also a record of what ran); returns them and the token."""
-    token = secrets.token_hex(16)
-    token_path = secrets_dir(out) / "fleet_token"  # not in `out`: results folders are shared
-    with atomic_file(token_path, perms=0o600) as f:
-        f.write(token)
+def write_configs(cfg: LiveConfig, out: Path, address: str,
+                  fleet: FleetFile | None = None) -> tuple[Path, list[Path], str]:
+    """Coordinator and agent TOML files for this run (also a record of what ran); returns them and the token.
+
+    With a `fleet` the coordinator takes the fleet file's [server] and no agent file is written (the
+    devices' agents are their own services)."""
+    if fleet is not None:
+        server, token_path = fleet.server, Path(fleet.server.fleet_token_file)
+        token = server.token()
+    else:
+        token = secrets.token_hex(16)
+        token_path = secrets_dir(out) / "fleet_token"  # not in `out`: results folders are shared
+        with atomic_file(token_path, perms=0o600) as f:
+            f.write(token)
+        server = ServerConfig(listen=address, fleet_token_file=str(token_path), pull_wait_s=1.0)
     late = cfg.devices - 1 if cfg.arrival else None
     coordinator = CoordinatorConfig(
-        server=ServerConfig(listen=address, fleet_token_file=str(token_path), pull_wait_s=1.0),
-        partition=cfg.partition, rules=cfg.rules,
+        server=server, partition=cfg.partition, rules=cfg.rules,
         run=RunConfig(rounds=cfg.rounds, deadline_s=cfg.deadline_s, min_devices=cfg.devices - (late is not None),
                       start_grace_s=0.5, seed=cfg.seed,
                       expected_arrivals={device_id(late): cfg.arrival} if late is not None else {},
@@ -259,8 +287,8 @@ def write_configs(cfg: LiveConfig, out: Path, address: str) -> tuple[Path, list[
     )
     coord_path = write_config(out / "coordinator.toml", coordinator, header="written by flexfl live")
     traces = device_traces(cfg)
-    agents = []
-    for i in range(cfg.devices):
+    agents: list[Path] = []
+    for i in range(cfg.devices if fleet is None else 0):
         agent = AgentConfig(
             coordinator=address, device_id=device_id(i), shard_index=i, fleet_token_file=str(token_path),
             pull_wait_s=1.0, partition=cfg.partition,
@@ -286,6 +314,7 @@ class LiveRun:
         self.fleet: EmulatedFleet | None = None  # when emulating
         self.timeline: FleetTimeline | None = None  # when the fleet follows one
         self.playing: LiveTimeline | None = None  # ... once the fleet is up
+        self.service_fleet: FleetFile | None = None  # devices whose agents are their own services (cfg.fleet)
 
     def run(self) -> dict:
         """Run the whole live experiment; SIGTERM is handled like Ctrl-C so everything is stopped."""
@@ -320,6 +349,7 @@ class LiveRun:
     def _run(self) -> dict:
         cfg = self.cfg
         self.timeline = cfg.fleet_timeline()  # a bad timeline fails here, before the folder is touched
+        self.service_fleet = cfg.fleet_file()  # ... and so does a bad fleet file
         # The whole folder is this run's: an earlier run in it (its agents' files, its metrics)
         # is continued (--resume), moved aside (--fresh) or refused, never mixed into this one.
         folder = claim_run_folder(self.out, what="flexfl live", holds_run=entries_besides_lock, fresh=self.fresh,
@@ -331,9 +361,12 @@ class LiveRun:
         interrupted = False
         try:
             self._begin()
-            host = self._start_fleet() if cfg.emulate.enabled else cfg.host
-            address = f"{host}:{free_port(host)}"
-            coord_path, agent_paths, token = write_configs(cfg, self.out, address)
+            if self.service_fleet is not None:
+                address = self.service_fleet.watch_address
+            else:
+                host = self._start_fleet() if cfg.emulate.enabled else cfg.host
+                address = f"{host}:{free_port(host)}"
+            coord_path, agent_paths, token = write_configs(cfg, self.out, address, self.service_fleet)
             harness = Harness(self.out, fleet=self.fleet)
             self._start_processes(harness, coord_path, agent_paths, address=address, token=token)
             rows, dead = self._supervise(harness)
@@ -372,10 +405,13 @@ class LiveRun:
     def _start_processes(self, harness: Harness, coord_path: Path, agent_paths: list[Path], *,
                          address: str, token: str) -> None:
         """The coordinator, once it answers, then every agent (on its device when emulating)."""
-        harness.start_coordinator(coord_path, address=address, token=token, resume=self.resume)
+        fleet = self.service_fleet
+        harness.start_coordinator(coord_path, address=address, token=token, resume=self.resume,
+                                  tls=fleet.watch.tls() if fleet is not None else None)
         harness.wait_ready()
-        # An agent's config holds the address and the token file: what `flexfl status` needs to watch the fleet.
-        print(f"  watch the fleet: flexfl status --config {agent_paths[-1]}", flush=True)
+        print(f"  watch the fleet: {watch_command(agent_paths, fleet)}", flush=True)
+        if fleet is not None:
+            print(f"  the fleet's agents ({', '.join(fleet.devices)}) join from their devices", flush=True)
         for i, path in enumerate(agent_paths):
             if self.resumed_after and i == 0 and self.cfg.departure and self.resumed_after >= self.cfg.departure:
                 continue  # dev-0 left after round `departure` (the coordinator's journal holds it): it stays away
@@ -443,10 +479,12 @@ class LiveRun:
         """Write run_info.json, summary.json and the accuracy plot of a finished run; returns the summary."""
         cfg = self.cfg
         traces = device_traces(cfg)
+        names = list(self.service_fleet.devices) if self.service_fleet is not None else [
+            device_id(i) for i in range(cfg.devices)]
         write_run_info(self.out, kind="live", config=to_dict(cfg), deadline_s=cfg.deadline_s,
                        required_updates=cfg.rules.required_updates,
-                       devices={device_id(i): {"trace": traces[i].rpartition(":")[2] if traces else None, "shard": i}
-                                for i in range(cfg.devices)})
+                       devices={name: {"trace": traces[i].rpartition(":")[2] if traces and not self.service_fleet
+                                       else None, "shard": i} for i, name in enumerate(names)})
         summary = summarize(rows, cfg, wall_s=time.monotonic() - started, dead_agents=dead_agents)
         summary["resumed_after_round"] = self.resumed_after or None
         if cfg.emulate.timeline:
@@ -478,6 +516,19 @@ class LiveRun:
                 self.fleet.set_cpu_quota(i, self.fleet.devices[i].spec.cpu_quota)
                 unquoted.discard(i)
         return unquoted
+
+
+def watch_command(agent_paths: list[Path], fleet: FleetFile | None) -> str:
+    """The `flexfl status` command that watches this run: an agent's config holds the address and the token
+    file; a service fleet's file names them and the TLS files."""
+    if fleet is None:
+        return f"flexfl status --config {agent_paths[-1]}"
+    w = fleet.watch
+    flags = [fleet.watch_address, "--token-file", fleet.server.fleet_token_file]
+    for flag, value in (("--tls-ca", w.tls_ca), ("--tls-client-cert", w.tls_client_cert),
+                        ("--tls-client-key", w.tls_client_key), ("--tls-server-name", w.tls_server_name)):
+        flags += [flag, value] if value else []
+    return "flexfl status " + " ".join(flags)
 
 
 # Reasons a round line leaves out: s = E says "complete"; "trace" is every round of an agent that follows a

@@ -55,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run in --out (default out/live) from its coordinator's checkpoint, "
                         "with the config it saved there (live.toml); flags that would change it are refused")
+    p.add_argument("--fleet", dest=flag_dest("fleet"), metavar="FILE",
+                   help="run only the coordinator here, for devices whose agents run as services elsewhere (Pis "
+                        "provisioned with serve_runs) and dial it: a fleet file names them, the coordinator's "
+                        "[server] (listen address, fleet token, TLS) and how to watch it (docs/campaigns.md)")
     p.add_argument("--emulate", dest=flag_dest("emulate", "enabled"), action="store_true", default=None,
                    help="run each agent in an emulated device (needs root): its own network namespace and veth "
                         "link to the coordinator, a tbf upload limit and a cgroup CPU quota (see loadgen/fleet.py); "
@@ -140,14 +144,15 @@ def check_before_claim(cfg) -> None:
         host = "127.0.0.1"  # the fleet's address is known once it is up; the configs need some address
     else:
         host = cfg.host
+    fleet = cfg.fleet_file()  # its devices' agents dial its [server] listen address: no port to pick
     try:
-        port = free_port(host)
+        address = fleet.watch_address if fleet is not None else f"{host}:{free_port(host)}"
     except OSError as exc:
         raise ConfigError(f"flexfl live: the coordinator cannot listen on {host}: {exc.strerror or exc}") from None
     with tempfile.TemporaryDirectory(prefix="flexfl-live-check-") as scratch:
         run = Path(scratch) / "run"  # a folder in the scratch one: the run's secrets folder goes beside it
         run.mkdir()
-        write_configs(cfg, run, f"{host}:{port}")
+        write_configs(cfg, run, address, fleet)
 
 
 def resumed_config(args: argparse.Namespace, overrides: dict):

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--emulate", action="store_true",
                    help="run on the emulated fleet (root): each device in its own network namespace with its tbf "
                         "link and cgroup CPU quota, as flexfl live --emulate (default: loopback)")
+    r.add_argument("--fleet", type=Path, metavar="FILE",
+                   help="run on a fleet whose agents run as services on its devices (Raspberry Pis provisioned "
+                        "with serve_runs) and dial this machine: each run starts only its coordinator here "
+                        "(the fleet file: docs/campaigns.md)")
     r.set_defaults(func=cmd_campaign_run)
 
 
@@ -33,19 +37,23 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
     from flexfl.app.campaign.spec import read_campaign
     from flexfl.app.live import LiveRunError
     from flexfl.app.report import report_line
+    from flexfl.errors import ConfigError
     from flexfl.signals import sigterm_as_interrupt
 
     campaign = read_campaign(args.file)
     out = args.out or Path("out") / "campaigns" / campaign.name
+    if args.emulate and args.fleet:
+        raise ConfigError("--emulate runs the devices here, --fleet on devices elsewhere: pick one")
     if args.emulate:
         from loadgen.fleet import require_root
 
         require_root("flexfl campaign run --emulate")
-    target: Target = LocalTarget(emulate=args.emulate)
+    target: Target = LocalTarget(emulate=args.emulate, fleet=args.fleet)
     rerun = shlex.join(["flexfl", *sys.argv[1:]]) if sys.argv[1:2] == ["campaign"] else \
-        f"flexfl campaign run {args.file}" + (" --emulate" if args.emulate else "")
+        f"flexfl campaign run {args.file}" + (" --emulate" if args.emulate else "") + \
+        (f" --fleet {args.fleet}" if args.fleet else "")
     print(f"campaign {campaign.name}: {len(campaign.runs)} runs on {target.label} into {out}", flush=True)
-    runner = CampaignRunner(campaign, out=out, target=target, emulate=args.emulate, rerun=rerun,
+    runner = CampaignRunner(campaign, out=out, target=target, rerun=rerun,
                             report=lambda line: print(line, flush=True),
                             after_run=lambda run_dir: print(report_line(run_dir), flush=True))
     with sigterm_as_interrupt():

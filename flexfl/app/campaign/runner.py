@@ -40,7 +40,7 @@ from flexfl.campaign_index import (
     write_index,
     write_page,
 )
-from flexfl.config import to_dict
+from flexfl.config import merged, to_dict
 from flexfl.errors import ConfigError
 from flexfl.run_folder import claim_run_folder
 
@@ -61,7 +61,11 @@ class Target(Protocol):
 
     @property
     def label(self) -> str:
-        """Where, in words ("loopback", "the emulated fleet ...", "the fleet of hosts.ini")."""
+        """Where, in words ("loopback", "the emulated fleet ...", "the fleet of fleet.toml")."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """What it sets in every run's config (the tables of a live config)."""
         ...
 
     def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
@@ -71,13 +75,22 @@ class Target(Protocol):
 
 @dataclass(frozen=True)
 class LocalTarget:
-    """Runs on this machine, through flexfl live: on loopback, or on the emulated fleet (root)."""
+    """Runs through flexfl live: on loopback, on the emulated fleet (root), or with only the coordinator here for a
+    fleet whose agents are their devices' services (a fleet file: flexfl.app.fleet_file)."""
 
-    emulate: bool
+    emulate: bool = False
+    fleet: Path | None = None
 
     @property
     def label(self) -> str:
+        if self.fleet is not None:
+            return f"the fleet of {self.fleet}"
         return "the emulated fleet (netns, tbf, cgroup quotas)" if self.emulate else "loopback"
+
+    def settings(self) -> dict[str, Any]:
+        """What it sets in every run's config."""
+        return merged({"emulate": {"enabled": True}} if self.emulate else {},
+                      {"fleet": str(Path(self.fleet).resolve())} if self.fleet is not None else {})
 
     def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
         return LiveRun(cfg, resume=resume, fresh=fresh).run()
@@ -111,7 +124,6 @@ class CampaignRunner:
     campaign: Campaign
     out: Path
     target: Target
-    emulate: bool
     rerun: str
     report: Callable[[str], None] = print
     after_run: Callable[[Path], None] | None = None  # given each ended run's folder (e.g. to write its report)
@@ -139,7 +151,7 @@ class CampaignRunner:
 
     def _one(self, index: CampaignIndex, run: CampaignRun) -> CampaignIndex:
         run_dir = self.out / RUNS_DIR / run.name
-        cfg = self.campaign.config(run, out=run_dir, emulate=self.emulate)
+        cfg = self.campaign.config(run, out=run_dir, settings=self.target.settings())
         plan = plan_run(run_dir, cfg)
         n = len(self.campaign.runs)
         self.report(f"campaign {self.campaign.name}: run {run.index + 1} of {n} ({run.name}): {plan}")

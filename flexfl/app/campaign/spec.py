@@ -72,10 +72,10 @@ class Campaign:
     axes: tuple[Axis, ...]
     runs: tuple[CampaignRun, ...]
 
-    def config(self, run: CampaignRun, *, out: Path, emulate: bool) -> LiveConfig:
-        """The run's `flexfl live` config: base file < [base] < the run's axis values < its folder (and --emulate)."""
-        overrides = merged(self.base, run.overrides, {"out": str(out)},
-                            {"emulate": {"enabled": True}} if emulate else {})
+    def config(self, run: CampaignRun, *, out: Path, settings: Mapping[str, Any] | None = None) -> LiveConfig:
+        """The run's `flexfl live` config: base file < [base] < the run's axis values < its folder and the target's
+        `settings` (--emulate, --fleet)."""
+        overrides = merged(self.base, run.overrides, {"out": str(out)}, settings or {})
         try:
             return load_live_config(self.base_file, overrides=overrides)
         except ConfigError as exc:
@@ -106,7 +106,7 @@ def read_campaign(path: Path) -> Campaign:
     axes = _axes(_table(raw, "axes", path), path)
     campaign = Campaign(path=path, name=name, base_file=base_file, base=base, axes=axes, runs=_runs(axes, path))
     for run in campaign.runs:
-        campaign.config(run, out=Path("out") / "check", emulate=False)
+        campaign.config(run, out=Path("out") / "check")
     return campaign
 
 
@@ -122,8 +122,8 @@ def _axes(raw: Mapping[str, Any], path: Path) -> tuple[Axis, ...]:
     for key, values in _flat(raw):
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: [axes] {key} must be a non-empty list of values, got {values!r}")
-        if key == "out" or key.startswith("emulate.enabled"):
-            raise ConfigError(f"{path}: [axes] {key} is set by the campaign itself (its folder, --emulate)")
+        if key in ("out", "fleet", "emulate.enabled"):
+            raise ConfigError(f"{path}: [axes] {key} is set by the campaign itself (its folder, --emulate, --fleet)")
         if len(set(map(repr, values))) != len(values):
             raise ConfigError(f"{path}: [axes] {key} repeats a value: {values!r}")
         axes.append(Axis(key=key, values=tuple(values)))

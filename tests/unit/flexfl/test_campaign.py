@@ -44,7 +44,7 @@ def test_runs_are_the_product_of_the_axes_first_axis_outermost_named_by_their_va
                                         "strategy-scheme-a__seed-1__deadline_s-1.5",
                                         "strategy-fednova__seed-0__deadline_s-1.5",
                                         "strategy-fednova__seed-1__deadline_s-1.5"]
-    cfg = c.config(c.runs[3], out=tmp_path / "r", emulate=True)
+    cfg = c.config(c.runs[3], out=tmp_path / "r", settings={"emulate": {"enabled": True}})
     assert (cfg.rules.aggregation.name, cfg.seed, cfg.deadline_s, cfg.rounds) == ("fednova", 1, 1.5, 4)
     assert cfg.emulate.enabled and cfg.out == str(tmp_path / "r") and cfg.devices == 3
 
@@ -62,6 +62,7 @@ def test_a_relative_path_in_base_or_an_axis_is_relative_to_the_campaign_file(tmp
     ('"run.seed" = 3\n', "[axes] run.seed must be a non-empty list of values"),
     ('"run.seed" = [1, 1]\n', "[axes] run.seed repeats a value"),
     ('out = ["a", "b"]\n', "[axes] out is set by the campaign itself"),
+    ('fleet = ["a.toml"]\n', "[axes] fleet is set by the campaign itself"),
     ('"run.rounds" = [3, 0]\n', "run 2 (rounds-0): "),
     ('"rules.strategy" = ["scheme-c", "nope"]\n', "run 2 (strategy-nope): "),
 ])
@@ -82,7 +83,7 @@ def test_an_unknown_table_or_campaign_key_is_refused(tmp_path: Path) -> None:
 def test_a_runs_folder_says_whether_it_ended_was_interrupted_or_holds_another_config(tmp_path: Path) -> None:
     c = read_campaign(_file(tmp_path, BASE + '[axes]\n"run.seed" = [0, 1]\n'))
     run_dir = tmp_path / "runs" / c.runs[0].name
-    cfg = c.config(c.runs[0], out=run_dir, emulate=False)
+    cfg = c.config(c.runs[0], out=run_dir)
     assert plan_run(run_dir, cfg) is Plan.START  # no folder
     run_dir.mkdir(parents=True)
     write_config(run_dir / CONFIG_NAME, cfg)
@@ -93,10 +94,10 @@ def test_a_runs_folder_says_whether_it_ended_was_interrupted_or_holds_another_co
     (run_dir / "summary.json").write_text("{}")
     assert plan_run(run_dir, cfg) is Plan.SKIP
     # The same folder under another seed (the campaign file changed): started again, never skipped.
-    other = c.config(c.runs[1], out=run_dir, emulate=False)
+    other = c.config(c.runs[1], out=run_dir)
     assert plan_run(run_dir, other) is Plan.RESTART
     # Moved elsewhere, a folder still holds the same run.
-    moved = c.config(c.runs[0], out=tmp_path / "elsewhere", emulate=False)
+    moved = c.config(c.runs[0], out=tmp_path / "elsewhere")
     assert plan_run(run_dir, moved) is Plan.SKIP
 
 
