@@ -223,7 +223,7 @@ fetch-results: setup-ansible ## copy recorded trace sets and coordinator metrics
 	$(ANSIBLE_NEED_INVENTORY)
 	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) fetch_results.yml $(ANSIBLE_ARGS)
 
-fleet-inventory: setup-ansible ## write ansible/fleet.toml, the host list for `flexfl traces record --inventory`
+fleet-inventory: setup-ansible ## write ansible/fleet.toml (`flexfl traces record --inventory`) and ansible/campaign_fleet.toml (`flexfl campaign run --fleet`)
 	$(ANSIBLE_NEED_INVENTORY)
 	$(ANSIBLE_RUN) ansible-playbook -i $(INVENTORY_PATH) recorder_inventory.yml $(ANSIBLE_ARGS)
 

@@ -115,6 +115,25 @@ def test_recorder_inventory_is_what_the_trace_recorder_reads(ansible_tools, tmp_
                                                for i in (1, 2, 3)}
 
 
+def test_the_campaign_fleet_file_is_what_flexfl_live_fleet_reads(ansible_tools, tmp_path: Path) -> None:
+    fleet_file = pytest.importorskip("flexfl.app.fleet_file", reason="FlexFL is not installed in this venv")
+    ansible_playbook = ansible_tools.require("ansible-playbook")
+    path = tmp_path / "campaign_fleet.toml"
+    proc = ansible_tools.run(ansible_playbook, ["-i", "example.hosts.ini", "recorder_inventory.yml",
+                                                "-e", f"recorder_inventory_path={tmp_path / 'fleet.toml'}",
+                                                "-e", f"recorder_inventory_campaign_path={path}"], cwd=ANSIBLE_DIR)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fleet = fleet_file.load_fleet_file(path)
+    creds = ANSIBLE_DIR / "credentials"
+    assert fleet.devices == ("pi-01", "pi-02", "pi-03") and fleet.server.listen == "0.0.0.0:50051"
+    assert fleet.server.fleet_token_file == str(creds / "fleet_token")
+    # The coordinator host's certificate (this machine is that host) and the first device's for watching it.
+    assert (fleet.server.tls_cert, fleet.server.tls_client_ca) == (str(creds / "coordinator" / "fl-coordinator.pem"),
+                                                                  str(creds / "ca" / "ca.pem"))
+    assert fleet.watch_address == "127.0.0.1:50051"
+    assert fleet.watch.tls_client_cert == str(creds / "devices" / "pi-01.pem")
+
+
 def test_real_inventory_and_credentials_stay_out_of_git() -> None:
     """Generated and site-specific files are ignored; the roles (credentials/ included) are not."""
     import shutil
@@ -127,7 +146,7 @@ def test_real_inventory_and_credentials_stay_out_of_git() -> None:
         return subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ANSIBLE_DIR.parent).returncode == 0
 
     for rel in ("hosts.ini", "config.yml", "credentials/ca.key", "fetched/pi-01/metrics.jsonl", ".build/x.whl",
-                "fleet.toml"):
+                "fleet.toml", "campaign_fleet.toml"):
         assert ignored(f"ansible/{rel}"), rel
     for rel in ("roles/credentials/tasks/main.yml", "example.hosts.ini", "example.config.yml"):
         assert not ignored(f"ansible/{rel}"), rel
