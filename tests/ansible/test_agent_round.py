@@ -169,8 +169,10 @@ def agent_rounds(target: Target, cfg: CoordinatorConfig, *, log: Path) -> AgentR
         wait_until(round_closed, process=agent, timeout_s=cfg.run.rounds * (cfg.run.deadline_s + 60),
                    what="the last round", log=log)
         assert coordinator.wait(timeout=120), "the coordinator did not finish after its last round"
-        # The coordinator answers the agent's next pull with FINISHED: it leaves by itself.
-        assert agent.wait(timeout=300) == 0, log.read_text()[-4000:]
+        # The coordinator answers the agent's next pull with FINISHED. A provisioned agent serves run after run
+        # (edge_agent_serve_runs): it stays, waiting for the coordinator's next run (wait_until fails if it exits).
+        wait_until(lambda: "waiting for the coordinator's next run" in log.read_text(), process=agent,
+                   timeout_s=300, what="waiting for the next run", log=log)
     finally:
         if agent is not None:
             stop(agent)
