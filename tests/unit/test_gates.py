@@ -91,3 +91,21 @@ def test_mypy_is_clean() -> None:
     """mypy over [tool.mypy] files (~15 s cold); no cache is written (--cache-dir /dev/null)."""
     result = _run_tool("mypy", "--cache-dir", "/dev/null")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_package_folder_ships_in_the_wheel() -> None:
+    """pyproject lists the packages a wheel holds: a package folder left out is missing from every install that
+    is not the checkout (a Pi's venv: `flexfl` failed there on import of a new subpackage, only in provisioning)."""
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    renamed = {v: k for k, v in PYPROJECT["tool"]["setuptools"]["package-dir"].items()}  # folder -> package
+    roots = {name.split(".")[0] for name in listed} - {"flexfl"} | {"flexfl", "proto"}
+    found = set()
+    for root in roots:
+        for init in (ROOT / root).rglob("__init__.py"):
+            folder = init.parent.relative_to(ROOT).as_posix()
+            if "starter" in folder.split("/"):
+                continue  # package data `flexfl new` copies, not a package of FlexFL
+            top, _, rest = folder.partition("/")
+            package = renamed.get(top, top) + ("." + rest.replace("/", ".") if rest else "")
+            found.add(package)
+    assert sorted(found - listed) == [], "add these to [tool.setuptools] packages in pyproject.toml"
