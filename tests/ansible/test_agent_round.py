@@ -278,9 +278,9 @@ def test_provisioned_plugin_package_trains_a_round(target: Target, monkeypatch: 
     monkeypatch.syspath_prepend(str(wheels[0]))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))  # myfl, imported from the wheel, leaves with it
     out = target.work / "plugin-coordinator"
-    # A strategy replaces the rendered scheme, which must then be the default's.
+    # A strategy given over the rendered file replaces its scheme (flexfl.config: EXCLUSIVE_KEYS).
     cfg = host_coordinator_config(target, out, rounds=1, partition={"dataset": PLUGIN_NAMES["dataset"]},
-                                  rules={"scheme": "C", "model": PLUGIN_NAMES["model"],
+                                  rules={"model": PLUGIN_NAMES["model"],
                                          "strategy": PLUGIN_NAMES["strategy"], **PLUGIN_RULES})
     started = time.monotonic()
     run = agent_rounds(target, cfg, log=target.logs / "agent-plugin-round.log")
