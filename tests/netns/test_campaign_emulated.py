@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,11 +102,16 @@ def test_an_emulated_campaign_stopped_midway_completes_on_rerun_without_repeatin
             first.wait()
         assert fl.find_leftovers(prefix) == {"netns": [], "links": [], "cgroups": []}
     assert first.returncode == 130, (printed[-3000:], errors)
-    assert errors.strip().splitlines()[-1].startswith(
-        f"flexfl: interrupted: campaign two-by-three stopped in run 3 of 6 ({RUNS[2]}); `flexfl campaign run "), errors
-    assert "continues it (runs that ended are not run again)" in errors
-    ended = {name: _digest(out / "runs" / name) for name in RUNS[:2]}
-    assert not (out / "runs" / RUNS[2] / "summary.json").exists()
+    # Stopped in run 3, or in a later one when run 3 ended between the poll and the Ctrl-C (a loaded machine).
+    stopped = re.search(r"flexfl: interrupted: campaign two-by-three stopped in run (\d) of 6 \((\S+)\); "
+                        r"`flexfl campaign run .*` continues it \(runs that ended are not run again\)$",
+                        errors.strip().splitlines()[-1])
+    assert stopped, errors
+    k = int(stopped.group(1))
+    assert k >= 3 and stopped.group(2) == RUNS[k - 1], errors
+    ended = {name: _digest(out / "runs" / name) for name in RUNS[:k - 1]}
+    assert not (out / "runs" / RUNS[k - 1] / "summary.json").exists()
+    checkpointed = (out / "runs" / RUNS[k - 1] / "coordinator" / "checkpoint.pt").exists()
 
     second = _campaign(path, out)
     try:
@@ -118,17 +124,19 @@ def test_an_emulated_campaign_stopped_midway_completes_on_rerun_without_repeatin
     wall_s = time.monotonic() - started
     assert second.returncode == 0, (printed[-3000:], errors)
     lines = [line for line in printed.splitlines() if line.startswith("campaign two-by-three: run ")]
-    assert lines[:2] == [f"campaign two-by-three: run {i} of 6 ({RUNS[i - 1]}): done before: not run again"
-                         for i in (1, 2)], lines
-    assert lines[2].startswith(f"campaign two-by-three: run 3 of 6 ({RUNS[2]}): interrupted: resumed from its "
-                               "checkpoint"), lines
-    assert [line.rpartition(": ")[2] for line in lines[3:]] == ["started"] * 3, lines
-    assert {name: _digest(out / "runs" / name) for name in RUNS[:2]} == ended  # not run again
-    resumed = json.loads((out / "runs" / RUNS[2] / "summary.json").read_text())
-    assert resumed["resumed_after_round"] >= 1 and resumed["rounds"] == 3
+    assert lines[:k - 1] == [f"campaign two-by-three: run {i} of 6 ({RUNS[i - 1]}): done before: not run again"
+                             for i in range(1, k)], lines
+    assert lines[k - 1].startswith(f"campaign two-by-three: run {k} of 6 ({RUNS[k - 1]}): " + (
+        "interrupted: resumed from its checkpoint" if checkpointed else "started again")), lines
+    assert [line.rpartition(": ")[2] for line in lines[k:]] == ["started"] * (6 - k), lines
+    assert {name: _digest(out / "runs" / name) for name in RUNS[:k - 1]} == ended  # not run again
+    if checkpointed:
+        resumed = json.loads((out / "runs" / RUNS[k - 1] / "summary.json").read_text())
+        assert resumed["resumed_after_round"] >= 1 and resumed["rounds"] == 3
     index = json.loads((out / "campaign.json").read_text())
     assert [(r["name"], r["state"], r["rounds"]) for r in index["runs"]] == [(name, "done", 3) for name in RUNS]
     page = (out / "campaign.md").read_text()
     assert "| scheme-a | " in page and "| scheme-c | " in page and page.count("(n=3)") == 6, page
     assert (out / "report.html").stat().st_size > 0 and "report: " in printed
-    print(f"campaign of 6 emulated runs, interrupted once: {wall_s:.0f} s in all")
+    print(f"campaign of 6 emulated runs, interrupted once in run {k} (checkpoint: {checkpointed}): {wall_s:.0f} s "
+          "in all")
