@@ -341,7 +341,8 @@ def test_live_run_with_client_sampling_equals_its_simulation(live_config, fleet_
             trace=f"{REPO / 'traces' / 'paper'}:{traces[assignment[i]].name}"))
     assert fleet.coordinator.wait(timeout=120)
     rows = _metrics(fleet)
-    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules, rounds=rounds, seed=cfg.run.seed,
+    sim = run_simulation(SimConfig(partition=cfg.partition, rules=cfg.rules,
+                                   run=RunSpec(rounds=rounds, seed=cfg.run.seed),
                                    traces=TracesConfig(set=str(REPO / "traces" / "paper"), num_traces=5)))
     for live_row, sim_row in zip(rows, _records(sim.rows), strict=True):
         assert live_row.sampled == sim_row.sampled and sum(live_row.sampled.values()) == k, live_row.round

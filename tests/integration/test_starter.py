@@ -49,7 +49,7 @@ def test_the_starter_runs_in_simulation_and_live_from_another_folder(tmp_path: P
     assert _rounds_with_accuracy(out / "coordinator" / "metrics.jsonl") == [1, 2, 3, 4]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["strategy"] == "myfl.strategy:SqrtRescale" and summary["rounds"] == 4
-    assert "under Scheme C, square-root rescaling after 4 rounds" in live.stdout
+    assert "under Scheme C, square-root rescaling after 4 of 4 rounds" in live.stdout
 
 
 def test_an_agent_without_the_plug_in_stops_before_joining_with_one_line(tmp_path: Path, monkeypatch, procs,

@@ -28,10 +28,10 @@ name = "two-by-three"
 [base]
 arrive_round = 0
 depart_round = 0
-update_s = 0.1        # 1 s of training a round: long enough to watch a run
+update_s = 0.3        # each round lasts its 2 s deadline: long enough to watch a run on a loaded machine
 [base.run]
 rounds = 3
-deadline_s = 1.5
+deadline_s = 2.0
 [base.partition]
 dataset = "synthetic"
 n_devices = 2
@@ -94,6 +94,7 @@ def test_an_emulated_campaign_stopped_midway_completes_on_rerun_without_repeatin
         while not (third.exists() and read_metrics(third)):
             assert first.poll() is None and time.monotonic() < limit, first.communicate()
             time.sleep(0.2)
+        assert first.poll() is None, "the campaign ended before the Ctrl-C"
         os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in the terminal
         printed, errors = first.communicate(timeout=120)
     finally:

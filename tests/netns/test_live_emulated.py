@@ -56,7 +56,7 @@ def test_in_deadline_mode_the_cpu_share_and_the_upload_rate_decide_s_and_the_met
     prefix = f"fd{os.getpid():06x}"
     # As `flexfl live --emulate` builds it: the emulated defaults (no trace, no padding) come from load_live_config.
     cfg = load_live_config(None, overrides={
-        "partition": {"dataset": "mnist", "n_devices": 3, "sizes": "equal"}, "rounds": 6, "deadline_s": 6.0,
+        "partition": {"dataset": "mnist", "n_devices": 3, "sizes": "equal"}, "run": {"rounds": 6, "deadline_s": 6.0},
         "arrive_round": 0, "depart_round": 0, "out": str(tmp_path),
         "rules": {"required_updates": 2700, "eta0": 0.003},  # not checked: accuracy
         "emulate": {"enabled": True, "cpu": [0.0, 0.1, 0.0], "up_kbit": [0, 0, 1200], "prefix": prefix,

@@ -130,7 +130,7 @@ def test_a_live_run_follows_a_round_timeline_and_records_it(fleet_host, tmp_path
     path.write_text(ROUND_TIMELINE)
     out = tmp_path / "run"
     cfg = load_live_config(None, overrides={
-        "partition": {"dataset": "mnist", "n_devices": 3, "sizes": "equal"}, "rounds": 9, "deadline_s": 2.0,
+        "partition": {"dataset": "mnist", "n_devices": 3, "sizes": "equal"}, "run": {"rounds": 9, "deadline_s": 2.0},
         "arrive_round": 0, "depart_round": 0, "out": str(out),
         "rules": {"required_updates": 2000, "eta0": 0.01},
         "emulate": {"enabled": True, "cpu": 0.0, "timeline": str(path), "prefix": prefix, "subnet": _subnet(2)}})

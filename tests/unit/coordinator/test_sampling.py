@@ -19,6 +19,7 @@ from coordinator.rules.sampling import ClientSampler
 from coordinator.rules.strategies import strategy_names
 from flexfl.config import load_config, overrides_from_args, to_dict
 from flexfl.errors import ConfigError, RoundStateError
+from flexfl.run_spec import RunSpec
 from simulator.engine import SimConfig, TracesConfig, run_simulation
 from workloads.partition_spec import PartitionSpec
 
@@ -173,7 +174,7 @@ def test_sampling_every_device_is_todays_round_bit_for_bit(strategy):
 
 def test_a_simulation_sampling_every_device_records_todays_rounds():
     cfg = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=4, total_samples=600),
-                    rules=RulesConfig(required_updates=3), traces=TracesConfig(num_traces=5), rounds=3)
+                    rules=RulesConfig(required_updates=3), traces=TracesConfig(num_traces=5), run=RunSpec(rounds=3))
     today = run_simulation(cfg)
     every = run_simulation(replace(cfg, rules=replace(cfg.rules, sample_k=4)))
     for a, b in zip(today.records, every.records, strict=True):
