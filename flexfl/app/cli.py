@@ -103,6 +103,10 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
+    # A shell's background job starts with SIGINT ignored, and Python keeps an ignored SIGINT ignored: a campaign
+    # or live run started so ran on through `kill -INT` (seen in a clean-clone test run). Every command stops
+    # cleanly on it (KeyboardInterrupt, below), however it was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
