@@ -9,9 +9,9 @@ its folder says where it stands (plan_run):
   (the earlier folder is moved aside, as --fresh does; nothing is deleted).
 Configs are compared as flexfl live saved them (to_dict, paths absolute), the run folder aside.
 
-A target runs one run: here (loopback) or on the emulated fleet (--emulate, root), both through
-flexfl.app.live.LiveRun. Ctrl-C or SIGTERM stops the campaign in its current run, which the next
-invocation resumes.
+A target runs one run through flexfl.app.live.LiveRun: on loopback, on the emulated fleet (--emulate,
+root), or with only its coordinator here for a fleet of service agents (--fleet, flexfl.app.fleet_file).
+Ctrl-C or SIGTERM stops the campaign in its current run, which the next invocation resumes.
 """
 
 from __future__ import annotations
