@@ -176,6 +176,14 @@ def _write_run(run_dir: Path, c: SimConfig, result: SimResult, timeline: Timelin
                    devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _write_summary(plan: SimRunPlan, results: Mapping[str, SimResult], *, wall_s: float) -> dict[str, Any]:
     """accuracy.png (one curve per strategy) and summary.json."""
     import numpy as np
@@ -186,7 +194,10 @@ def _write_summary(plan: SimRunPlan, results: Mapping[str, SimResult], *, wall_s
     cfg = plan.base
     curves = {label: np.array([r.test_acc for r in res.records]) for label, res in results.items()}
     panel = f"|T| = {cfg.traces.num_traces}" if plan.timeline is None else "timeline"
-    plot_accuracy_curves(plan.out / "accuracy.png", {panel: curves}, title=f"{cfg.partition.describe()}")
+    if _has_matplotlib():
+        plot_accuracy_curves(plan.out / "accuracy.png", {panel: curves}, title=f"{cfg.partition.describe()}")
+    else:  # an install without extras (an edge device's) still simulates; the curves are in rounds.csv
+        log.warning("matplotlib is not installed (pip install 'flexfl[plot]'): accuracy.png not drawn")
     updates = sum(res.device_updates for res in results.values())
     sim_s = sum(res.wall_s for res in results.values())
     summary = {"config": to_dict(cfg), "final_acc": {label: res.final_accuracy for label, res in results.items()},
@@ -202,5 +213,6 @@ def _emit_finals(plan: SimRunPlan, results: Mapping[str, SimResult], summary: Ma
     accs = ", ".join(f"{plan.configs[k].rules.aggregation.title} {100 * res.final_accuracy:.2f}%"
                      for k, res in results.items())
     sim_s = sum(res.wall_s for res in results.values())
+    plot = ", accuracy.png" if (out / "accuracy.png").exists() else ""
     emit(f"final test accuracy: {accs} | {summary['wall_s']:.1f} s, {summary['device_updates'] / sim_s:.0f} "
-         f"device-updates/s | results in {out}/ (rounds.csv, accuracy.png, summary.json, <scheme>/metrics.jsonl)")
+         f"device-updates/s | results in {out}/ (rounds.csv{plot}, summary.json, <scheme>/metrics.jsonl)")

@@ -312,18 +312,19 @@ def evaluate_params(params, test):
     return evaluate(model, params, test)
 
 
-# Runs before anything else is imported: numba and llvmlite then fail to import as on an install
-# without the [sim] extra (patching importlib.util.find_spec after numba is loaded proves nothing).
-NO_NUMBA = """
+# Runs before anything else is imported: the extras' packages (numba and llvmlite of [sim], matplotlib of
+# [plot], jinja2 of [report]) then fail to import as on a plain `pip install .` (patching
+# importlib.util.find_spec after numba is loaded proves nothing).
+NO_EXTRAS = """
 import sys
 
-class NoNumba:
+class NoExtras:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("numba", "llvmlite"):
-            raise ImportError("blocked by the test: " + name)
+        if name.split(".")[0] in ("numba", "llvmlite", "matplotlib", "jinja2"):
+            raise ImportError("blocked by the test: " + name, name=name.split(".")[0])
         return None
 
-sys.meta_path.insert(0, NoNumba())
+sys.meta_path.insert(0, NoExtras())
 from flexfl.app.cli import main
 rc = main(sys.argv[1:])
 print("numba imported:", "numba" in sys.modules)
@@ -331,10 +332,11 @@ sys.exit(rc)
 """
 
 
-def test_without_numba_sim_run_trains_on_the_torch_trainer_and_says_so(tmp_path):
-    """An install without the [sim] extra (an edge device's) still simulates, and says on which trainer."""
+def test_without_extras_sim_run_trains_on_the_torch_trainer_and_says_so(tmp_path):
+    """An install without extras (an edge device's: no numba, no matplotlib) still simulates, says on which
+    trainer, and writes every file but the plot."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-c", NO_NUMBA, "sim", "run", "--dataset", "synthetic", "--iid",
+    done = subprocess.run([sys.executable, "-c", NO_EXTRAS, "sim", "run", "--dataset", "synthetic", "--iid",
                            "--devices", "4", "--total-samples", "800", "--rounds", "4", "--scheme", "C",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -342,8 +344,11 @@ def test_without_numba_sim_run_trains_on_the_torch_trainer_and_says_so(tmp_path)
     assert "numba imported: False" in done.stdout
     accuracy = [float(r["test_acc"]) for r in csv.DictReader((out / "rounds.csv").open())]
     assert len(accuracy) == 4 and accuracy[-1] > 0.3  # ten classes: chance is 0.1
+    assert "matplotlib is not installed (pip install 'flexfl[plot]'): accuracy.png not drawn" in done.stderr
+    assert (out / "summary.json").is_file() and not (out / "accuracy.png").exists()
+    assert "final test accuracy: Scheme C" in done.stdout and "rounds.csv, summary.json" in done.stdout
     # Asking for the kernels by name without numba is a configuration error, not a traceback.
-    done = subprocess.run([sys.executable, "-c", NO_NUMBA, "sim", "run", "--dataset", "synthetic", "--devices", "4",
+    done = subprocess.run([sys.executable, "-c", NO_EXTRAS, "sim", "run", "--dataset", "synthetic", "--devices", "4",
                            "--rounds", "1", "--scheme", "C", "--trainer", "cache", "--out", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "trainer = 'cache' needs numba" in done.stderr, done.stderr[-2000:]
