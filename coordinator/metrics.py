@@ -13,19 +13,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coordinator.rules.round_record import RoundRecord, clean_json
 from flexfl.files import atomic_file
-
-if TYPE_CHECKING:
-    from coordinator.rules.round import RoundOpening, RoundOutcome
-
-
-def round_row(opening: RoundOpening, outcome: RoundOutcome, *, test_acc: float, test_loss: float) -> dict[str, Any]:
-    """The JSON object of a closed round's common fields (RoundRecord.of): the simulator's rows, until it
-    keeps RoundRecords itself."""
-    return RoundRecord.of(opening, outcome, test_acc=test_acc, test_loss=test_loss).to_json()
 
 
 def write_run_info(run_dir: Path, *, kind: str, config: dict[str, Any], devices: dict[str, dict[str, Any]],

@@ -61,6 +61,16 @@ def read_rounds_csv(path: Path, *, error: type[FlexFLError] = ReportError) -> li
     return read_records(path, RoundsCsvRow, error=error)
 
 
+def read_accuracy_curve(path: Path) -> list[float]:
+    """Test accuracy per round from a rounds.csv or a sweep run's CSV; every line must have one."""
+    rows = read_rounds_csv(path)
+    curve = [r.test_acc for r in rows if r.test_acc is not None]
+    if len(curve) < len(rows):
+        missing = [r.round for r in rows if r.test_acc is None]
+        raise ReportError(f"{path}: no test_acc in round(s) {missing[:5]}: not a finished run's CSV")
+    return curve
+
+
 @dataclass
 class SimResult:
     config: SimConfig

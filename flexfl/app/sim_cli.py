@@ -339,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A plug-in is named by its import path and labelled by its own label (its folder's name).
         chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s)
                   for s in names or enum_choices(Scheme)]
-        configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if s.name == "fedprox" else None))
+        configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if "mu" in s.parameters else None))
                    for s in chosen}
     simulate(SimRunPlan(base=cfg, configs=configs, out=args.out, timeline=_timeline_run(args),
                         progress_every=args.progress_every, fresh=args.fresh))
@@ -498,11 +498,10 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 
 def _table3_plots(out: Path, dataset: str, info: dict) -> dict:
     """Accuracy per round of the headline reading, mean over seeds, one panel per |T|, per setting."""
-    import csv
-
     import numpy as np
 
     from simulator.report import plot_accuracy_curves
+    from simulator.sim_rows import read_accuracy_curve
 
     paths = {}
     for setting in ("iid", "niid"):
@@ -510,8 +509,7 @@ def _table3_plots(out: Path, dataset: str, info: dict) -> dict:
         for s in info["summaries"]:
             if s["setting"] != setting:
                 continue
-            with open(info["work_dir"] / f"{s['name']}.csv", newline="") as f:
-                acc = [float(r["test_acc"]) for r in csv.DictReader(f)]
+            acc = read_accuracy_curve(info["work_dir"] / f"{s['name']}.csv")
             curves.setdefault(f"|T| = {s['num_traces']}", {}).setdefault(s["scheme"], []).append(acc)
         if curves:
             path = out / f"table3_{dataset}_{setting}.png"

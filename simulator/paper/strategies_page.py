@@ -264,17 +264,15 @@ def lowest_loss_counts(summaries: Sequence[dict]) -> LowestLoss:
 
 def _plots(out_dir: Path, key: str, title: str, summaries: Sequence[dict], run_dir: Path,
            settings: Sequence[str]) -> list[Path]:
-    import csv
-
     from simulator.report import plot_accuracy_curves
+    from simulator.sim_rows import read_accuracy_curve
 
     paths = []
     for setting in settings:
         curves: dict[str, dict[str, list]] = {}
         for s in summaries:
             if s["setting"] == setting:
-                with open(run_dir / f"{s['name']}.csv", newline="") as f:
-                    acc = [float(r["test_acc"]) for r in csv.DictReader(f)]
+                acc = read_accuracy_curve(run_dir / f"{s['name']}.csv")
                 curves.setdefault(f"|T| = {s['num_traces']}", {}).setdefault(s["scheme"], []).append(acc)
         if curves:
             path = Path(out_dir) / f"strategies_{key}_{setting}.png"

@@ -184,12 +184,11 @@ LAST_ROUNDS = 20
 
 def with_window(summaries: Sequence[dict], work_dir: Path) -> list[dict]:
     """Summaries with "last20_acc", the mean test accuracy of the last LAST_ROUNDS rounds (from the run's CSV)."""
-    import csv
+    from simulator.sim_rows import read_accuracy_curve
 
     out = []
     for s in summaries:
-        with open(Path(work_dir) / f"{s['name']}.csv", newline="") as f:
-            acc = [float(r["test_acc"]) for r in csv.DictReader(f)]
+        acc = read_accuracy_curve(Path(work_dir) / f"{s['name']}.csv")
         out.append({**s, "last20_acc": float(np.mean(acc[-LAST_ROUNDS:]))})
     return out
 

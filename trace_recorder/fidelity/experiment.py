@@ -36,7 +36,7 @@ import os
 import shlex
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -350,11 +350,21 @@ def _simulate(work: WorkFolder, opts: FidelityOptions, profile: Profile, trace_s
         res = run_simulation(sim_cfg, data=data, participation=part, on_round=progress)
         with atomic_file(work.sim_path(name)) as f:
             json.dump({"name": name, "seed": sim_cfg.seed, "wall_s": round(time.monotonic() - t0, 1),
-                       "rounds": [{"round": r.round, "test_acc": r.test_acc, "test_loss": r.test_loss,
-                                   "mean_s": r.mean_s} for r in res.records]}, f)
+                       "rounds": [asdict(SimRound(round=r.round, test_acc=r.test_acc, test_loss=r.test_loss,
+                                                  mean_s=r.mean_s)) for r in res.records]}, f)
     load.append(_loadavg())
     work.finish("simulate", elapsed_s=time.monotonic() - started, loadavg=load, runs=[name for name, _, _ in runs],
                 start_rounds=start)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimRound:
+    """One round of a simulation, as the simulate phase's file keeps it (sim_path)."""
+
+    round: int
+    test_acc: float
+    test_loss: float
+    mean_s: float
 
 
 class AfterStart:
@@ -461,7 +471,8 @@ def _sim_curves(work: WorkFolder, profile: Profile, *, sim_seeds: int) -> dict[s
 
     def sim_curve(name: str) -> dict[str, np.ndarray]:
         # the simulate phase's own summary file (written above from the simulator's records)
-        return _curve([(r["round"], r["test_acc"], r["test_loss"]) for r in sims[name]["rounds"]])
+        rounds = [SimRound(**r) for r in sims[name]["rounds"]]
+        return _curve([(r.round, r.test_acc, r.test_loss) for r in rounds])
 
     seeds = [profile.seed, *band_seeds(profile.seed, sim_seeds)]
     return {source: {seed: sim_curve(sim_name(source, seed)) for seed in seeds}

@@ -20,7 +20,7 @@ E = 10
 def _round(n: int, *, participants, devices, s, rejected=None, arrivals=(), departures=(), acc=0.5, loss=1.0) -> dict:
     """One record in the coordinator's per-round schema.
 
-    As coordinator/metrics.py `round_row` and coordinator/finisher.py `_row` write it."""
+    As the coordinator writes it: coordinator.rules.round_record.RoundRecord's to_json, with its live part."""
     updates = [d for d in participants if d in s]
     # As the coordinator decides it for devices it took nothing from, and agents that stopped short of E on time.
     why = {d: "offline" if d not in participants else "missed" if not s.get(d)

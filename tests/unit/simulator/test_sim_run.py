@@ -124,3 +124,21 @@ def test_rounds_csv_reads_back_as_typed_rows_with_a_field_per_column(tmp_path: P
     with pytest.raises(ReportError, match=r"rounds\.csv:2: column 'discarded': expected True or False or empty, "
                                           r"got 'maybe'"):
         read_rounds_csv(out / "rounds.csv")
+
+
+def test_accuracy_curve_reads_each_rounds_accuracy_and_refuses_a_line_without_one(tmp_path: Path) -> None:
+    """The pages' curves (simulator.sim_rows.read_accuracy_curve) are the CSV's test_acc column, round by round;
+    a line with an empty test_acc is named, not read as a gap or a zero."""
+    from flexfl.errors import ReportError
+    from simulator.sim_rows import read_accuracy_curve, read_rounds_csv
+
+    out = tmp_path / "sim"
+    assert main([*TINY, "--rounds", "3", "--out", str(out)]) == 0
+    assert read_accuracy_curve(out / "rounds.csv") == [r.test_acc for r in read_rounds_csv(out / "rounds.csv")]
+    lines = (out / "rounds.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    second = lines[2].split(",")
+    second[header.index("test_acc")] = ""
+    (out / "rounds.csv").write_text("\n".join([*lines[:2], ",".join(second), *lines[3:]]) + "\n")
+    with pytest.raises(ReportError, match=r"no test_acc in round\(s\) \[2\]"):
+        read_accuracy_curve(out / "rounds.csv")
