@@ -33,13 +33,17 @@ class ServerConfig:
     tls_client_ca: str = path_field()
     max_update_mib: float = 64.0
     pull_wait_s: float = 5.0  # longest a pull (PullRound or a Session's) is held before answering WAIT
+    # Each device's share of output.dir/agent_logs/ (coordinator/agent_logs.py): an agent logs ~0.3 KiB a round
+    # at INFO, so 16 MiB holds ~50,000 rounds; past it the device's lines are dropped, and counted.
+    max_agent_log_mib: float = 16.0
 
     def __post_init__(self) -> None:
         split_host_port(self.listen, what="server.listen", allow_port_zero=True)  # port 0: pick a free one
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("server.tls_cert and server.tls_key must be given together")
-        if not self.max_update_mib > 0 or not self.pull_wait_s > 0:
-            raise ConfigError("server.max_update_mib and server.pull_wait_s must be > 0")
+        if not self.max_update_mib > 0 or not self.pull_wait_s > 0 or not self.max_agent_log_mib >= 0:
+            raise ConfigError("server.max_update_mib and server.pull_wait_s must be > 0, server.max_agent_log_mib "
+                              ">= 0 (0: keep no device logs)")
 
     def token(self) -> str:
         if self.fleet_token_file:

@@ -6,11 +6,13 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 import traceback
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from coordinator.agent_logs import AgentLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
 from coordinator.listen import preflight
@@ -22,6 +24,9 @@ log = logging.getLogger(__name__)
 
 # Threads for the uploads' checksums, checks and summing (they release the GIL): about the cores.
 UPLOAD_THREADS = 4
+# The longest a finished run waits for its devices' last log lines (only devices that sent some before: agents from
+# before SendLog or with send_log = false are not waited for; one that died is, for this long).
+FINAL_LOG_WAIT_S = 2.0
 
 
 class Coordinator:
@@ -34,6 +39,7 @@ class Coordinator:
         # Sample counts, test set and holdouts only: the training images stay with the devices.
         self.engine = RoundEngine(cfg, data=load_evaluation(cfg.partition), resume=resume, fresh=fresh,
                                   allow_rule_change=allow_rule_change)
+        self.agent_logs = AgentLogs.of(cfg)
         self.server = None
         self.port = 0
         self._thread: threading.Thread | None = None
@@ -52,7 +58,8 @@ class Coordinator:
         self._work = futures.ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="upload")
         try:
             self.server, self.port = asyncio.run_coroutine_threadsafe(
-                start_server(self.cfg, self.engine, token=self.token, work=self._work), self._loop).result()
+                start_server(self.cfg, self.engine, token=self.token, work=self._work, agent_logs=self.agent_logs),
+                self._loop).result()
         except BaseException:
             self._close_loop()
             self.engine.folder.release()  # the engine never runs: give its folder back now
@@ -79,8 +86,9 @@ class Coordinator:
         self._thread.join(timeout)
         if self._thread.is_alive():
             return False
-        # Let agents see FINISHED before the server goes away.
+        # Let agents see FINISHED, and send the last lines of their logs, before the server goes away.
         if self.server is not None:
+            self._await_final_logs()
             asyncio.run_coroutine_threadsafe(self.server.stop(grace=1.0), self._loop).result()
             self.server = None
             self._close_loop()
@@ -88,6 +96,15 @@ class Coordinator:
             error, self.error = self.error, None
             raise error
         return True
+
+    def _await_final_logs(self) -> None:
+        """Wait (at most FINAL_LOG_WAIT_S) until every device that sends its log, and has not left, has sent it after
+        the run ended: an agent sends its last lines once it has seen FINISHED (edge_agent/log_shipping.py)."""
+        ended = time.monotonic()
+        senders = self.agent_logs.sent_since(0.0)  # an agent that sends its log sends it first after joining
+        waiting = {d.device_id for d in self.engine.status().devices if not d.departed} & senders
+        while waiting - self.agent_logs.sent_since(ended) and time.monotonic() < ended + FINAL_LOG_WAIT_S:
+            time.sleep(0.05)
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -13,14 +13,17 @@ The server is grpc.aio on one event-loop thread. The turns of a round's transfer
 own modules: the offer (the next round, waited for without a thread, and its model sent as
 bytes serialised once per round, a bounded few at a time: coordinator/offering.py) and the
 upload (an update read, checked and summed, a bounded number at a time, on the loop or a
-work thread: coordinator/uploading.py).
+work thread: coordinator/uploading.py). Devices' log lines go to their files in the output folder
+(coordinator/agent_logs.py), written on a work thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any
 
 import grpc
@@ -29,6 +32,7 @@ from flexfl.proto import fleet_pb2_grpc as pb_grpc
 from flexfl.proto.options import PROTOCOL_VERSION, PROXIMAL_MU_PROTOCOL, SERVER_OPTIONS
 from flexfl.proto.status import status_reply
 
+from coordinator.agent_logs import AgentLogs
 from coordinator.callers import Callers, same_device
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine
@@ -37,7 +41,7 @@ from coordinator.offering import Offers
 from coordinator.status import mapped
 from coordinator.uploading import Uploads, kind
 from flexfl.errors import ProtocolMismatch, UpdateRejected
-from flexfl.exchange import Join
+from flexfl.exchange import Join, LogLine
 
 # A session sends WAIT at most this often (a pull's wait_s of 0 would otherwise spin), or every
 # server.pull_wait_s when that is shorter.
@@ -46,10 +50,12 @@ SESSION_MIN_WAIT_S = 1.0
 
 class FleetServicer(pb_grpc.FleetServicer):
     def __init__(self, engine: RoundEngine, *, token: str, max_update_bytes: int, pull_wait_s: float,
-                 work: futures.Executor, certificate_identity: bool = False) -> None:
+                 work: futures.Executor, agent_logs: AgentLogs, certificate_identity: bool = False) -> None:
         self.engine = engine
         self.offers = Offers(engine, pull_wait_s=pull_wait_s, work=work)
         self.uploads = Uploads(engine, max_update_bytes=max_update_bytes, work=work)
+        self.agent_logs = agent_logs
+        self._work = work
         self._callers = Callers(token, certificate_identity=certificate_identity)
 
     @mapped
@@ -85,6 +91,14 @@ class FleetServicer(pb_grpc.FleetServicer):
         streaming = self._callers.streaming()
         return status_reply(replace(state, devices=tuple(replace(d, streaming=d.device_id in streaming)
                                                          for d in state.devices)))
+
+    @mapped
+    async def SendLog(self, request: pb.LogBatch, context: grpc.aio.ServicerContext) -> pb.LogReply:
+        caller = self._callers.identify(context)
+        lines = [LogLine(time_s=m.time_s, level=m.level, logger=m.logger, message=m.message) for m in request.lines]
+        kept = await asyncio.get_running_loop().run_in_executor(self._work, partial(
+            self.agent_logs.append, caller, lines, dropped_by_device=request.dropped))
+        return pb.LogReply(kept=kept.kept, dropped=kept.dropped)
 
     @mapped
     async def PullRound(self, request: pb.PullRequest,
@@ -178,8 +192,8 @@ def add_servicer(servicer: pb_grpc.FleetServicer, server: grpc.aio.Server) -> No
     server.add_registered_method_handlers(registration.service, handlers)
 
 
-async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str,
-                       work: futures.Executor) -> tuple[grpc.aio.Server, int]:
+async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: str, work: futures.Executor,
+                       agent_logs: AgentLogs | None = None) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server, bound to `server.listen` (port 0 picks a free one), on the running loop.
 
     Returns it and the port. Call from the event loop that will serve it; `work` runs the
@@ -187,8 +201,9 @@ async def start_server(cfg: CoordinatorConfig, engine: RoundEngine, *, token: st
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
     s = cfg.server
+    agent_logs = agent_logs or AgentLogs.of(cfg)
     servicer = FleetServicer(engine, token=token, max_update_bytes=int(s.max_update_mib * (1 << 20)),
-                             pull_wait_s=s.pull_wait_s, work=work,
+                             pull_wait_s=s.pull_wait_s, work=work, agent_logs=agent_logs,
                              certificate_identity=bool(s.tls_cert and s.tls_client_ca))
     add_servicer(servicer, server)
     port = await bind(server, s)

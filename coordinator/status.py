@@ -21,6 +21,7 @@ from flexfl.errors import (
     DeviceBusy,
     DeviceConflict,
     IdentityMismatch,
+    LogRejected,
     MissingDevice,
     PartitionMismatch,
     ProtocolMismatch,
@@ -46,6 +47,7 @@ ERRORS: dict[type[Exception], tuple[grpc.StatusCode, ErrorReason]] = {
     UpdateRejected: (Code.INVALID_ARGUMENT, ErrorReason.UPDATE_REJECTED),
     RoundStateError: (Code.FAILED_PRECONDITION, ErrorReason.WRONG_ROUND_STATE),
     ConfigError: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
+    LogRejected: (Code.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
 }
 
 

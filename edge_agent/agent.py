@@ -4,7 +4,8 @@ Three parts, as on the coordinator's side: the transport (edge_agent/transport.p
 channel, the Session stream, retries with backoff, protobuf) delivers each round as records
 (flexfl/exchange.py); the device's round (edge_agent/device_round.py) trains under the
 deadline rule (edge_agent/deadline.py) and says what it did; this module runs the loop
-between them: joining, scripted arrivals and departures, and what each round is kept as.
+between them: joining, scripted arrivals and departures, and what each round is kept as. Its log
+records go to the coordinator after each round (edge_agent/log_shipping.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from edge_agent.config import AgentConfig
 from edge_agent.deadline import Estimates
 from edge_agent.device_round import RoundCaps, expected_parameters, run_round
+from edge_agent.log_shipping import LogBuffer, ship
 from edge_agent.memory import ProcessMemory, release_freed
 from edge_agent.transport import AgentError, Delivery, Expected, Transport, UnknownDevice
 from flexfl import __version__
@@ -69,8 +71,10 @@ class EdgeAgent:
     agent loads its shard of the coordinator's partition before joining.
     """
 
-    def __init__(self, cfg: AgentConfig, *, shard: ArrayDataset | None = None) -> None:
+    def __init__(self, cfg: AgentConfig, *, shard: ArrayDataset | None = None,
+                 log_buffer: LogBuffer | None = None) -> None:
         self.cfg = cfg
+        self.log_buffer = log_buffer  # this process's log records, sent to the coordinator (edge_agent/log_shipping.py)
         self.shard = shard
         self._stop = threading.Event()
         self._leave_on_stop = False
@@ -102,8 +106,17 @@ class EdgeAgent:
             while self._one_run() and self.cfg.serve_runs and not self._stop.is_set():
                 self._await_next_run()
             return 0
+        except AgentError as exc:
+            log.error("%s: stopping: %s", self.cfg.device_id, exc)  # into the log the coordinator keeps, too
+            raise
         finally:
+            self._send_log(timeout_s=3.0)
             self.transport.close()
+
+    def _send_log(self, *, timeout_s: float = 10.0) -> None:
+        """Send the log records kept since the last time (a failure leaves them for the next try)."""
+        if self.log_buffer is not None:
+            ship(self.log_buffer, partial(self.transport.send_log, timeout_s=timeout_s))
 
     def _one_run(self) -> bool:
         """Take part in the coordinator's run; True when it finished training, False when this agent stopped."""
@@ -112,6 +125,7 @@ class EdgeAgent:
             if self._stop.is_set():  # stopped while waiting for its scripted arrival round
                 return False
             after_round = self._join()
+            self._send_log()
         except AgentError:
             if self._stop.is_set():  # stopped while still trying to reach the coordinator
                 return False
@@ -125,6 +139,7 @@ class EdgeAgent:
             if offer.status == OfferStatus.FINISHED:
                 log.info("%s: training finished", self.cfg.device_id)
                 self.transport.end_session()
+                self._send_log()
                 return True
             if offer.terms is None:  # WAIT (or a status this agent does not know)
                 after_round = max(after_round, offer.round_id)
@@ -132,6 +147,7 @@ class EdgeAgent:
             finish = self._do_round(offer.round_id, offer.terms, received_at=delivery.received_at)
             del delivery, offer  # the model's tensors: given back before the round's memory is read
             self._round_done(finish)
+            self._send_log()
             after_round = self.rounds_done[-1].round_id
             if leave_after and after_round >= leave_after:
                 log.info("%s: leaving after round %d as scripted", self.cfg.device_id, after_round)

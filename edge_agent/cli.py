@@ -53,7 +53,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         "give_up_after_s": args.give_up_after_s,
         "participation": {"trace": args.trace, "no_train": args.no_train},
     })
-    agent = EdgeAgent(cfg)
+    buffer = None
+    if cfg.send_log:  # the run's folder keeps this agent's log (edge_agent/log_shipping.py)
+        from edge_agent.log_shipping import LogBuffer
+
+        buffer = LogBuffer()
+        logging.getLogger().addHandler(buffer)
+    agent = EdgeAgent(cfg, log_buffer=buffer)
 
     def on_signal(signum, _frame):
         log.info("%s: received %s", cfg.device_id, signal.Signals(signum).name)

@@ -62,6 +62,9 @@ class AgentConfig:
     # After a run finishes, wait for the coordinator's next run and join it (a fleet's agent service, which
     # campaigns run one run after another on); False: exit once training finished. Written only when True.
     serve_runs: bool = field(default=False, metadata={"written_when": True})
+    # Send this agent's log records (INFO and above) to the coordinator after each round and at the end, so that the
+    # run's folder keeps them (agent_logs/<device id>.log). Written only when False.
+    send_log: bool = field(default=True, metadata={"written_when": False})
     partition: PartitionSpec | None = None
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
     # A folder put on sys.path: the coordinator's plug-ins (its dataset and model) must import here too.

@@ -39,6 +39,8 @@ from flexfl.exchange import (
     FleetState,
     Join,
     Joined,
+    LogKept,
+    LogLine,
     ModelDescription,
     OfferStatus,
     RoundOffer,
@@ -166,7 +168,7 @@ class _Session:
 
 
 class Transport:
-    """The device's calls to its coordinator (status, join, leave, pull, push), in domain records.
+    """The device's calls to its coordinator (status, join, leave, pull, push, send_log), in domain records.
 
     `stop` is the agent's: retries end when it is set.
     """
@@ -179,6 +181,7 @@ class Transport:
         self._stub = pb_grpc.FleetStub(self._channel)
         self._session: _Session | None = None
         self.per_round_calls = False  # the coordinator has no Session: a PullRound and a PushUpdate per round
+        self.logs_unsupported = False  # the coordinator has no SendLog: the agent's log stays on the device
 
     def close(self) -> None:
         self.end_session()
@@ -223,6 +226,25 @@ class Transport:
                         exc.code().name)
             return None
         return str(reply.policy)
+
+    def send_log(self, lines: list[LogLine], dropped: int, *, timeout_s: float = 10.0) -> LogKept | None:
+        """Deliver a batch of this agent's log records; None when it could not (tried once: the next round tries
+        again). A coordinator without SendLog is not asked again (logs_unsupported)."""
+        if self.logs_unsupported:
+            return None
+        batch = pb.LogBatch(lines=[pb.LogLine(time_s=x.time_s, level=x.level, logger=x.logger, message=x.message)
+                                   for x in lines], dropped=dropped)
+        try:
+            reply = self._stub.SendLog(batch, metadata=self._metadata(), timeout=min(timeout_s, self.cfg.rpc_timeout_s))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.logs_unsupported = True
+                log.info("%s: coordinator %s keeps no device logs (no SendLog); this log stays here",
+                         self.cfg.device_id, self.cfg.coordinator)
+            else:  # DEBUG: a WARNING would be a record to send, at every failed try
+                log.debug("%s: log not sent: %s: %s", self.cfg.device_id, exc.code().name, exc.details())
+            return None
+        return LogKept(kept=reply.kept, dropped=reply.dropped)
 
     def pull(self, after_round: int, *, expected: Callable[[ModelDescription], Expected]) -> Delivery | None:
         """The next offer after `after_round` (None: the agent is stopping); a round's model is checked

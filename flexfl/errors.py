@@ -32,6 +32,10 @@ class UpdateRejected(FlexFLError):
     """A device's update failed validation and was not applied."""
 
 
+class LogRejected(FlexFLError):
+    """A device's log lines (SendLog) are malformed, or its id cannot name its log file; none of them was kept."""
+
+
 class PluginError(ConfigError):
     """A plug-in (a model, dataset or strategy named by import path or entry point) cannot be imported, lacks what
     FlexFL needs, gives what it must not (a wrong shape or dtype), or raised in its own code; one line naming it."""

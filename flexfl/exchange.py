@@ -106,6 +106,24 @@ Delta = Mapping[str, np.ndarray]  # name -> w_k - w, checked against the model's
 
 
 @dataclass(frozen=True)
+class LogLine:
+    """One record of a device's own log, as it sends it to the coordinator (SendLog: the run folder keeps it)."""
+
+    time_s: float  # Unix time of the record
+    level: str  # logging's level name: INFO, WARNING, ...
+    logger: str  # the logger's name (edge_agent.agent, ...)
+    message: str  # the formatted message, a traceback's lines included
+
+
+@dataclass(frozen=True)
+class LogKept:
+    """What the coordinator did with a batch of log lines."""
+
+    kept: int
+    dropped: int  # past the device's share of the run folder (server.max_agent_log_mib), or the device's own count
+
+
+@dataclass(frozen=True)
 class Accepted:
     round_id: int
     message: str

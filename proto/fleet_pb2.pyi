@@ -316,3 +316,31 @@ class StatusReply(_message.Message):
     round_open_s: float
     round_closes_in_s: float
     def __init__(self, run_id: _Optional[str] = ..., completed_round: _Optional[int] = ..., open_round: _Optional[int] = ..., started: _Optional[bool] = ..., finished: _Optional[bool] = ..., rounds: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., partition_json: _Optional[str] = ..., required_updates: _Optional[int] = ..., deadline_s: _Optional[float] = ..., round_open_s: _Optional[float] = ..., round_closes_in_s: _Optional[float] = ...) -> None: ...
+
+class LogLine(_message.Message):
+    __slots__ = ("time_s", "level", "logger", "message")
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    LOGGER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    time_s: float
+    level: str
+    logger: str
+    message: str
+    def __init__(self, time_s: _Optional[float] = ..., level: _Optional[str] = ..., logger: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LogBatch(_message.Message):
+    __slots__ = ("lines", "dropped")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedCompositeFieldContainer[LogLine]
+    dropped: int
+    def __init__(self, lines: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class LogReply(_message.Message):
+    __slots__ = ("kept", "dropped")
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    kept: int
+    dropped: int
+    def __init__(self, kept: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class FleetStub:
                 request_serializer=flexfl_dot_proto_dot_fleet__pb2.StatusRequest.SerializeToString,
                 response_deserializer=flexfl_dot_proto_dot_fleet__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.SendLog = channel.unary_unary(
+                '/flexfl.v1.Fleet/SendLog',
+                request_serializer=flexfl_dot_proto_dot_fleet__pb2.LogBatch.SerializeToString,
+                response_deserializer=flexfl_dot_proto_dot_fleet__pb2.LogReply.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -126,6 +131,19 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendLog(self, request, context):
+        """A device's own log records since its last SendLog (the agent's, INFO and above), so that a run's folder
+        holds every device's log without a login on the device (a campaign on Pis). Agents send them after each
+        round and when they stop or fail; the coordinator appends them to agent_logs/<device id>.log in its output
+        folder, at most server.max_agent_log_mib per device (past that it drops lines and counts them). It needs
+        the fleet token and a device id, not a joined device: a device refused at join sends why. A device id
+        that cannot name a file, or a malformed batch, is INVALID_ARGUMENT. A coordinator without it answers
+        UNIMPLEMENTED, and agents stop sending.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +176,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=flexfl_dot_proto_dot_fleet__pb2.StatusRequest.FromString,
                     response_serializer=flexfl_dot_proto_dot_fleet__pb2.StatusReply.SerializeToString,
+            ),
+            'SendLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendLog,
+                    request_deserializer=flexfl_dot_proto_dot_fleet__pb2.LogBatch.FromString,
+                    response_serializer=flexfl_dot_proto_dot_fleet__pb2.LogReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -322,6 +345,33 @@ class Fleet:
             '/flexfl.v1.Fleet/Status',
             flexfl_dot_proto_dot_fleet__pb2.StatusRequest.SerializeToString,
             flexfl_dot_proto_dot_fleet__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flexfl.v1.Fleet/SendLog',
+            flexfl_dot_proto_dot_fleet__pb2.LogBatch.SerializeToString,
+            flexfl_dot_proto_dot_fleet__pb2.LogReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,5 +73,9 @@ required_updates = 10
         rows = read_metrics(out / "runs" / name / "coordinator" / "metrics.jsonl")
         assert [sorted(r.s) for r in rows] == [["pi-0", "pi-1"]] * 2 and all(v > 0 for r in rows for v in r.s.values())
         assert not list((out / "runs" / name).glob("agent-*.toml"))  # no agent of flexfl live's own
+        for i in range(2):  # each device's own log of this run, as its service sent it (no login on the device)
+            kept = (out / "runs" / name / "coordinator" / "agent_logs" / f"pi-{i}.log").read_text()
+            assert kept.count(f"pi-{i} joined as index {i}") == 1 and kept.count("training finished") == 1, kept
+            assert kept.count(f"pi-{i} round ") == 2, kept
     for i, log in logs.items():
         assert log.count(f"pi-{i} joined as index") == 2, log  # one agent process, two runs
