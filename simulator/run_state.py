@@ -16,9 +16,8 @@ import numpy as np
 import torch
 
 from coordinator.rules.round import Arrival, Departure, Federation, RoundOpening, Weighing
-from coordinator.rules.round_record import RoundRecord
+from coordinator.rules.round_record import RoundRecord, rules_record
 from edge_agent.trainer import steps_per_update
-from flexfl.config import to_dict
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.evaluation import evaluate_round
 from simulator.participation import Participation, round_draws
@@ -60,7 +59,9 @@ class RunState:
         batch = cfg.rules.batch_size_for(cfg.partition.dataset)
         self.steps_per_update = [steps_per_update(len(d), batch_size=batch, unit=cfg.rules.unit) for d in data.train]
         self.result = SimResult(config=cfg, trace_assignment=list(participation.trace_names))
-        self.rules = to_dict(cfg.rules)  # in every record, as a live run's rows have them
+        # In every record, as a live run's rows have them: eta0 and the batch size as trained (the dataset's
+        # default where the config leaves them out), so a run's rows say which operating point it ran at.
+        self.rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
 
     def begin(self, tau: int) -> RoundWork:
         opening = self.fed.open(tau)

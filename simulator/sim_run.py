@@ -165,13 +165,16 @@ def _progress(c: SimConfig, every: int, emit: Emit) -> Callable[[RoundRecord], N
 def _write_run(run_dir: Path, c: SimConfig, result: SimResult, timeline: TimelineRun | None, *, label: str) -> None:
     """OUT/<label>/: the rows (metrics.jsonl), the config (sim.toml) and run.json, as a live run has them."""
     from coordinator.metrics import write_run_info
+    from coordinator.rules.round_record import rules_record
     from flexfl.config import to_dict, write_config
     from simulator.report import write_jsonl_atomic
     from workloads.partition_spec import device_id
 
     write_jsonl_atomic(run_dir / "metrics.jsonl", result.rows)
     write_config(run_dir / "sim.toml", c, header=f"flexfl sim run, scheme {label}")
-    write_run_info(run_dir, kind="sim", config=to_dict(c), deadline_s=timeline.deadline_s if timeline else None,
+    # The rules as trained (eta0 and batch size filled in, as in its rows): the report's configuration shows them.
+    config = {**to_dict(c), "rules": rules_record(c.rules, dataset=c.partition.dataset)}
+    write_run_info(run_dir, kind="sim", config=config, deadline_s=timeline.deadline_s if timeline else None,
                    required_updates=c.rules.required_updates,
                    devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
 

@@ -142,3 +142,24 @@ def test_accuracy_curve_reads_each_rounds_accuracy_and_refuses_a_line_without_on
     (out / "rounds.csv").write_text("\n".join([*lines[:2], ",".join(second), *lines[3:]]) + "\n")
     with pytest.raises(ReportError, match=r"no test_acc in round\(s\) \[2\]"):
         read_accuracy_curve(out / "rounds.csv")
+
+
+def test_a_runs_rows_and_run_json_say_the_eta0_and_batch_size_it_trained_with(tmp_path: Path) -> None:
+    """A simulated run records its operating point as a live run does (issue 33: sim rows had no eta0): the dataset's
+    default eta0 and batch size where the config leaves them out, the given ones otherwise; the report shows them."""
+    import json
+
+    from coordinator.metrics import read_metrics
+    from coordinator.rules.config import RulesConfig
+    from flexfl.app.report.sections import config_rows
+
+    default = RulesConfig(required_updates=3)
+    for extra, eta0, batch in (([], default.eta0_for("synthetic"), default.batch_size_for("synthetic")),
+                               (["--eta0", "0.05"], 0.05, default.batch_size_for("synthetic"))):
+        out = tmp_path / f"sim{len(extra)}"
+        assert main([*TINY, "--rounds", "2", "--out", str(out), *extra]) == 0
+        rows = read_metrics(out / "C" / "metrics.jsonl")
+        assert all(r.rules is not None and (r.rules["eta0"], r.rules["batch_size"]) == (eta0, batch) for r in rows)
+        config = json.loads((out / "C" / "run.json").read_text())["config"]
+        shown = dict(config_rows(config, out / "C"))
+        assert (shown["rules.eta0"], shown["rules.batch_size"]) == (str(eta0), str(batch))
