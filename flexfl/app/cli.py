@@ -25,7 +25,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser with _HelpFormatter; add_subparsers makes every subcommand's parser of this class.
+    """An ArgumentParser with _HelpFormatter and no abbreviated flags; add_subparsers makes every subcommand's
+    parser of this class.
 
     A command that takes no subcommand refuses a flag it does not know itself, with its own
     usage and the closest flags it has: argparse hands the unknown ones up to `flexfl`, whose
@@ -34,6 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
+        # No prefixes of long flags: `sim table3 --seed 0` ran a 384-run sweep as --seeds 0 (issue 33).
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):

@@ -217,3 +217,13 @@ def test_a_mistyped_flag_is_refused_by_its_command_with_its_usage_and_the_closes
     with pytest.raises(SystemExit):
         main(["coordinator", "--token-fil", "t"])  # nothing close: no guess
     assert capsys.readouterr().err.strip().endswith("flexfl coordinator: error: unrecognized arguments: --token-fil t")
+
+
+def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(capsys):
+    """`sim table3 --seed 0` ran the whole 384-run sweep as --seeds 0 while abbreviations were allowed (issue 33)."""
+    from flexfl.app.cli import main
+
+    with pytest.raises(SystemExit) as end:
+        main(["sim", "table3", "--seed", "0"])
+    assert end.value.code == 2
+    assert "unrecognized arguments: --seed 0 (--seed: did you mean --seeds?)" in capsys.readouterr().err
