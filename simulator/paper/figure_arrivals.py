@@ -168,7 +168,7 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, dataset:
     _plot(out_dir / f"{stem}.png", stats, dataset)
     write_csv_atomic(out_dir / f"{stem}_runs.csv", rows)
     page = ArrivalsPage(dataset=dataset, seeds=tuple(seeds), timing=timing, rows=tuple(rows),
-                        regime=f"{regime.describe(dataset)} ({regime.headline_note})")
+                        regime=f"{regime.describe(dataset)} ({regime.reading_note('Figure 6')})")
     return _write(out_dir / f"{stem}.md", page)
 
 
@@ -191,5 +191,5 @@ def page_from_csv(out_dir, *, dataset: str, seeds: Sequence[int], regime: Regime
         rows = tuple(csv.DictReader(f))
     timing = json.loads((Path(out_dir) / f"{stem}_timing.json").read_text())
     page = ArrivalsPage(dataset=dataset, seeds=tuple(seeds), timing="; ".join(timing.values()), rows=rows,
-                        regime=f"{regime.describe(dataset)} ({regime.headline_note})")
+                        regime=f"{regime.describe(dataset)} ({regime.reading_note('Figure 6')})")
     return _write(Path(out_dir) / f"{stem}.md", page)

@@ -36,6 +36,21 @@ OPERATING_POINT_FILE = Path(__file__).resolve().parents[2] / "results" / "operat
 SOURCES = ("default", "paper", "protocol")
 
 
+# Which reading of E agrees best with each of the paper's tables, and why the other does not:
+# results/README.md, "Which reading reproduces which table" (the figures behind each are there).
+BEST_READING = {
+    "Table 3": (Unit.EPOCH, "E in epochs at the paper's eta_0 (results/epoch-paper/)",
+                "in steps fewer cells have the paper's sign and rank for Scheme B over A"),
+    "Table 4": (Unit.STEP, "E in steps (results/)",
+                "in epochs the paper's learning-rate restart after an arrival (eta_0 / (tau - tau_0)) makes "
+                "recovery take about tau_0 rounds with or without fast-reboot"),
+    "Table 5": (Unit.STEP, "E in steps (results/)",
+                "in epochs the same learning-rate restart follows a departure, and exclude's loss crosses "
+                "include's later than in the paper"),
+}
+WHICH_READING = 'results/README.md, "Which reading reproduces which table"'
+
+
 @dataclass(frozen=True)
 class Regime:
     unit: Unit = Unit.STEP
@@ -81,15 +96,21 @@ class Regime:
         rules = replace(cfg.rules, unit=self.unit, eta0=self.eta0_for(cfg.partition.dataset))
         return replace(cfg, rules=rules)
 
-    @property
-    def headline_note(self) -> str:
-        """Which reading of E this is, from the paper's text (results/README.md)."""
+    def reading_note(self, paper_figure: str) -> str:
+        """Which reading of E this is, and which reading agrees best with `paper_figure` ("Table 3",
+        "Table 4", "Table 5"; another name, e.g. "Figure 6", has no verdict), from BEST_READING."""
         if self.unit is Unit.EPOCH:
-            return ("the paper's own reading and FlexFL's headline: its text speaks of local epochs throughout, and "
-                    "its learning rates (2e-3 MNIST, 1 SYNTHETIC) train in this reading; only a footnote makes "
-                    "epochs and local updates interchangeable")
-        return ("the footnote's reading, one local update = one SGD step, at 1/60 of the epoch reading's compute on "
-                "MNIST; the epoch reading (results/epoch-*/) is the paper's own")
+            text = ("the paper's own reading: its text speaks of local epochs throughout, and its learning rates "
+                    "(2e-3 MNIST, 1 SYNTHETIC) train in this reading; only a footnote makes epochs and local "
+                    "updates interchangeable")
+        else:
+            text = ("the footnote's reading, one local update = one SGD step, at 1/60 of the epoch reading's compute "
+                    "on MNIST; the epoch reading (results/epoch-*/) is the paper's own")
+        if paper_figure not in BEST_READING:
+            return f"{text}; results/README.md compares the readings on Tables 3-5, not on {paper_figure}"
+        unit, best, why_not_other = BEST_READING[paper_figure]
+        because = "" if unit is self.unit else f": {why_not_other}"
+        return f"{text}. For {paper_figure}, {best} agrees best with the paper{because} ({WHICH_READING})"
 
     def describe(self, dataset: Dataset | str) -> str:
         from workloads.federated import DEFAULTS

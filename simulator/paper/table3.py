@@ -457,7 +457,6 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
     If the page's committed table3_runs.csv lists runs not finished here, everything goes to
     <out_dir>/local instead (simulator.report.page_dir) unless `replace_page`; `plots` gets
     the folder chosen as info["out_dir"]."""
-    from flexfl.files import atomic_file
     from simulator.report import page_dir, write_csv_atomic
 
     found = {dataset: with_window(finished_summaries(dataset, list(READINGS), seeds=seeds, num_traces=range(1, 9),
@@ -470,25 +469,73 @@ def write_page(out_dir: Path, *, work_dirs: dict[str, Path], seeds: Sequence[int
                           f"for seeds {list(seeds)}: nothing to write (run without --report-only)")
     plan_dir = Path(out_dir)
     out_dir = page_dir(out_dir, "table3_runs.csv", run_rows, RUN_KEY, replace=replace_page)
+
+    def drawn(dataset: str, headline: list[dict]) -> tuple[tuple[str, str], ...]:
+        info = {"work_dir": work_dirs[dataset], "out_dir": out_dir, "summaries": headline}
+        return () if plots is None else tuple((key, path.name) for key, path in plots(dataset, info).items())
+
+    page = _page(plan_dir, found=found, work_dirs=work_dirs, seeds=seeds, timing=timing, regime=regime, plots=drawn)
+    write_csv_atomic(out_dir / "table3_runs.csv", run_rows)
+    return _write(out_dir / "table3.md", page)
+
+
+def page_from_csv(out_dir: Path, *, regime: Regime) -> Path:
+    """Render out_dir/table3.md again from the table3_runs.csv, table3_timing.json and table3_plan.json
+    beside it (nothing is trained); the plots, which need every run's curves, are named as they are.
+
+    The largest device's share is recomputed from the partitions (no training); the plan's
+    time estimate for unfinished groups needs the runs' wall times per group and is left out."""
+    import csv
+    import json
+
+    out_dir = Path(out_dir)
+    found: dict[str, list[dict]] = {}
+    with open(out_dir / "table3_runs.csv", newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            missing = [k for k in RUN_FIELDS if not row.get(k)]
+            if missing:
+                raise ConfigError(f"{out_dir / 'table3_runs.csv'}: a row without {', '.join(missing)} (a page from an "
+                                  "older writer): it cannot be rendered from its CSV")
+            s = {**row, "num_traces": int(row["num_traces"]), "seed": int(row["seed"]),
+                 **{k: float(row[k]) for k in ("final_acc", "last20_acc", "final_loss", "wall_s")}}
+            s["name"] = f"{s['reading']}_{s['setting']}_T{s['num_traces']}_seed{s['seed']}_{s['scheme']}"
+            found.setdefault(row["dataset"], []).append(s)
+    seeds = sorted({s["seed"] for rows in found.values() for s in rows})
+    timing = json.loads((out_dir / "table3_timing.json").read_text())
+
+    def existing(dataset: str, _headline: list[dict]) -> tuple[tuple[str, str], ...]:
+        return tuple((f"{dataset}_{st}", name) for st in SETTINGS
+                     if (out_dir / (name := f"table3_{dataset}_{st}.png")).exists())
+
+    work_dirs = {dataset: out_dir / "runs" / f"table3_{dataset}" for dataset in found}  # the sweep's default
+    page = _page(out_dir, found=found, work_dirs=work_dirs, seeds=seeds, timing=timing, regime=regime,
+                 plots=existing)
+    return _write(out_dir / "table3.md", page)
+
+
+def _page(plan_dir: Path, *, found: dict[str, list[dict]], work_dirs: dict[str, Path], seeds: Sequence[int],
+          timing: dict[str, str], regime: Regime,
+          plots: Callable[[str, list[dict]], tuple[tuple[str, str], ...]]) -> Table3Page:
+    """The page of the run summaries `found` ({dataset: summaries}); `plots` names the headline's plots."""
     progress_lines, headlines, readings = [], [], []
-    for dataset, work_dir in work_dirs.items():
-        summaries = found[dataset]
-        line = progress(plan_dir, dataset, work_dir, summaries)
+    for dataset, summaries in found.items():
+        line = progress(plan_dir, dataset, work_dirs[dataset], summaries)
         if line is not None:
             progress_lines.append(f"- {line}")
         results = reading_results(dataset, summaries, seeds=seeds)
         readings += results
         if any(r.reading.name == HEADLINE for r in results):
-            drawn = {} if plots is None else plots(dataset, {"work_dir": work_dir, "out_dir": out_dir, "summaries": [
-                s for s in summaries if s["reading"] == HEADLINE]})
             headlines.append(Headline(dataset=dataset, tables=metric_tables(dataset, summaries, HEADLINE),
-                                      plots=tuple((key, path.name) for key, path in drawn.items())))
-    page = Table3Page(seeds=tuple(seeds), timing=dict(timing), progress=tuple(progress_lines),
-                      regime=(f"{'; '.join(f'{d.upper()} {regime.describe(d)}' for d in work_dirs)} "
-                              f"({regime.headline_note})"),
+                                      plots=plots(dataset, [s for s in summaries if s["reading"] == HEADLINE])))
+    return Table3Page(seeds=tuple(seeds), timing=dict(timing), progress=tuple(progress_lines),
+                      regime=(f"{'; '.join(f'{d.upper()} {regime.describe(d)}' for d in found)} "
+                              f"({regime.reading_note('Table 3')})"),
                       headlines=tuple(headlines), readings=tuple(readings))
-    write_csv_atomic(out_dir / "table3_runs.csv", run_rows)
-    path = out_dir / "table3.md"
+
+
+def _write(path: Path, page: Table3Page) -> Path:
+    from flexfl.files import atomic_file
+
     with atomic_file(path) as f:
         f.write(render(page))
     return path

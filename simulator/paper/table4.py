@@ -252,7 +252,7 @@ def write_page(out_dir, *, work_dirs: dict, seeds: Sequence[int], timing: dict[s
     for r in results:
         _plot(out_dir / r.plot, r.dataset, work_dirs[r.dataset], seeds)
     page = render(results, timing=timing, regimes="; ".join(f"{d.upper()} {regime.describe(d)}" for d in work_dirs),
-                  note=regime.headline_note)
+                  note=regime.reading_note("Table 4"))
     write_csv_atomic(out_dir / "table4_runs.csv", rows)
     if diagnostic:
         write_csv_atomic(out_dir / DIAGNOSTIC_CSV, diagnostic)
@@ -284,7 +284,7 @@ def page_from_csv(out_dir, *, regime: Regime):
     results = [DatasetResult(dataset=d, found=tuple(found[d]), no_restart=tuple(no_restart.get(d, ())),
                              plot=f"table4_{d}.png") for d in found]
     page = render(results, timing=timing, regimes="; ".join(f"{d.upper()} {regime.describe(d)}" for d in found),
-                  note=regime.headline_note)
+                  note=regime.reading_note("Table 4"))
     path = out_dir / "table4.md"
     with atomic_file(path) as f:
         f.write(page)

@@ -219,7 +219,7 @@ def loso_section(departures: Sequence[Decided]) -> str:
                "auto does no better than the threshold rule: the Gamma estimate adds nothing here")
     return f"""## auto vs threshold, leave-one-seed-out
 
-For each seed, auto's c (of C_GRID) and the threshold rule's k (exclude iff T - tau_0 >= k,
+For each seed, auto's c (of {C_GRID_TEXT}) and the threshold rule's k (exclude iff T - tau_0 >= k,
 k in {list(int(k) for k in K_GRID)}) are chosen on the other seeds, the smallest of equally
 good values; "right" is the share of that seed's (departure, horizon) cases where the rule
 picks the policy with the lower test loss at T.
@@ -480,7 +480,7 @@ def write_page(out_dir, *, work_dir, seeds: Sequence[int], timing: str, regime: 
     out_dir = page_dir(out_dir, RUNS_CSV, [d.to_row() for d in crossings], RUN_KEY, replace=replace_page)
     plot = _plot_losses(out_dir / "table5_losses.png", deps)
     page = Table5Page(crossings=crossings, seeds=tuple(seeds), timing=timing, plot=plot.name,
-                      regime=f"{regime.describe('synthetic')} ({regime.headline_note})")
+                      regime=f"{regime.describe('synthetic')} ({regime.reading_note('Table 5')})")
     path = _write(out_dir, page)
     return path, page.tuning.c, page.tuning.held_acc
 
@@ -508,7 +508,7 @@ def page_from_csv(out_dir, *, regime: Regime):
     timing = json.loads((Path(out_dir) / "table5_timing.json").read_text())
     page = Table5Page(crossings=crossings, seeds=tuple(sorted({d.seed for d in crossings})),
                       timing="; ".join(timing.values()), plot="table5_losses.png",
-                      regime=f"{regime.describe('synthetic')} ({regime.headline_note})")
+                      regime=f"{regime.describe('synthetic')} ({regime.reading_note('Table 5')})")
     return _write(out_dir, page)
 
 

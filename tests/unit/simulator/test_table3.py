@@ -52,3 +52,35 @@ def test_a_small_trial_beside_a_committed_page_keeps_its_plan_under_local(tmp_pa
     # A fresh folder holds its own plan.
     record_plan(tmp_path / "fresh", "synthetic", [], command="c")
     assert (tmp_path / "fresh" / "table3_plan.json").is_file()
+
+
+def test_the_page_renders_again_from_its_runs_csv(tmp_path, monkeypatch) -> None:
+    """write_page from runs and page_from_csv from the table3_runs.csv it wrote give the same page (item 12:
+    the committed pages re-render without their runs' folders); a CSV from an older writer is refused."""
+    import pytest
+
+    from flexfl.errors import ConfigError
+    from simulator.paper.regime import Regime
+
+    summaries = [{**s, "wall_s": 1.0, "name": f"{s['reading']}_{s['setting']}_T{s['num_traces']}_seed{s['seed']}_"
+                  f"{s['scheme']}"} for s in _summaries([HEADLINE, "equal"])]
+    monkeypatch.setattr(table3, "largest_share", lambda *a, **k: 0.1)
+    monkeypatch.setattr(table3, "finished_summaries", lambda dataset, *a, **k: summaries if dataset == "synthetic"
+                        else [])
+    monkeypatch.setattr(table3, "with_window", lambda found, work_dir: found)
+    (tmp_path / "table3_synthetic_iid.png").write_bytes(b"")
+
+    def plots(dataset, info):
+        return {f"{dataset}_iid": info["out_dir"] / "table3_synthetic_iid.png"}
+
+    regime = Regime(unit="epoch", eta0="paper")
+    path = table3.write_page(tmp_path, work_dirs={"synthetic": tmp_path}, seeds=[0, 1], timing={"synthetic": "1 min"},
+                             plots=plots, regime=regime)
+    (tmp_path / "table3_timing.json").write_text(json.dumps({"synthetic": "1 min"}))
+    first = path.read_text()
+    assert "![synthetic_iid](table3_synthetic_iid.png)" in first and "For Table 3, E in epochs" in first
+    assert table3.page_from_csv(tmp_path, regime=regime).read_text() == first
+    (tmp_path / "table3_runs.csv").write_text("dataset,reading,setting,num_traces,seed,scheme,final_acc,final_loss,"
+                                              "wall_s\nsynthetic,per-label,iid,1,0,A,0.5,1.0,1.0\n")
+    with pytest.raises(ConfigError, match="a row without last20_acc"):
+        table3.page_from_csv(tmp_path, regime=regime)

@@ -166,3 +166,10 @@ def test_a_crossing_reads_back_from_its_runs_csv_and_a_missing_column_is_named(t
     path.write_text(path.read_text().replace("auto_choice_T200", "auto_choice"))
     with pytest.raises(ReportError, match=r"table5_runs\.csv:1: missing column 'auto_choice_T200'"):
         table5.read_crossings(path)
+
+
+def test_the_leave_one_seed_out_section_gives_the_grid_of_c_in_words():
+    """Issue 33 item 13: the section said "auto's c (of C_GRID)", a constant's name as prose."""
+    text = loso_section(_grid())
+    assert "auto's c (of 33 values log-spaced from 0.01 to 100) and the threshold rule's k" in text
+    assert "C_GRID" not in text
