@@ -79,18 +79,25 @@ def claim_run_folder(path: Path, *, what: str, holds_run: Callable[[Path], str |
     return RunFolder(path=path, moved_aside=moved, _lock=lock)
 
 
-def secrets_dir(path: Path) -> Path:
+def secrets_dir(path: Path, *, within: Path | None = None) -> Path:
     """The private folder (mode 0700, created if missing) for the secrets of the run in folder `path`,
     e.g. its fleet token: `.<name>.secrets` beside it, never inside it.
 
     A results folder is zipped and shared, and its report lists its files: a token there
     was a token handed out. Beside it, the folder stays where the run's configs can find
     it (a coordinator resumed from them reads the same token), and --fresh leaves it be.
+
+    `within`: a folder that holds `path` and is shared as a whole (a campaign's, which holds
+    its runs in runs/<name>): the secrets go beside that one instead, at `path`'s place in it
+    (`<parent>/.<campaign>.secrets/runs/<name>`), so that no run's secret lands in it.
     """
-    private = Path(path).parent / f".{Path(path).name}.secrets"
+    shared = Path(within) if within is not None else Path(path)
+    top = shared.parent / f".{shared.name}.secrets"
+    private = top / Path(path).relative_to(shared)  # ValueError for a `path` outside `within`: a caller's bug
     try:
-        private.mkdir(mode=0o700, parents=True, exist_ok=True)
-        private.chmod(0o700)  # also when it existed with looser modes, or the umask took bits away
+        top.mkdir(mode=0o700, parents=True, exist_ok=True)
+        top.chmod(0o700)  # also when it existed with looser modes, or the umask took bits away
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)  # inside `top`: private whatever the umask left
     except OSError as exc:
         raise ConfigError(f"cannot use the private folder {private} for the run's secrets: {exc.strerror}") from None
     return private

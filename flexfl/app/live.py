@@ -260,18 +260,19 @@ def device_traces(cfg: LiveConfig) -> list[str]:
     return [f"{Path(cfg.trace_set).resolve()}:{chosen[j].name}" for j in assignment]
 
 
-def write_configs(cfg: LiveConfig, out: Path, address: str,
-                  fleet: FleetFile | None = None) -> tuple[Path, list[Path], str]:
+def write_configs(cfg: LiveConfig, out: Path, address: str, fleet: FleetFile | None = None, *,
+                  secrets_folder: Path | None = None) -> tuple[Path, list[Path], str]:
     """Coordinator and agent TOML files for this run (also a record of what ran); returns them and the token.
 
-    With a `fleet` the coordinator takes the fleet file's [server] and no agent file is written (the
-    devices' agents are their own services)."""
+    The token goes to `secrets_folder` (default: flexfl.run_folder.secrets_dir(out)). With a `fleet` the
+    coordinator takes the fleet file's [server] and no agent file is written (the devices' agents are their
+    own services)."""
     if fleet is not None:
         server, token_path = fleet.server, Path(fleet.server.fleet_token_file)
         token = server.token()
     else:
         token = secrets.token_hex(16)
-        token_path = secrets_dir(out) / "fleet_token"  # not in `out`: results folders are shared
+        token_path = (secrets_folder or secrets_dir(out)) / "fleet_token"  # not in `out`: results folders are shared
         with atomic_file(token_path, perms=0o600) as f:
             f.write(token)
         server = ServerConfig(listen=address, fleet_token_file=str(token_path), pull_wait_s=1.0)
@@ -305,9 +306,11 @@ def write_configs(cfg: LiveConfig, out: Path, address: str,
 class LiveRun:
     """Starts and supervises the processes; always stops them (and the emulated fleet) on exit."""
 
-    def __init__(self, cfg: LiveConfig, *, fresh: bool = False, resume: bool = False) -> None:
+    def __init__(self, cfg: LiveConfig, *, fresh: bool = False, resume: bool = False,
+                 secrets_folder: Path | None = None) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
+        self.secrets_folder = secrets_folder  # the run's token goes there (default: beside self.out)
         self.fresh = fresh
         self.resume = resume
         self.resumed_after = 0  # the round the coordinator's checkpoint held when this run resumed it
@@ -366,7 +369,8 @@ class LiveRun:
             else:
                 host = self._start_fleet() if cfg.emulate.enabled else cfg.host
                 address = f"{host}:{free_port(host)}"
-            coord_path, agent_paths, token = write_configs(cfg, self.out, address, self.service_fleet)
+            coord_path, agent_paths, token = write_configs(cfg, self.out, address, self.service_fleet,
+                                                           secrets_folder=self.secrets_folder)
             harness = Harness(self.out, fleet=self.fleet)
             self._start_processes(harness, coord_path, agent_paths, address=address, token=token)
             rows, dead = self._supervise(harness)

@@ -31,6 +31,9 @@ def test_quick_fidelity_run_measures_every_device_and_leaves_nothing_behind(flee
         assert not fl.state_dir_of(prefix).exists()
         # agents, loadgen daemons, stress-ng and the coordinator were all this process's descendants
         assert [p.name() for p in psutil.Process().children(recursive=True)] == []
+    # The recorder's and the live phase's fleet tokens are kept beside the work folder, not in it.
+    assert [p for p in (tmp_path / "work").rglob("*") if "token" in p.name] == []
+    assert sorted(p.parent.name for p in (tmp_path / ".work.secrets").rglob("fleet_token")) == ["live", "record"]
     printed = capsys.readouterr().out
     assert "calibration: deadline" in printed and "live round    8/8" in printed  # the phases' progress lines
     assert "simulate traces-seed-3 (4/12)" in printed and "KS distance of s/E, live vs recorded: T0 " in printed

@@ -46,7 +46,8 @@ from coordinator.metrics import MetricsTail, read_metrics
 from coordinator.rules.round_record import RoundRecord
 from flexfl.config import load_config, path_field, to_dict, write_config
 from flexfl.errors import ConfigError
-from flexfl.files import atomic_file, read_secret
+from flexfl.files import atomic_file
+from flexfl.run_folder import secrets_dir
 from flexfl.signals import sigterm_as_interrupt
 from loadgen.harness import Harness, connect_address
 from trace_recorder import DEFAULT_PROFILE
@@ -59,6 +60,7 @@ from trace_recorder.recording.recorder import (
     apply_loads,
     clear_loads,
     fleet_token,
+    read_fleet_token,
     record,
     sample_cpu,
     select_rounds,
@@ -191,6 +193,11 @@ class WorkFolder:
     def sim_path(self, name: str) -> Path:
         return self.sims / f"{name}.json"
 
+    def secrets(self, phase_folder: Path) -> Path:
+        """The private folder for the secrets (the fleet token) of the phase working in `phase_folder`: beside
+        this whole folder, never in it (flexfl.run_folder.secrets_dir)."""
+        return secrets_dir(phase_folder, within=self.path)
+
 
 def _loadavg() -> float:
     return round(os.getloadavg()[0], 2)
@@ -206,7 +213,7 @@ def _record(work: WorkFolder, opts: FidelityOptions) -> None:
     profile_file = write_config(work.path / "profile.toml", fidelity_profile(opts.config),
                                 header="the fidelity run's profile (written by flexfl traces fidelity)")
     f = opts.fleet
-    result = record(RecordOptions(out=work.traces, profile=profile_file, work=rec_work,
+    result = record(RecordOptions(out=work.traces, profile=profile_file, work=rec_work, secrets=work.secrets(rec_work),
                                   resume=(rec_work / "state.json").exists(), overwrite=True, prefix=f.prefix,
                                   subnet=f.subnet, port=f.port, command=opts.command))
     load.append(_loadavg())
@@ -232,12 +239,12 @@ def _live(work: WorkFolder, opts: FidelityOptions, profile: Profile, deadline_s:
     cpu: dict[str, list[float]] = {}
     try:
         backend.start()
-        token = fleet_token(work.live)
+        token = fleet_token(work.secrets(work.live))
         coord_cfg, agent_cfgs = write_fleet_configs(profile, backend, work.live, token_file=token, rounds=N,
                                                     deadline_s=deadline_s, header="written by flexfl traces fidelity")
         harness = Harness(work.live, fleet=backend.fleet, env=dict(os.environ))
         coordinator = CoordinatorProcess(harness, coord_cfg, address=connect_address(backend.coordinator_listen),
-                                         token=read_secret(token, what="fleet token"))
+                                         token=read_fleet_token(token))
         try:
             coordinator.start(resume=False)
             backend.start_agents(harness, agent_cfgs)

@@ -17,7 +17,8 @@ inventory, whose agents and loadgen daemons already run as services. Either way:
    once, at the end.
 
 Everything in between lives in a work folder (configs, logs, the coordinator's metrics and
-checkpoint, state.json); `--resume` continues an interrupted recording from it.
+checkpoint, state.json); `--resume` continues an interrupted recording from it. An emulated
+fleet's token is kept beside it, not in it (flexfl.run_folder.secrets_dir).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from flexfl import __version__
 from flexfl.config import write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file, read_secret
+from flexfl.run_folder import secrets_dir
 from flexfl.signals import sigterm_as_interrupt
 from loadgen.harness import Harness, HarnessError, connect_address
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
@@ -79,6 +81,7 @@ class RecordOptions:
     rounds: int | None = None  # overrides the profile's R
     traces: tuple[str, ...] = ()  # record only these traces of the profile
     work: Path | None = None  # default: out/traces-record/<set name>
+    secrets: Path | None = None  # an emulated fleet's token goes there; default: beside the work folder
     resume: bool = False
     overwrite: bool = False
     deadline_s: float | None = None  # skip calibration
@@ -351,13 +354,20 @@ def build_traces(rows_by_round: dict[int, RoundRecord], kept: list[int], devices
 # ---- a fleet's configs and loads (the recording's, and any run on its fleet: trace_recorder.fidelity.experiment) ----
 
 
-def fleet_token(work: Path) -> Path:
-    """The fleet token file of an emulated fleet's run in `work` (made once, kept for --resume)."""
-    token = work / "fleet_token"
+def fleet_token(private: Path) -> Path:
+    """The fleet token file of an emulated fleet's run, in the run's private folder `private` (made once, kept
+    for --resume): never in the work folder, whose files are copied and shared."""
+    token = private / "fleet_token"
     if not token.exists():
         with atomic_file(token, perms=0o600) as f:
             f.write(secrets.token_hex(16))
     return token
+
+
+def read_fleet_token(path: Path) -> str:
+    """The token in `path`; a missing file says how to get one."""
+    return read_secret(path, what="fleet token", if_missing=f"`flexfl token --out {path}` makes one (a fleet whose "
+                       "agents already run needs the token they were given: copy it here)")
 
 
 def write_fleet_configs(profile: Profile, backend: Any, work: Path, *, token_file: Path, rounds: int,
@@ -493,11 +503,12 @@ class Recording:
 
     def _write_configs(self, backend: Any) -> tuple[Path, list[Path], str]:
         """Coordinator and agent configs (dumped from the dataclasses); returns them and the fleet token."""
-        token = Path(self.inventory.fleet_token_file) if self.inventory is not None else fleet_token(self.work)
+        token = Path(self.inventory.fleet_token_file) if self.inventory is not None else \
+            fleet_token(self.opts.secrets or secrets_dir(self.work))
         coord, agents = write_fleet_configs(self.profile, backend, self.work, token_file=token, rounds=1_000_000,
                                             deadline_s=self.profile.deadline.warmup_deadline_s,
                                             header="written by flexfl traces record")
-        return coord, agents, read_secret(token, what="fleet token")
+        return coord, agents, read_fleet_token(token)
 
     # ---- loads ---------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Run a campaign's runs one after another into one folder; rerun, it goes on where it stopped.
 
 The folder: campaign.toml (a copy of the campaign file as it was read), campaign.json and
-campaign.md (flexfl.campaign_index), and runs/<run name>/, each a `flexfl live` run folder. Before each run
+campaign.md (flexfl.campaign_index), and runs/<run name>/, each a `flexfl live` run folder. The runs' secrets
+(their fleet tokens) are kept beside the folder, never in it (it is zipped and shared): in
+.<campaign folder name>.secrets/runs/<run name>/ (flexfl.run_folder.secrets_dir). Before each run
 its folder says where it stands (plan_run):
 - it ended (summary.json) under this run's config (its live.toml): never run again;
 - it was interrupted under this config: resumed from its coordinator's checkpoint (flexfl live --resume);
@@ -42,7 +44,7 @@ from flexfl.campaign_index import (
 )
 from flexfl.config import merged, to_dict
 from flexfl.errors import ConfigError
-from flexfl.run_folder import claim_run_folder
+from flexfl.run_folder import claim_run_folder, secrets_dir
 
 CAMPAIGN_COPY = "campaign.toml"
 
@@ -68,8 +70,9 @@ class Target(Protocol):
         """What it sets in every run's config (the tables of a live config)."""
         ...
 
-    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
-        """Run `cfg` to its end (resuming its folder's run, or moving an earlier one aside); its summary."""
+    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool, secrets_folder: Path) -> dict:
+        """Run `cfg` to its end (resuming its folder's run, or moving an earlier one aside), keeping its secrets
+        in `secrets_folder`; its summary."""
         ...
 
 
@@ -92,8 +95,8 @@ class LocalTarget:
         return merged({"emulate": {"enabled": True}} if self.emulate else {},
                       {"fleet": str(Path(self.fleet).resolve())} if self.fleet is not None else {})
 
-    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool) -> dict:
-        return LiveRun(cfg, resume=resume, fresh=fresh).run()
+    def run(self, cfg: LiveConfig, *, resume: bool, fresh: bool, secrets_folder: Path) -> dict:
+        return LiveRun(cfg, resume=resume, fresh=fresh, secrets_folder=secrets_folder).run()
 
 
 def same_config(a: LiveConfig, b: LiveConfig) -> bool:
@@ -157,7 +160,8 @@ class CampaignRunner:
         self.report(f"campaign {self.campaign.name}: run {run.index + 1} of {n} ({run.name}): {plan}")
         if plan is not Plan.SKIP:
             try:
-                self.target.run(cfg, resume=plan is Plan.RESUME, fresh=plan is Plan.RESTART)
+                self.target.run(cfg, resume=plan is Plan.RESUME, fresh=plan is Plan.RESTART,
+                                secrets_folder=secrets_dir(run_dir, within=self.out))
             except KeyboardInterrupt:
                 raise KeyboardInterrupt(f"campaign {self.campaign.name} stopped in run {run.index + 1} of {n} "
                                         f"({run.name}); `{self.rerun}` continues it (runs that ended are not "

@@ -78,3 +78,18 @@ def test_a_runs_secrets_live_in_a_private_folder_beside_its_results_never_in_the
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
     private.chmod(0o755)  # loosened by someone: made private again
     assert stat.S_IMODE(secrets_dir(run).stat().st_mode) == 0o700
+
+
+def test_the_secrets_of_a_run_inside_a_shared_folder_live_beside_that_folder(tmp_path):
+    """A campaign's run is <campaign>/runs/<name>: beside the run would still be inside the campaign."""
+    import stat
+
+    from flexfl.run_folder import secrets_dir
+
+    campaign = tmp_path / "c1"
+    private = secrets_dir(campaign / "runs" / "seed-0", within=campaign)
+    assert private == tmp_path / ".c1.secrets" / "runs" / "seed-0" and not campaign.exists()
+    assert stat.S_IMODE((tmp_path / ".c1.secrets").stat().st_mode) == 0o700
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    with pytest.raises(ValueError):
+        secrets_dir(tmp_path / "elsewhere", within=campaign)  # not a run of it: a caller's bug, not a place

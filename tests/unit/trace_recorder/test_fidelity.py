@@ -233,3 +233,19 @@ def test_finished_phases_are_skipped_an_interrupted_one_resumes_and_the_page_has
     run_fidelity(opts)  # everything done: only the page is written again
     out = capsys.readouterr().out
     assert out.count("done in an earlier run") == 3 and "simulate seed" not in out
+
+
+def test_the_phases_keep_their_fleet_tokens_beside_the_work_folder_not_in_it(tmp_path, profile_file, monkeypatch):
+    """The recorder's token was work/record/fleet_token (the live phase's work/live/fleet_token): in the folder
+    whose traces and metrics are copied out."""
+    from trace_recorder.fidelity import experiment
+
+    cfg = _config(profile_file)
+    work = WorkFolder(tmp_path / "work", cfg, fidelity_profile(cfg))
+    work.open()
+    asked = []
+    monkeypatch.setattr(experiment, "record", lambda opts: asked.append(opts) or {"elapsed_s": 1.0})
+    experiment._record(work, FidelityOptions(config=cfg, work=work.path))
+    assert asked[0].secrets == tmp_path / ".work.secrets" / "record" and asked[0].secrets.is_dir()
+    assert work.secrets(work.live) == tmp_path / ".work.secrets" / "live"
+    assert not (work.path / ".record.secrets").exists() and not (work.path / ".live.secrets").exists()

@@ -154,3 +154,36 @@ def test_the_recorder_follows_a_metrics_file_that_a_resumed_coordinator_rewrote(
     with open(path, "a", encoding="utf-8") as f:
         f.write(lines((4, 5, 6), 0.2))
     assert {k: r.lr for k, r in recording._rows().items()} == {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.2, 5: 0.2, 6: 0.2}
+
+
+def test_an_emulated_recordings_fleet_token_is_kept_beside_its_work_folder_and_found_again_on_resume(tmp_path) -> None:
+    """It was work/fleet_token: in the folder whose configs, logs and metrics are copied and shared."""
+    import json
+    from types import SimpleNamespace
+
+    from edge_agent.config import load_agent_config
+    from trace_recorder.recording.recorder import Recording, RecordOptions
+
+    work = tmp_path / "work"
+    fleet = SimpleNamespace(coordinator_listen="10.77.0.1:50061", n_devices=2, devices=DEVICES)  # as the fleet says
+    recording = Recording(RecordOptions(out=tmp_path / "set", work=work))
+    recording._load_state()
+    _coordinator, agents, token = recording._write_configs(fleet)
+    assert [p for p in work.rglob("*") if "token" in p.name] == []
+    assert token not in "".join(p.read_text() for p in work.rglob("*") if p.is_file())
+    assert (tmp_path / ".work.secrets" / "fleet_token").read_text() == token
+    assert all(load_agent_config(a).token() == token for a in agents)
+
+    (work / "state.json").write_text(json.dumps({**recording.state, "phase": "recording"}))
+    resumed = Recording(RecordOptions(out=tmp_path / "set", work=work, resume=True))
+    resumed._load_state()
+    assert resumed._write_configs(fleet)[2] == token  # the agents, which never stopped, still hold it
+
+
+def test_a_missing_fleet_token_says_how_to_get_one(tmp_path) -> None:
+    from flexfl.errors import ConfigError
+    from trace_recorder.recording.recorder import read_fleet_token
+
+    with pytest.raises(ConfigError, match=r"nope: No such file or directory; `flexfl token --out \S+nope` makes one "
+                                          r"\(a fleet whose agents already run needs the token they were given"):
+        read_fleet_token(tmp_path / "nope")
