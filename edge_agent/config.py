@@ -89,7 +89,11 @@ class AgentConfig:
 
     def token(self) -> str:
         if self.fleet_token_file:
-            return read_secret(Path(self.fleet_token_file), what="fleet_token_file")
+            # An agent joins a fleet that exists: a new token here alone would be refused by its coordinator.
+            return read_secret(Path(self.fleet_token_file), what="fleet_token_file",
+                               if_missing="copy the coordinator's fleet token here (`flexfl token --out "
+                                          f"{self.fleet_token_file}` makes a new one, for a new fleet: its "
+                                          "coordinator then needs the same file)")
         if not self.fleet_token:
             raise ConfigError("fleet_token_file is required: the coordinator refuses devices without the fleet token "
                               "(`flexfl token --out FILE` makes one)")

@@ -168,9 +168,12 @@ def test_agent_bad_inputs_give_one_line_and_exit_2(workdir: Path) -> None:
                                       "coordinator: expected HOST:PORT with a port in 1..65535, got 'notaport'"),
         "port out of range": (["--coordinator", "127.0.0.1:99999", "--token-file", "tok"], "got port 99999"),
         "binary TOML": (["--config", "binary.toml"], "binary.toml: not a text file"),
-        # Read before anything else: no retrying against an address that does not answer.
+        # Read before anything else: no retrying against an address that does not answer. An agent needs its
+        # fleet's token, not a new one: the hint says to copy the coordinator's (it said only "cannot read").
         "missing token file": (["--coordinator", f"127.0.0.1:{refused}", "--token-file", "nothere"],
-                               "fleet_token_file: cannot read"),
+                               "fleet_token_file: cannot read nothere: No such file or directory; copy the "
+                               "coordinator's fleet token here (`flexfl token --out nothere` makes a new one, "
+                               "for a new fleet: its coordinator then needs the same file)"),
         "TLS CA missing": (["--config", "agent-tls.toml"], "tls_ca: cannot read"),
         "negative give-up": (["--coordinator", f"127.0.0.1:{refused}", "--token-file", "tok", "--give-up-after", "-1"],
                              "give_up_after_s must be >= 0"),
