@@ -107,7 +107,9 @@ class EdgeAgent:
                 self._await_next_run()
             return 0
         except AgentError as exc:
-            log.error("%s: stopping: %s", self.cfg.device_id, exc)  # into the log the coordinator keeps, too
+            if self.log_buffer is not None:  # the copy the coordinator keeps says why it ended (the CLI says it here)
+                self.log_buffer.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s: stopping: %s",
+                                                      (self.cfg.device_id, exc), None))
             raise
         finally:
             self._send_log(timeout_s=3.0)
