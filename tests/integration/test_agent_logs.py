@@ -111,3 +111,22 @@ def test_a_devices_log_stops_at_its_cap_and_says_so_once(live_config, fleet_fact
     assert text.count("z" * 100) == 16 and text.count("reached server.max_agent_log_mib") == 1
     # Another device's share is its own.
     assert _send(fleet.port, "dev-0", [_line("a")]).kept == 1
+
+
+def test_an_agent_that_cannot_take_part_sends_why(live_config, fleet_factory, tmp_path, procs):
+    """The log of a device that stops on an error ends with the reason, at the coordinator too (here a device set
+    up with another partition than the coordinator's, which it finds before joining)."""
+    from workloads.partition_spec import PartitionSpec
+
+    fleet = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=99))
+    (tmp_path / "token").write_text(TOKEN)
+    cfg = replace(fleet.agent_config(0), fleet_token="", fleet_token_file=str(tmp_path / "token"),
+                  partition=PartitionSpec(dataset="synthetic", n_devices=2, total_samples=999))
+    agent = flexfl_process("agent", "--config", str(write_config(tmp_path / "agent.toml", cfg)),
+                           log=tmp_path / "agent.out")
+    procs.append(agent)
+    assert agent.wait(timeout=60) == 2
+    printed = (tmp_path / "agent.out").read_text()
+    assert printed.count("differs from the coordinator's") == 1, printed  # said once on the terminal
+    kept = (fleet.coordinator.out_dir / AGENT_LOGS_DIR / "dev-0.log").read_text()
+    assert "ERROR edge_agent.agent: dev-0: stopping: dev-0: this device's partition" in kept, kept
