@@ -113,6 +113,15 @@ def test_recorder_inventory_is_what_the_trace_recorder_reads(ansible_tools, tmp_
     assert inventory.loadgen_client_key == str(keys / "controller.key_secret")
     assert inventory.loadgen_server_keys() == {f"tcp://192.168.1.2{i}:5601": keys / "servers" / f"pi-0{i}.key"
                                                for i in (1, 2, 3)}
+    # The provisioned agents dial with TLS: the recording coordinator has the coordinator host's certificate,
+    # and this machine watches it with the first device's (mutual TLS), as the campaign fleet file does.
+    creds = ANSIBLE_DIR / "credentials"
+    assert inventory.server_tls() == {"tls_cert": str(creds / "coordinator" / "fl-coordinator.pem"),
+                                      "tls_key": str(creds / "coordinator" / "fl-coordinator.key"),
+                                      "tls_client_ca": str(creds / "ca" / "ca.pem")}
+    watch = inventory.watch_tls()
+    assert watch is not None and (watch.ca, watch.client_cert) == (str(creds / "ca" / "ca.pem"),
+                                                                  str(creds / "devices" / "pi-01.pem"))
 
 
 def test_the_campaign_fleet_file_is_what_flexfl_live_fleet_reads(ansible_tools, tmp_path: Path) -> None:

@@ -121,3 +121,39 @@ def test_agent_with_another_devices_certificate_stops_with_the_reason(live_confi
     refused = r"dev-0: status refused by coordinator [^:]+:\d+: PERMISSION_DENIED: .*'dev-1'.*'dev-0'"
     assert re.search(refused, str(outcome[0])), outcome
     assert len(fleet.coordinator.engine.registry.devices) == 0
+
+
+def test_a_recording_on_an_inventory_of_tls_agents_runs_its_coordinator_with_tls(tmp_path, pki, fleet_factory,
+                                                                                live_config, wait_for):
+    """`flexfl traces record --inventory` on provisioned agents (TLS by default): its coordinator was plaintext, so
+    the agents' handshakes failed and the recording waited for them forever. With the inventory's TLS files the
+    coordinator listens with TLS and mutual TLS, the recorder watches it over mutual TLS, and a TLS agent joins."""
+    from loadgen.harness import Harness, connect_address
+    from trace_recorder.recording.profiles import Inventory, InventoryDevice, load_profile
+    from trace_recorder.recording.recorder import CoordinatorProcess, InventoryBackend, write_fleet_configs
+
+    from .conftest import TOKEN, free_port
+
+    profile = load_profile()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    inventory = Inventory(
+        coordinator_listen=f"127.0.0.1:{free_port()}", fleet_token_file=str(token),
+        devices=(InventoryDevice(device_id="dev-0", trace=profile.traces[0].name, loadgen="tcp://127.0.0.1:1"),),
+        tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_client_ca=str(pki / "ca.pem"),
+        watch_tls_ca=str(pki / "ca.pem"), watch_tls_client_cert=str(pki / "dev-1.pem"),
+        watch_tls_client_key=str(pki / "dev-1.key"))
+    backend = InventoryBackend(profile, inventory)
+    coord_cfg, _ = write_fleet_configs(profile, backend, tmp_path, token_file=token, rounds=1, deadline_s=5.0,
+                                       header="test")
+    with Harness(tmp_path / "procs") as harness:
+        coordinator = CoordinatorProcess(harness, coord_cfg, address=connect_address(inventory.coordinator_listen),
+                                         token=TOKEN, tls=backend.watch_tls)
+        coordinator.start(resume=False)  # ready: its Status answered over mutual TLS
+        helper = fleet_factory(live_config(rounds=1, n_devices=2, min_devices=99))
+        helper.port = int(inventory.coordinator_listen.rsplit(":", 1)[1])
+        helper.start_agent(0, tls_ca=str(pki / "ca.pem"), tls_client_cert=str(pki / "dev-0.pem"),
+                           tls_client_key=str(pki / "dev-0.key"), partition=None)
+        wait_for(lambda: any(d.device_id == "dev-0" and d.connected for d in harness.status().devices),
+                 timeout=60, what="the TLS agent to join the recording's coordinator")
+        coordinator.stop()

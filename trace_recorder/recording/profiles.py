@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flexfl.proto.channel import TlsFiles
+
 from coordinator.rules.config import RulesConfig
 from flexfl.config import NOT_IN_FILE, load_config, path_field, to_dict
 from flexfl.errors import ConfigError
@@ -167,6 +169,16 @@ class Inventory:
     n_devices: int = 0  # partition size the agents were provisioned with; 0 = number of devices
     loadgen_timeout_s: float = 5.0
     loadgen_client_key: str = path_field()  # this controller's CURVE keypair (NAME.key_secret); "" = no CURVE
+    # The recording coordinator's TLS, as [server] of a coordinator file: provisioned agents dial with TLS by default
+    # (credentials_tls_enabled), so a coordinator without it never sees them join. Empty: plaintext.
+    tls_cert: str = path_field()
+    tls_key: str = path_field()
+    tls_client_ca: str = path_field()  # mutual TLS: each agent presents the certificate of its device id
+    # How this machine asks that coordinator for its Status: the CA of its certificate, and under mutual TLS a
+    # device's certificate and key (flexfl status's --tls-* flags).
+    watch_tls_ca: str = path_field()
+    watch_tls_client_cert: str = path_field()
+    watch_tls_client_key: str = path_field()
     path: str = field(default="", metadata=NOT_IN_FILE)
 
     def __post_init__(self) -> None:
@@ -183,6 +195,25 @@ class Inventory:
                               f"(missing for {', '.join(without)})")
         if not self.loadgen_client_key and len(without) < len(self.devices):
             raise ConfigError("devices have a loadgen_server_key but loadgen_client_key is not set")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key must be given together")
+        if bool(self.tls_cert) != bool(self.watch_tls_ca):
+            raise ConfigError("tls_cert and watch_tls_ca go together: a coordinator with TLS is watched over TLS "
+                              "(watch_tls_ca: the CA that signed its certificate)")
+        if self.tls_client_ca and not self.watch_tls_client_cert:
+            raise ConfigError("tls_client_ca (mutual TLS) needs watch_tls_client_cert and watch_tls_client_key: "
+                              "the coordinator answers Status calls only from a certificate it trusts")
+
+    def server_tls(self) -> dict[str, str]:
+        """The recording coordinator's [server] TLS keys (empty: plaintext)."""
+        return {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_client_ca": self.tls_client_ca}
+
+    def watch_tls(self) -> TlsFiles | None:
+        """The TLS files for this machine's Status calls (None: plaintext)."""
+        if not self.watch_tls_ca:
+            return None
+        return TlsFiles(ca=self.watch_tls_ca, client_cert=self.watch_tls_client_cert,
+                        client_key=self.watch_tls_client_key)
 
     def loadgen_server_keys(self) -> dict[str, Path]:
         """Each device's loadgen endpoint -> its daemon's public key file (empty without CURVE)."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from flexfl.proto.channel import TlsFiles
 
 from coordinator.checkpoint import read_registry
 from coordinator.config import CoordinatorConfig, OutputConfig, RunConfig, ServerConfig
@@ -147,6 +148,12 @@ class EmulatedBackend:
         return f"{self._up().coordinator_host}:{self.port}"
 
     @property
+    def server_tls(self) -> dict[str, str]:
+        return {}  # the emulated fleet's agents dial in plaintext
+
+    watch_tls: TlsFiles | None = None
+
+    @property
     def n_devices(self) -> int:
         return len(self.devices)
 
@@ -227,6 +234,14 @@ class InventoryBackend:
         return self.inventory.coordinator_listen
 
     @property
+    def server_tls(self) -> dict[str, str]:
+        return self.inventory.server_tls()
+
+    @property
+    def watch_tls(self) -> TlsFiles | None:
+        return self.inventory.watch_tls()
+
+    @property
     def n_devices(self) -> int:
         return self.inventory.n_devices or len(self.devices)
 
@@ -250,12 +265,14 @@ class InventoryBackend:
 class CoordinatorProcess:
     """The recording's coordinator, run (and restarted with --resume) through the harness."""
 
-    def __init__(self, harness: Harness, config: Path, *, address: str, token: str) -> None:
-        self.harness, self.config, self.address, self.token = harness, config, address, token
+    def __init__(self, harness: Harness, config: Path, *, address: str, token: str,
+                 tls: TlsFiles | None = None) -> None:
+        self.harness, self.config, self.address, self.token, self.tls = harness, config, address, token, tls
 
     def start(self, *, resume: bool, deadline_s: float | None = None, timeout_s: float = 180.0) -> None:
         args = ["--deadline-s", repr(deadline_s)] if deadline_s is not None else []
-        self.harness.start_coordinator(self.config, address=self.address, token=self.token, resume=resume, args=args)
+        self.harness.start_coordinator(self.config, address=self.address, token=self.token, resume=resume, args=args,
+                                       tls=self.tls)
         try:
             self.harness.wait_ready(timeout_s=timeout_s)
         except HarnessError as exc:
@@ -376,7 +393,8 @@ def write_fleet_configs(profile: Profile, backend: Any, work: Path, *, token_fil
     `backend`'s devices; agents follow no trace (deadline mode: their conditions decide s)."""
     partition = replace(profile.partition, n_devices=backend.n_devices)
     coordinator = CoordinatorConfig(
-        server=ServerConfig(listen=backend.coordinator_listen, fleet_token_file=str(token_file), pull_wait_s=1.0),
+        server=ServerConfig(listen=backend.coordinator_listen, fleet_token_file=str(token_file), pull_wait_s=1.0,
+                            **backend.server_tls),
         partition=partition, rules=profile.rules,
         run=RunConfig(rounds=rounds, deadline_s=deadline_s, min_devices=len(backend.devices), start_grace_s=3.0,
                       seed=profile.seed),
@@ -616,7 +634,8 @@ class Recording:
                 coord_cfg, agent_cfgs, token = self._write_configs(backend)
                 harness = Harness(self.work, fleet=getattr(backend, "fleet", None), env=dict(os.environ))
                 coordinator = CoordinatorProcess(harness, coord_cfg,
-                                                 address=connect_address(backend.coordinator_listen), token=token)
+                                                 address=connect_address(backend.coordinator_listen), token=token,
+                                                 tls=backend.watch_tls)
                 try:
                     fresh = True
                     if self.state["phase"] == "calibrating":
