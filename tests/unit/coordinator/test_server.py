@@ -74,5 +74,5 @@ def test_pre_serialised_messages_pass_the_response_serializers_as_they_are() -> 
     chunk = pb.RoundChunk(data=b"\x01\x02")
     assert session.response_serializer(chunk.SerializeToString()) == chunk.SerializeToString()
     assert session.response_serializer(chunk) == chunk.SerializeToString()  # messages are still serialised
-    assert set(target.by_name) == {"Join", "Leave", "PullRound", "PushUpdate", "Session", "Status"}
+    assert set(target.by_name) == {"Join", "Leave", "PullRound", "PushUpdate", "Session", "Status", "SendLog"}
     assert isinstance(target.generic[0], grpc.GenericRpcHandler)
