@@ -247,8 +247,8 @@ binfmt-arm64: ## let this machine run arm64 binaries (root): mount binfmt_misc, 
 	@grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null || update-binfmts --enable qemu-aarch64
 
 # ---- Benchmarks -> results/performance.md ----------------------------------------------
-# Flower (for the comparison) lives in its own venv: it pins protobuf < 7, FlexFL needs >= 7.
-# There it imports only FlexFL's workloads (the model, the data, evaluate()) from this checkout.
+# Flower's side of the comparison lives in its own venv, as a Flower user's would (the release it was measured
+# with, 1.41.0); there it imports only FlexFL's workloads (the model, the data, evaluate()) from this checkout.
 FLOWER_VENV  ?= .venv-flower
 FLOWER_STAMP := $(FLOWER_VENV)/.flexfl-flower-installed
 BENCH_AGENTS ?= 50,100,200,500,1000

@@ -156,9 +156,9 @@ class RayExecutor:
             hint = ("this driver presents a token (RAY_AUTH_MODE=token): is `ray start --head` running there, and is "
                     "RAY_AUTH_TOKEN the head's `ray get-auth-token`?")
         else:
-            hint = ("is `ray start --head` running there? If the cluster uses token authentication (Ray 2.60's "
-                    "`ray start --head` turns it on once a token exists), set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
-                    "to the head's `ray get-auth-token` (README, Sweeps on a cluster)")
+            hint = ("is `ray start --head` running there? If the cluster uses token authentication (a head started "
+                    "with RAY_AUTH_MODE=token), set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the head's "
+                    "`ray get-auth-token` (docs/simulation.md, Sweeps on a cluster)")
         raise ClusterError(f"cannot connect to the Ray cluster at {self.address} (Ray: {said}); {hint}; "
                            f"Ray's messages: {messages}")
 

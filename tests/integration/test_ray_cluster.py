@@ -1,5 +1,5 @@
-"""A sweep driven against a real Ray head (`ray start --head`) that uses token authentication, as Ray 2.60's
-does once a token exists: with the environment docs/simulation.md gives it runs; without, one error line and exit 2."""
+"""A sweep driven against a real Ray head (`ray start --head`) that uses token authentication (RAY_AUTH_MODE=token,
+as docs/simulation.md starts it): with the environment that page gives it runs; without, one error line and exit 2."""
 
 from __future__ import annotations
 
