@@ -33,8 +33,9 @@ class ServerConfig:
     tls_client_ca: str = path_field()
     max_update_mib: float = 64.0
     pull_wait_s: float = 5.0  # longest a pull (PullRound or a Session's) is held before answering WAIT
-    # Each device's share of output.dir/agent_logs/ (coordinator/agent_logs.py): an agent logs ~0.3 KiB a round
-    # at INFO, so 16 MiB holds ~50,000 rounds; past it the device's lines are dropped, and counted.
+    # Each device's share of output.dir/agent_logs/ (coordinator/agent_logs.py): an agent logs one line, ~190
+    # bytes, a round at INFO (make demo: 5.6 KB for 30 rounds), so 16 MiB holds ~80,000 rounds; past it the
+    # device's lines are dropped, and counted.
     max_agent_log_mib: float = 16.0
 
     def __post_init__(self) -> None:

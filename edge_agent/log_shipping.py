@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from flexfl.exchange import LogKept, LogLine
 
-MAX_BUFFERED = 5000  # records; at ~200 bytes each about 1 MiB, the last ~2,000 rounds of an agent at INFO
+MAX_BUFFERED = 5000  # records; at ~190 bytes each about 1 MiB: an agent at INFO logs about one a round
 BATCH_LINES = 200  # per SendLog call: inside fleet.proto's 256
 # The call that delivers a batch (edge_agent.transport.Transport.send_log): its LogKept, None when it was not sent.
 SendLog = Callable[[list[LogLine], int], LogKept | None]
