@@ -144,8 +144,15 @@ class FlexFLStrategy(FedAvg):
         arrivals = [Arrival(d, r.n_samples) for d, r in checked.items() if d not in fed.objective.sample_counts]
         founded: tuple[str, ...] = ()
         if opening is None:  # a founding round: the nodes that answered found the objective, no boost, and train in it
-            fed.apply_events(arrivals=arrivals)
-            opening, founded, arrivals = fed.open(server_round), tuple(a.device for a in arrivals), []
+            if not arrivals:  # nobody answered: nothing to found the objective with; the model stays
+                log.warning("round %d: no node answered; the objective is still empty and the model stays",
+                            server_round)
+                fed.completed_round = server_round  # Flower's next round is server_round + 1 all the same
+                return None, None
+            # Founding members enter as at round 0 (Objective.add_initial), also after rounds nobody answered.
+            events = fed.apply_between_rounds(arrivals=[Arrival(a.device, a.n_samples, founding=True)
+                                                        for a in arrivals])
+            opening, founded, arrivals = fed.open(server_round), events["founded"], []
         taken = {d: checked[d] for d in opening.participants if d in checked}
         weighing = fed.weigh(server_round, {d: r.s for d, r in taken.items()})
         rows = [d for d in weighing.contributors]
