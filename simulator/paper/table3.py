@@ -491,15 +491,15 @@ def page_from_csv(out_dir: Path, *, regime: Regime) -> Path:
     out_dir = Path(out_dir)
     found: dict[str, list[dict]] = {}
     with open(out_dir / "table3_runs.csv", newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            missing = [k for k in RUN_FIELDS if not row.get(k)]
+        for run in csv.DictReader(f):  # a run's summary (the page takes summaries as dicts), not a round's row
+            missing = [k for k in RUN_FIELDS if not run.get(k)]
             if missing:
                 raise ConfigError(f"{out_dir / 'table3_runs.csv'}: a row without {', '.join(missing)} (a page from an "
                                   "older writer): it cannot be rendered from its CSV")
-            s = {**row, "num_traces": int(row["num_traces"]), "seed": int(row["seed"]),
-                 **{k: float(row[k]) for k in ("final_acc", "last20_acc", "final_loss", "wall_s")}}
+            s = {**run, "num_traces": int(run["num_traces"]), "seed": int(run["seed"]),
+                 **{k: float(run[k]) for k in ("final_acc", "last20_acc", "final_loss", "wall_s")}}
             s["name"] = f"{s['reading']}_{s['setting']}_T{s['num_traces']}_seed{s['seed']}_{s['scheme']}"
-            found.setdefault(row["dataset"], []).append(s)
+            found.setdefault(run["dataset"], []).append(s)
     seeds = sorted({s["seed"] for rows in found.values() for s in rows})
     timing = json.loads((out_dir / "table3_timing.json").read_text())
 
