@@ -26,6 +26,7 @@ ALLOWED = {
     ("coordinator/resume.py", 'with open(aside, "a"'): "torn metrics lines set aside: appended",
     ("flexfl/run_folder.py", 'f = open(path / LOCK_NAME, "a+"'): "the run folder's lock file",
     ("loadgen/harness.py", 'with open(log_path, "ab")'): "a process's log",
+    ("coordinator/agent_logs.py", 'with open(path, "a", encoding="utf-8")'): "a device's log: appended, batch by batch",
     ("loadgen/fleet.py", 'log_file = open(log_path, "ab")'): "a process's log",
     ("benchmarks/flower_compare.py", 'with open(tmp / "server.log", "wb")'): "a process's log",
     ("benchmarks/flower_compare.py", 'with open(tmp / f"clients-{i}.log", "wb")'): "a process's log",

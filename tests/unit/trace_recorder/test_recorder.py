@@ -165,7 +165,8 @@ def test_an_emulated_recordings_fleet_token_is_kept_beside_its_work_folder_and_f
     from trace_recorder.recording.recorder import Recording, RecordOptions
 
     work = tmp_path / "work"
-    fleet = SimpleNamespace(coordinator_listen="10.77.0.1:50061", n_devices=2, devices=DEVICES)  # as the fleet says
+    fleet = SimpleNamespace(coordinator_listen="10.77.0.1:50061", n_devices=2, devices=DEVICES,  # as the fleet says
+                            server_tls={}, watch_tls=None)
     recording = Recording(RecordOptions(out=tmp_path / "set", work=work))
     recording._load_state()
     _coordinator, agents, token = recording._write_configs(fleet)
