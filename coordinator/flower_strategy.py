@@ -93,6 +93,7 @@ class FlexFLStrategy(FedAvg):
         self._global: dict[str, torch.Tensor] = {}
         self._opening: RoundOpening | None = None  # the open round (None in a founding round: nobody is in yet)
         self._vanished: list[str] = []  # objective members not among the grid's nodes when the round opened
+        self._newcomers: set[str] = set()  # nodes not training in the objective when the round opened (arrivals)
 
     def summary(self) -> None:
         log.info("FlexFL strategy: %s, E = %d, eta0 = %s, fast-reboot %s, departures %s", self.rules.aggregation.title,
@@ -112,7 +113,9 @@ class FlexFLStrategy(FedAvg):
         self._vanished = [d for d in members if d not in nodes]
         self._opening = fed.open(server_round) if fed.objective.sample_counts else None
         training = [d for d in (self._opening.participants if self._opening else []) if d in nodes]
-        newcomers = [d for d in nodes if d not in fed.objective.sample_counts]  # their reply gives n_k
+        # Nodes not in the objective, or back after leaving under include: their reply gives n_k, and they arrive.
+        newcomers = [d for d in nodes if d not in members]
+        self._newcomers = set(newcomers)
         config[CONFIG_KEYS["round"]] = server_round
         config[CONFIG_KEYS["E"]] = fed.E
         config[CONFIG_KEYS["lr"]] = fed.learning_rate(server_round)
@@ -141,7 +144,7 @@ class FlexFLStrategy(FedAvg):
             except UpdateRejected as exc:
                 log.warning("round %d: %s's reply refused (s = 0): %s", server_round, device, exc)
         opening = self._opening
-        arrivals = [Arrival(d, r.n_samples) for d, r in checked.items() if d not in fed.objective.sample_counts]
+        arrivals = [Arrival(d, r.n_samples) for d, r in checked.items() if d in self._newcomers]
         founded: tuple[str, ...] = ()
         if opening is None:  # a founding round: the nodes that answered found the objective, no boost, and train in it
             if not arrivals:  # nobody answered: nothing to found the objective with; the model stays
