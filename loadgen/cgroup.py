@@ -1,18 +1,30 @@
 """CPU quotas of cgroups (v1 or v2), and how many CPUs this process may use: its quota, else its affinity.
 
 `read_quota_cpus` is the one reader of a cgroup's quota files; the emulated fleet
-(loadgen.fleet) reads its devices' quotas through it too.
+(loadgen.fleet) reads its devices' quotas through it too. The one writer is here as well
+(cgroup v1, root): `write_control`, `cfs_quota_us`, and `remove_cgroup`, which stops what is
+left in a cgroup before it removes it; the emulated fleet's device cgroups and the quota
+groups of single processes (`CpuQuotaGroup`, e.g. one Flower SuperNode) are made with them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.errors import CgroupError
+import psutil
+
+from loadgen.errors import CgroupError, LoadgenError
 
 log = logging.getLogger(__name__)
+
+CGROUP_V1_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+MIN_CFS_QUOTA_US = 1000  # the kernel refuses a smaller cpu.cfs_quota_us (EINVAL)
 
 
 def available_cpus() -> float:
@@ -120,3 +132,139 @@ def _join(mountpoint: Path, mount_root: str, cgroup_path: str) -> Path:
     rel = os.path.relpath(cgroup_path, mount_root) if cgroup_path.startswith(mount_root) else cgroup_path
     rel = rel.lstrip("/")
     return mountpoint if rel in ("", ".") else mountpoint / rel
+
+
+# ---- writing (cgroup v1 cpu, root) -------------------------------------------------------------
+
+
+def cfs_quota_us(cpus: float | None, *, period_us: int) -> int:
+    """cpu.cfs_quota_us for a cap of `cpus` CPUs at `period_us` (-1: no cap); below 1 ms a period, 1 ms."""
+    return -1 if cpus is None else max(MIN_CFS_QUOTA_US, round(cpus * period_us))
+
+
+def write_control(path: Path, value: object, *, error: type[LoadgenError] = CgroupError) -> None:
+    """Write `value` to the cgroup control file `path`; `error` names the file and the kernel's reason."""
+    try:
+        path.write_text(str(value))
+    except OSError as exc:
+        raise error(f"cannot write {value} to {path}: {exc.strerror}") from None
+
+
+def cgroup_pids(folder: Path) -> list[int]:
+    """The pids in cgroup `folder` (none when it is gone)."""
+    try:
+        return [int(x) for x in (folder / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def terminate(pids: list[int], *, grace_s: float) -> None:
+    """SIGTERM to each of `pids`, SIGKILL to those still alive after `grace_s`; waits for them."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=2.0)
+
+
+def remove_cgroup(folder: Path, *, error: type[LoadgenError] = CgroupError) -> None:
+    """Remove cgroup `folder` (gone already: fine), stopping the processes still in it first."""
+    for _ in range(50):  # a killed task may take a moment to leave its cgroup
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            terminate(cgroup_pids(folder), grace_s=0.5)
+            time.sleep(0.1)
+    raise error(f"cannot remove cgroup {folder}: it still holds processes {cgroup_pids(folder)}")
+
+
+@dataclass(frozen=True)
+class CpuQuotaGroup:
+    """A cgroup v1 cpu folder capping what runs in it at `cpus` CPUs (root); `create`, then `remove`.
+
+    A process enters it with loadgen.device_exec --cgroup before it execs its command, so that
+    everything it starts is in it too."""
+
+    path: Path
+    cpus: float | None  # None: no cap (yet: cpu_quota_while sets one from inside)
+    period_us: int
+
+    @classmethod
+    def create(cls, name: str, *, cpus: float | None, period_us: int = 10_000,
+               root: Path = CGROUP_V1_CPU_ROOT) -> CpuQuotaGroup:
+        """The cgroup ROOT/NAME (it must not exist) with cpu.cfs_period_us and cpu.cfs_quota_us set."""
+        if not (root / "cpu.cfs_quota_us").exists():
+            raise CgroupError(f"a CPU quota needs the cgroup v1 cpu controller at {root} (cpu.cfs_quota_us) and root")
+        if cpus is not None and not cpus * period_us >= MIN_CFS_QUOTA_US:
+            raise CgroupError(f"a quota of {cpus:g} CPU is below the kernel's minimum at a {period_us} us period "
+                              f"({MIN_CFS_QUOTA_US / period_us:g} CPU: 1 ms per period)")
+        group = cls(path=root / name, cpus=cpus, period_us=period_us)
+        try:
+            group.path.mkdir()
+        except OSError as exc:
+            raise CgroupError(f"cannot create cgroup {group.path}: {exc.strerror}") from None
+        try:
+            write_control(group.path / "cpu.cfs_period_us", period_us)
+            write_control(group.path / "cpu.cfs_quota_us", cfs_quota_us(cpus, period_us=period_us))
+        except BaseException:
+            remove_cgroup(group.path)
+            raise
+        return group
+
+    def pids(self) -> list[int]:
+        return cgroup_pids(self.path)
+
+    def remove(self) -> None:
+        """Stop what is still in it, and remove it."""
+        remove_cgroup(self.path)
+
+
+def own_cpu_cgroup(*, proc: Path = Path("/proc/self")) -> Path:
+    """The cgroup v1 cpu folder this process is in; a CgroupError when it has none, or only the hierarchy's root."""
+    for path, mount_root, version in _cpu_cgroup_dirs(proc):
+        if version == 1:
+            if path == mount_root:
+                raise CgroupError(f"this process is in the root cpu cgroup ({path}), which takes no quota: start it in "
+                                  "a cgroup of its own (loadgen.cgroup.CpuQuotaGroup; loadgen.flower_fleet's "
+                                  "NodeSpec.cgroup)")
+            return path
+    raise CgroupError("this process is in no cgroup v1 cpu hierarchy: a CPU quota needs one (root)")
+
+
+@contextmanager
+def cpu_quota_while(cpus: float, *, proc: Path = Path("/proc/self")) -> Iterator[Path]:
+    """Cap this process's own cgroup (v1 cpu, root) at `cpus` CPUs inside the block; its earlier quota after it.
+
+    Everything in that cgroup is capped meanwhile, as on a slow device. For a process that only its busy
+    stretch should be slowed in: a Flower ClientApp starts afresh each round (its imports take 5 CPU
+    seconds here), and a Flower 1.42 SuperNode restarts one that has not reported within 60 s."""
+    folder = own_cpu_cgroup(proc=proc)
+    quota_file = folder / "cpu.cfs_quota_us"
+    try:
+        before, period_us = quota_file.read_text().strip(), int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError) as exc:
+        raise CgroupError(f"cannot read the CPU quota of {folder}: {exc}") from None
+    if not cpus * period_us >= MIN_CFS_QUOTA_US:
+        raise CgroupError(f"{folder}: a quota of {cpus:g} CPU is below the kernel's minimum at its {period_us} us "
+                          f"period ({MIN_CFS_QUOTA_US / period_us:g} CPU)")
+    write_control(quota_file, cfs_quota_us(cpus, period_us=period_us))
+    try:
+        yield folder
+    finally:
+        write_control(quota_file, before)

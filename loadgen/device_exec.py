@@ -1,12 +1,14 @@
 """Run a command inside an emulated device: join its cgroup and network namespace, then exec it.
 
-    python -m loadgen.device_exec --cgroup DIR --netns NAME [--die-with PID] -- COMMAND ...
+    python -m loadgen.device_exec [--cgroup DIR] [--netns NAME] [--die-with PID] -- COMMAND ...
 
 EmulatedFleet.spawn starts this launcher, which enters the device and replaces itself with
-COMMAND. Entering from a fresh process (rather than in a preexec_fn between fork and exec)
-means no Python runs in a forked copy of a parent whose gRPC or ZeroMQ threads may hold
-locks: subprocess can then use vfork, which runs no fork handlers. Only the standard
-library is imported here (and flexfl.signals, which imports nothing else).
+COMMAND. It takes a cgroup, a namespace, or neither (then it only arms --die-with, which a
+command that is not FlexFL's cannot arm itself; CpuQuotaGroup's processes enter a cgroup alone).
+Entering from a fresh process (rather than in a preexec_fn between fork and exec) means no
+Python runs in a forked copy of a parent whose gRPC or ZeroMQ threads may hold locks:
+subprocess can then use vfork, which runs no fork handlers. Only the standard library is
+imported here (and flexfl.signals, which imports nothing else).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ _CLONE_NEWNET = 0x40000000
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadgen.device_exec", description=__doc__.splitlines()[0])
-    p.add_argument("--cgroup", required=True, help="cgroup folder to join (its cgroup.procs)")
-    p.add_argument("--netns", required=True, help="network namespace name (/run/netns/NAME)")
+    p.add_argument("--cgroup", help="cgroup folder to join (its cgroup.procs)")
+    p.add_argument("--netns", help="network namespace name (/run/netns/NAME)")
     p.add_argument("--die-with", type=int, default=0, metavar="PID",
                    help="get SIGTERM when PID (the parent) dies; exit at once if it is already gone")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
@@ -35,14 +37,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command after --")
     libc = ctypes.CDLL(None, use_errno=True)
     try:
-        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        fd = os.open(os.path.join("/run/netns", args.netns), os.O_RDONLY)
-        try:
-            if libc.setns(fd, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), f"setns into {args.netns} failed")
-        finally:
-            os.close(fd)
+        if args.cgroup:
+            with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        if args.netns:
+            fd = os.open(os.path.join("/run/netns", args.netns), os.O_RDONLY)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {args.netns} failed")
+            finally:
+                os.close(fd)
     except OSError as exc:
         print(f"loadgen.device_exec: cannot enter device (cgroup {args.cgroup}, netns {args.netns}): {exc}",
               file=sys.stderr)

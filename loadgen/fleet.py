@@ -46,17 +46,25 @@ from flexfl.files import atomic_file
 from loadgen import bandwidth, netns
 from loadgen import keys as curve
 from loadgen._run import run
-from loadgen.cgroup import read_quota_cpus
+from loadgen.cgroup import (
+    CGROUP_V1_CPU_ROOT,
+    MIN_CFS_QUOTA_US,
+    cfs_quota_us,
+    cgroup_pids,
+    read_quota_cpus,
+    remove_cgroup,
+    terminate,
+    write_control,
+)
 from loadgen.errors import LoadgenError
 
 log = logging.getLogger(__name__)
 
-CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+CGROUP_CPU_ROOT = CGROUP_V1_CPU_ROOT
 STATE_ROOT = Path("/run/flexfl")
 DEFAULT_PREFIX = "ffl"
 DEFAULT_SUBNET = "10.77.0"
 DEFAULT_CFS_PERIOD_US = 10_000  # short periods: a round's few hundred ms of work is throttled evenly
-MIN_CFS_QUOTA_US = 1000  # the kernel refuses a smaller cpu.cfs_quota_us (EINVAL)
 FIRST_HOST = 10  # device i gets S.(FIRST_HOST + i)
 CONTROLLER_KEY = "controller"  # the fleet's one client keypair, in <state>/keys/
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]{1,7}")
@@ -284,8 +292,7 @@ class EmulatedFleet:
     def set_cpu_quota(self, index: int, cpus: float | None) -> None:
         """Cap device `index` at `cpus` CPUs (None: no cap); below least_quota_cpus, at that."""
         d = self.devices[index]
-        quota = -1 if cpus is None else max(MIN_CFS_QUOTA_US, round(cpus * self.cfs_period_us))
-        _write(Path(d.cgroup) / "cpu.cfs_quota_us", quota)
+        _write(Path(d.cgroup) / "cpu.cfs_quota_us", cfs_quota_us(cpus, period_us=self.cfs_period_us))
 
     def set_upload(self, index: int, kbit: int | None) -> None:
         """tbf on the device's own egress (None: remove it)."""
@@ -443,7 +450,7 @@ def fleet_pids(prefix: str) -> list[int]:
     for ns in found["netns"]:
         pids.update(netns.netns_pids(ns))
     for cg in found["cgroups"]:
-        pids.update(_cgroup_pids(Path(cg)))
+        pids.update(cgroup_pids(Path(cg)))
     pids.discard(os.getpid())
     return sorted(pids)
 
@@ -457,7 +464,7 @@ def down(prefix: str, *, state_root: Path = STATE_ROOT, grace_s: float = 3.0) ->
     removed: list[str] = []
     pids = fleet_pids(prefix)
     if pids:
-        _terminate(pids, grace_s=grace_s)
+        terminate(pids, grace_s=grace_s)
         removed.append(f"{len(pids)} process(es)")
     found = find_leftovers(prefix)
     for ns in found["netns"]:
@@ -469,7 +476,7 @@ def down(prefix: str, *, state_root: Path = STATE_ROOT, grace_s: float = 3.0) ->
         netns.delete_link(link)
         removed.append(f"link {link}")
     for cg in found["cgroups"]:  # children first, then the fleet's own
-        _rmdir_cgroup(Path(cg))
+        remove_cgroup(Path(cg), error=FleetError)
         removed.append(f"cgroup {cg}")
     state_dir = state_dir_of(prefix, state_root)
     if state_dir.exists():
@@ -535,51 +542,7 @@ def tool_versions() -> dict[str, str]:
 
 
 def _write(path: Path, value: object) -> None:
-    try:
-        path.write_text(str(value))
-    except OSError as exc:
-        raise FleetError(f"cannot write {value} to {path}: {exc.strerror}") from None
-
-
-def _cgroup_pids(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
-
-
-def _rmdir_cgroup(path: Path) -> None:
-    for _ in range(50):  # a killed task may take a moment to leave its cgroup
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            _terminate(_cgroup_pids(path), grace_s=0.5)
-            time.sleep(0.1)
-    raise FleetError(f"cannot remove cgroup {path}: it still holds processes {_cgroup_pids(path)}")
-
-
-def _terminate(pids: list[int], *, grace_s: float) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=2.0)
+    write_control(path, value, error=FleetError)
 
 
 def _stop_child(p: subprocess.Popen, *, grace_s: float = 3.0) -> None:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 from coordinator.rules.round_record import RoundRecord
 from flexfl.errors import ConfigError
 from simulator.local_training import ROW_TRAINERS, PairedTrainer, RoundTrainer, RunTrainer
@@ -80,6 +82,7 @@ __all__ = [
 _Run, _RoundWork = RunState, RoundWork  # the names simulator.device_steps and tests patch
 
 OnRound = Callable[[RoundRecord], None]
+OnModel = Callable[[int, Mapping[str, torch.Tensor]], None]
 
 
 def load_data(cfg: SimConfig) -> FederatedData:
@@ -93,17 +96,30 @@ def run_simulation(
     traces: TraceSet | None = None,
     participation: Participation | None = None,
     on_round: OnRound | None = None,
+    on_model: OnModel | None = None,
+    chunk_rows: int | None = None,
 ) -> SimResult:
     """Run `cfg.rounds` rounds and return per-round metrics and the final model.
 
-    `participation` overrides the trace-driven s draws (e.g. FixedParticipation).
+    `participation` overrides the trace-driven s draws (e.g. FixedParticipation). `on_model(tau,
+    params)` sees the global model after each round (e.g. to hold it beside another engine's).
+    `chunk_rows`: the most deltas a round stacks before it trains and sums in chunks (default:
+    simulator.local_training.STACK_BUDGET_BYTES' worth).
     """
     started = time.perf_counter()
     data = data if data is not None else load_data(cfg)
     if participation is None:
         participation = TraceParticipation(traces if traces is not None else read_trace_set(Path(cfg.traces.set)), cfg)
+    if cfg.rules.aggregation.asynchronous:  # no rounds: server steps on the simulated clock
+        from simulator.async_run import run_async
+
+        if on_model is not None:
+            raise ConfigError(f"{cfg.rules.aggregation.title}: on_model sees rounds' models; an asynchronous run has "
+                              "none")
+        return run_async(cfg, data=data, participation=participation, on_round=on_round)
     run = _Run(cfg, data, participation)
-    _lockstep([run], RunTrainer(cfg, run.model, data), first_round=1, on_round=on_round)
+    _lockstep([run], RunTrainer(cfg, run.model, data, chunk_rows=chunk_rows), first_round=1, on_round=on_round,
+              after_round=None if on_model is None else lambda tau: on_model(tau, run.fed.params))
     run.result.final_params = run.fed.params
     run.result.wall_s = time.perf_counter() - started
     return run.result

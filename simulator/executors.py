@@ -5,7 +5,7 @@ on each (one torch thread per worker, one worker per CPU), and yields each group
 as it finishes, in any order; the driver writes them (simulator.sweep.run_sweep). Only
 configs, trace sets and per-round results travel; workers build their data themselves.
 
-Ray is an optional extra (`pip install 'flexfl[cluster]'`) and is imported only here, only
+Ray is an optional extra (`pip install -e '.[cluster]'`) and is imported only here, only
 when a Ray executor runs. `executor_for(jobs=, ray_address=)` picks one: a Ray address
 (the flag, or Ray's own RAY_ADDRESS variable) means Ray, otherwise the process pool.
 """
@@ -98,7 +98,7 @@ class RayExecutor:
             import ray  # noqa: F401
         except ImportError:
             raise ConfigError("a Ray address was given but Ray is not installed: pip install "
-                              "'flexfl[cluster]'") from None
+                              "-e '.[cluster]' (in FlexFL's checkout)") from None
         self.address = address
         self.num_cpus = num_cpus
 

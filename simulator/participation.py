@@ -15,7 +15,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from flexfl.errors import ConfigError
+from simulator.clock import RoundClock, times_from_fraction
 from simulator.sim_config import SimConfig
+from trace_recorder.deadline import WorkTimes
 from trace_recorder.format import TraceSet
 from trace_recorder.sampler import TraceSampler, assign_traces
 
@@ -94,9 +96,17 @@ class TraceParticipation:
                                       sampling=cfg.rules.trace_sampling, s_rule=cfg.rules.s_rule)
                          for k, j in enumerate(assignment)]
         self.trace_names = [s.trace.name for s in self.samplers]
+        deadline_s = cfg.clock.deadline_s if cfg.clock else traces.manifest.deadline_s  # [clock], else the set's
+        self.clock = RoundClock(deadline_s) if deadline_s else None
 
     def draw(self, shard: int, round_index: int) -> int:
         return self.samplers[shard].draw(round_index)
+
+    def work_times(self, shard: int, round_index: int) -> WorkTimes | None:
+        """The device's times as its draw gives them (simulator.clock: D / s per update); None without a clock."""
+        if self.clock is None:
+            return None
+        return times_from_fraction(self.draw(shard, round_index), deadline_s=self.clock.deadline_s)
 
 
 class SharedDraws:
@@ -105,6 +115,7 @@ class SharedDraws:
     def __init__(self, participation: TraceParticipation) -> None:
         self.participation = participation
         self.trace_names = participation.trace_names
+        self.clock = participation.clock
         self._round, self._s = 0, dict[int, int]()
 
     def draw(self, shard: int, round_index: int) -> int:
@@ -113,3 +124,8 @@ class SharedDraws:
         if shard not in self._s:
             self._s[shard] = self.participation.draw(shard, round_index)
         return self._s[shard]
+
+    def work_times(self, shard: int, round_index: int) -> WorkTimes | None:
+        if self.clock is None:
+            return None
+        return times_from_fraction(self.draw(shard, round_index), deadline_s=self.clock.deadline_s)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coordinator.rules.round import Arrival, Departure, Federation, RoundOpening, Weighing
+from coordinator.rules.round import Arrival, Departure, Federation, RoundOpening, RoundSum, Weighing
 from coordinator.rules.round_record import RoundRecord, rules_record
 from edge_agent.trainer import steps_per_update
 from flexfl.errors import ConfigError, DivergenceError
+from simulator.clock import clock_of
 from simulator.evaluation import evaluate_round
 from simulator.participation import Participation, round_draws
 from simulator.sim_config import ExtraTest, SimConfig
@@ -62,6 +63,7 @@ class RunState:
         # In every record, as a live run's rows have them: eta0 and the batch size as trained (the dataset's
         # default where the config leaves them out), so a run's rows say which operating point it ran at.
         self.rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
+        self.clock = clock_of(participation)  # the simulated clock (simulator.clock); None: the rows have no clock_s
 
     def begin(self, tau: int) -> RoundWork:
         opening = self.fed.open(tau)
@@ -75,21 +77,24 @@ class RunState:
         return RoundWork(opening=opening, s=s, weighing=weighing, rows=rows, shards=shards,
                          steps=[s[d] * self.steps_per_update[k] for d, k in zip(rows, shards)], reasons=reasons)
 
-    def end(self, work: RoundWork, deltas: Mapping[str, torch.Tensor], losses: np.ndarray, *,
+    def end(self, work: RoundWork, deltas: Mapping[str, torch.Tensor] | RoundSum, losses: np.ndarray, *,
             train_s: float) -> RoundRecord:
         """Close the round with the contributors' deltas (row i: work.rows[i]), evaluate, record.
 
-        `losses` is each row's mean minibatch loss. The record's seconds are `train_s` (the
-        round's time so far) plus this close and evaluation.
+        `deltas` may instead be the round's RoundSum they were added to (a round trained in chunks:
+        simulator.local_training.RunTrainer). `losses` is each row's mean minibatch loss. The
+        record's seconds are `train_s` (the round's time so far) plus this close and evaluation.
         """
         t0 = time.perf_counter()
         cfg, fed, tau = self.cfg, self.fed, work.opening.round_index
-        outcome = fed.close_stacked(
-            work.weighing, deltas=deltas, rows=work.rows,
-            arrivals=[Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
-                      for a in cfg.schedule.arrivals if a.round == tau],
-            departures=[Departure(device_id(d.device), d.policy) for d in cfg.schedule.departures if d.round == tau],
-        )
+        events = {"arrivals": [Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
+                               for a in cfg.schedule.arrivals if a.round == tau],
+                  "departures": [Departure(device_id(d.device), d.policy)
+                                 for d in cfg.schedule.departures if d.round == tau]}
+        if isinstance(deltas, RoundSum):
+            outcome = fed.close_summed(work.weighing, summed=deltas, **events)
+        else:
+            outcome = fed.close_stacked(work.weighing, deltas=deltas, rows=work.rows, **events)
         acc, loss, extra = evaluate_round(self.model, fed.params, self.data,
                                           members=[self.shard[d] for d in fed.objective.members()],
                                           extra={str(name): self._extra_shards(name) for name in cfg.extra_tests})
@@ -98,7 +103,8 @@ class RunState:
         self.result.device_updates += sum(work.steps)
         record = round_record(opening=work.opening, weighing=work.weighing, outcome=outcome, rules=self.rules,
                               losses=losses, test_acc=acc, test_loss=loss, seconds=train_s + time.perf_counter() - t0,
-                              members=len(fed.objective.members()), extra=extra, reasons=work.reasons)
+                              members=len(fed.objective.members()), extra=extra, reasons=work.reasons,
+                              clock_s=None if self.clock is None else self.clock.closes_s(tau))
         self.result.records.append(record)
         return record
 

@@ -15,6 +15,7 @@ from flexfl.config import Moved, coerce_enums, plugin_path_field
 from flexfl.errors import ConfigError
 from flexfl.run_spec import RunSpec
 from flexfl.vocabulary import DeparturePolicy
+from simulator.clock import ClockConfig
 from simulator.paper_numbers import DEFAULT_PARTITION
 from simulator.trainers.trainer_kind import ROW_KINDS, TrainerKind, cache_trainer_available
 from trace_recorder import PAPER_TRACE_SET
@@ -104,6 +105,9 @@ class SimConfig:
     rules: RulesConfig = field(default_factory=RulesConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    # [clock]: the simulated clock's deadline for a trace set (simulator.clock); None (left out of files, so runs saved
+    # before it read back byte-equal): a recorded set's own deadline, or no clock
+    clock: ClockConfig | None = None
     # seed: initial model, trace assignment, s draws, minibatches (the partition has its own)
     run: RunSpec = field(default_factory=lambda: RunSpec(rounds=200))
     trainer: TrainerKind = TrainerKind.AUTO

@@ -96,7 +96,8 @@ class SimResult:
 
 def round_record(*, opening: RoundOpening, weighing: Weighing, outcome: RoundOutcome, rules: Mapping[str, Any],
                  losses: np.ndarray, test_acc: float, test_loss: float, seconds: float, members: int,
-                 extra: Mapping[str, Mapping[str, float]], reasons: Mapping[str, str] | None) -> RoundRecord:
+                 extra: Mapping[str, Mapping[str, float]], reasons: Mapping[str, str] | None,
+                 clock_s: float | None = None) -> RoundRecord:
     """The round's record: the fields a live round has (RoundRecord.of) and the simulator's.
 
     `losses` are the contributors' mean minibatch losses (weighing.contributors' order); `rules`
@@ -108,7 +109,7 @@ def round_record(*, opening: RoundOpening, weighing: Weighing, outcome: RoundOut
     common = RoundRecord.of(opening, outcome, test_acc=test_acc, test_loss=test_loss)
     return replace(common, lr=opening.lr,
                    extra_tests=dict(extra) or None, stop_reason=None if reasons is None else dict(reasons),
-                   train_loss=train_loss, seconds=seconds, members=members, rules=rules)
+                   train_loss=train_loss, seconds=seconds, members=members, rules=rules, clock_s=clock_s)
 
 
 def records_as_rows(result: SimResult) -> list[dict]:

@@ -174,7 +174,8 @@ def _write_run(run_dir: Path, c: SimConfig, result: SimResult, timeline: Timelin
     write_config(run_dir / "sim.toml", c, header=f"flexfl sim run, scheme {label}")
     # The rules as trained (eta0 and batch size filled in, as in its rows): the report's configuration shows them.
     config = {**to_dict(c), "rules": rules_record(c.rules, dataset=c.partition.dataset)}
-    write_run_info(run_dir, kind="sim", config=config, deadline_s=timeline.deadline_s if timeline else None,
+    deadline_s = timeline.deadline_s if timeline else (c.clock.deadline_s if c.clock else None)
+    write_run_info(run_dir, kind="sim", config=config, deadline_s=deadline_s,
                    required_updates=c.rules.required_updates,
                    devices={device_id(k): {"trace": t, "shard": k} for k, t in enumerate(result.trace_assignment)})
 
@@ -200,7 +201,7 @@ def _write_summary(plan: SimRunPlan, results: Mapping[str, SimResult], *, wall_s
     if _has_matplotlib():
         plot_accuracy_curves(plan.out / "accuracy.png", {panel: curves}, title=f"{cfg.partition.describe()}")
     else:  # an install without extras (an edge device's) still simulates; the curves are in rounds.csv
-        log.warning("matplotlib is not installed (pip install 'flexfl[plot]'): accuracy.png not drawn")
+        log.warning("matplotlib is not installed (pip install -e '.[plot]'): accuracy.png not drawn")
     updates = sum(res.device_updates for res in results.values())
     sim_s = sum(res.wall_s for res in results.values())
     summary = {"config": to_dict(cfg), "final_acc": {label: res.final_accuracy for label, res in results.items()},

@@ -31,9 +31,10 @@ from edge_agent.config import AgentConfig
 from flexfl.config import to_dict
 from flexfl.errors import ConfigError
 from flexfl.vocabulary import Unit
+from simulator.clock import RoundClock, TaskPlan
 from simulator.participation import RoundDraws
 from simulator.sim_config import SimConfig
-from trace_recorder.deadline import DeadlineOutcome, updates_before_deadline
+from trace_recorder.deadline import DeadlineOutcome, WorkTimes, updates_before_deadline, work_times
 from trace_recorder.timeline import Timeline, TimeUnit, describe_names, read_timeline
 from workloads.partition_spec import PartitionSpec, device_id
 
@@ -103,6 +104,7 @@ class TimelineParticipation:
             assert run.sample_s is not None  # TimelineRun checks one of the two is given
             self.update_s = [run.sample_s * k for k in samples_per_update(cfg, sample_counts)]
         self.trace_names = [f"timeline {name}" for name in names]  # SimResult.trace_assignment, run.json
+        self.clock = RoundClock(run.deadline_s, run.round_s)
 
     def time_of(self, round_index: int) -> float:
         """Where round `round_index` (from 1) reads the timeline: its round id or its start in seconds."""
@@ -119,6 +121,31 @@ class TimelineParticipation:
 
     def draw(self, shard: int, round_index: int) -> int:
         return self.outcome(shard, round_index).s
+
+    def work_times(self, shard: int, round_index: int) -> WorkTimes | None:
+        """Device `shard`'s download, per-update and upload times under the conditions at the round's start (None:
+        offline): the deadline rule's own arithmetic (trace_recorder.deadline.work_times)."""
+        conditions = self.timeline.conditions_at(self.names[shard], self.time_of(round_index))
+        return work_times(conditions, update_s=self.update_s[shard], model_bytes=self.model_bytes)
+
+    def task_at(self, shard: int, at_s: float, *, budget: bool) -> TaskPlan | None:
+        """An asynchronous task of device `shard` started at second `at_s` (simulator.async_run): E updates, or with
+        `budget` the deadline rule's s within the deadline, and the time they take under the conditions then; None:
+        offline, nothing fits the budget, or no CPU share."""
+        if self.timeline.unit is TimeUnit.ROUND:
+            raise ConfigError(f"{self.run.path}: an asynchronous run reads a timeline in seconds (start_s, end_s); "
+                              "this one counts rounds")
+        conditions = self.timeline.conditions_at(self.names[shard], at_s)
+        times = work_times(conditions, update_s=self.update_s[shard], model_bytes=self.model_bytes)
+        if times is None:
+            return None
+        s = self.E
+        if budget:
+            s = updates_before_deadline(conditions, E=self.E, deadline_s=self.run.deadline_s,
+                                        update_s=self.update_s[shard], model_bytes=self.model_bytes,
+                                        margin_s=self.run.margin_s).s
+        duration_s = times.finish_s(s)
+        return TaskPlan(s=s, duration_s=duration_s) if s > 0 and math.isfinite(duration_s) else None
 
     def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
         """s and why (rows' "stop_reason", as a live run's rows record it) for devices `shards`."""

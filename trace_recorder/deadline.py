@@ -44,6 +44,30 @@ class DeadlineOutcome(NamedTuple):
     why: StopReason
 
 
+class WorkTimes(NamedTuple):
+    """What a round's work takes a device under steady conditions: the model's way down, one local update, the
+    update's way up (seconds; math.inf where the link or the CPU share is 0)."""
+
+    download_s: float
+    per_update_s: float
+    upload_s: float
+
+    def finish_s(self, updates: int) -> float:
+        """Seconds from the model's sending to the update's arrival, with `updates` local updates."""
+        return self.download_s + (updates * self.per_update_s if updates else 0.0) + self.upload_s
+
+
+def work_times(conditions: Conditions, *, update_s: float, model_bytes: int) -> WorkTimes | None:
+    """The module docstring's download_s, per_update_s and upload_s under `conditions`; None when offline."""
+    if not conditions.online:
+        return None
+    kbit = 8 * model_bytes / 1000
+    down_s, up_s = (kbit / rate if rate > 0 else (math.inf if kbit else 0.0)
+                    for rate in (conditions.down_kbit_s, conditions.up_kbit_s))
+    per_update_s = update_s / conditions.cpu_share if conditions.cpu_share > 0 else math.inf
+    return WorkTimes(down_s, per_update_s, up_s)
+
+
 def updates_before_deadline(conditions: Conditions, *, E: int, deadline_s: float, update_s: float,
                             model_bytes: int, margin_s: float) -> DeadlineOutcome:
     """s: the whole local updates that fit before the deadline with the upload still fitting, capped at E.
@@ -60,17 +84,15 @@ def updates_before_deadline(conditions: Conditions, *, E: int, deadline_s: float
                               f"{value}")
     if model_bytes < 0:
         raise ConfigError(f"model_bytes must be >= 0, got {model_bytes}")
-    if not conditions.online:
+    times = work_times(conditions, update_s=update_s, model_bytes=model_bytes)
+    if times is None:
         return DeadlineOutcome(0, StopReason.OFFLINE)
-    kbit = 8 * model_bytes / 1000
-    down_s, up_s = (kbit / rate if rate > 0 else (math.inf if kbit else 0.0)
-                    for rate in (conditions.down_kbit_s, conditions.up_kbit_s))
+    down_s, per_update_s, up_s = times
     room_s = deadline_s - margin_s - down_s - up_s
     if room_s < 0:  # the link alone overruns the deadline
         return DeadlineOutcome(0, StopReason.UPLOAD)
     if conditions.cpu_share == 0:
         return DeadlineOutcome(0, StopReason.COMPUTE)
-    per_update_s = update_s / conditions.cpu_share
     s = min(E, math.floor(room_s / per_update_s + _EXACT_FIT))
     if s == E:
         return DeadlineOutcome(s, StopReason.COMPLETE)

@@ -15,7 +15,7 @@ import numpy as np
 
 from coordinator.rules.objective import AutoDeparture, FastReboot
 from coordinator.rules.sampling import ClientSampler, check_sample_k
-from coordinator.rules.strategies import STRATEGIES, FedProx, SchemeStrategy, configured, get_strategy
+from coordinator.rules.strategies import FedProx, SchemeStrategy, configured, get_strategy, strategy_names
 from coordinator.rules.strategy import Strategy
 from flexfl.config import coerce_enums
 from flexfl.errors import ConfigError
@@ -69,7 +69,8 @@ class StrategyTable:
         name = value.get("name")
         if not isinstance(name, str):
             problem = "missing (required)" if name is None else f"expected a string, got {name!r}"
-            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {', '.join(STRATEGIES)}, "
+            names = ", ".join(strategy_names(asynchronous=True))
+            raise ConfigError(f"{where}: [{table}].name: {problem}; choose one of {names}, "
                               f"{plugin_forms(STRATEGY)}")
         read = cls.of(value)
         configured(read.name, dict(read.params), where=where, table=table)  # types, unknown and missing keys

@@ -139,11 +139,33 @@ class RoundSum:
 
     def add(self, device: str, *, s: int, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Add `device`'s update of s local updates; raises (and changes nothing) when it cannot enter."""
-        if device not in self.running.p:
-            raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the objective "
-                                  "or was not drawn for this round")
-        counted = s if self.counts is None else s * self.counts[device]
-        if self.running.add(device, s=counted, delta=delta) > 0:
+        self._check_drawn([device])
+        self._entered(device, s=s, weight=self.running.add(device, s=self._counted(device, s), delta=delta),
+                      delta=delta)
+
+    def add_rows(self, devices: Sequence[str], *, s: Sequence[int], deltas: Mapping[str, torch.Tensor]) -> None:
+        """Add the updates of `devices` at once (`deltas[name]` [len(devices), *shape], row i: devices[i]):
+        add() for a stacked chunk of rows (the simulator's chunked close); raises, changing nothing, if any
+        row cannot enter."""
+        devices = list(devices)
+        self._check_drawn(devices)
+        weights = self.running.add_rows(devices, s=[self._counted(d, v) for d, v in zip(devices, s)], deltas=deltas)
+        for i, (device, v) in enumerate(zip(devices, s)):
+            self._entered(device, s=v, weight=float(weights[i]),
+                          delta={name: d[i] for name, d in deltas.items()} if weights[i] > 0 else {})
+
+    def _check_drawn(self, devices: Sequence[str]) -> None:
+        for device in devices:
+            if device not in self.running.p:
+                raise RoundStateError(f"round {self.round_index}: an update from {device!r}, which is not in the "
+                                      "objective or was not drawn for this round")
+
+    def _counted(self, device: str, s: int) -> int:
+        return int(s) if self.counts is None else int(s) * self.counts[device]
+
+    def _entered(self, device: str, *, s: int, weight: float, delta: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """What the round keeps of an update the running sum took: its sketch (a contributor's) and s."""
+        if weight > 0:
             self.sketches[device] = self.sketch.of(delta)
             if self.keep:  # the caller may reuse its buffers: a copy
                 self.kept[device] = {name: np.array(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d,
@@ -175,7 +197,12 @@ class Federation:
         return UpdateSketch(self.params)
 
     def __post_init__(self) -> None:
-        self.memory = self.rules.aggregation.new_memory(like=self.params)
+        rule = self.rules.aggregation
+        if rule.asynchronous:
+            raise ConfigError(f"{rule.title} has no rounds: its server steps every {rule.parameters.get('buffer')} "
+                              "updates on the simulated clock (`flexfl sim run --scheme fedbuff` with --deadline-s or "
+                              "--timeline: simulator.async_run); a round engine cannot run it")
+        self.memory = rule.new_memory(like=self.params)
 
     def learning_rate(self, round_index: int) -> float:
         shift = self.objective.shift_round if self.rules.lr_restart else 0  # lr_restart=False: a diagnostic only

@@ -9,7 +9,8 @@ The parts:
 - the fields every round has, live or simulated (who took part, s, p, coefficients, events,
   test metrics);
 - `live`: what only a live round measures (transfers, times, refusals), None in a simulation;
-- what the simulator measures beside them (train_loss, seconds, members), None in a live round;
+- what the simulator measures beside them (train_loss, seconds, members, and clock_s on its simulated
+  clock: simulator.clock), None in a live round;
 - `rules`: the run's rules as data (flexfl.config.to_dict of coordinator.rules.config.RulesConfig),
   and `rule_changes`: in the first row after a resume under changed rules, what changed.
 Counts that follow from s (active, complete, mean_s, coef_sum, events) are properties, not fields.
@@ -42,7 +43,7 @@ class LiveRound:
     per device where per device. Fields added after the first live rows are optional (None or empty)."""
 
     time: float  # unix time the row was made
-    close_reason: str  # "all answered" or "deadline"
+    close_reason: str  # "all answered" or "deadline" (a Flower round: "all answered" or "timeout")
     bytes_out: Mapping[str, int]  # protobuf message bytes of the model sent
     bytes_in: Mapping[str, int]  # protobuf message bytes of the update received
     train_s: Mapping[str, float]  # as the device measured it
@@ -86,6 +87,9 @@ class RoundRecord:
     extra_tests: Mapping[str, Mapping[str, float]] | None = None  # simulator: test set name -> {"acc", "loss"}
     train_loss: float | None = None  # simulator: coefficient-weighted mean local loss of contributors
     seconds: float | None = None  # simulator: the round's wall time
+    clock_s: float | None = None  # simulator: the simulated clock at the round's close, seconds (simulator.clock)
+    # An asynchronous server step (simulator.async_run): each device's oldest update's staleness, server steps
+    staleness: Mapping[str, int] | None = None
     members: int | None = None  # simulator: devices in the objective after the round
     live: LiveRound | None = None
     rules: Mapping[str, Any] | None = None  # the run's rules (flexfl.config.to_dict(RulesConfig)); old rows: None
@@ -178,7 +182,8 @@ class RoundRecord:
             remembered=r.opt("remembered", _ids) or (), sampled=r.opt("sampled", _map(_int)),
             stop_reason=r.opt("stop_reason", _map(_str)),
             extra_tests=r.opt("extra_tests", _map(_map(_float))), train_loss=r.opt("train_loss", _float),
-            seconds=r.opt("seconds", _float), members=r.opt("members", _int),
+            seconds=r.opt("seconds", _float), clock_s=r.opt("clock_s", _float), members=r.opt("members", _int),
+            staleness=r.opt("staleness", _map(_int)),
             live=_live(r) if "close_reason" in obj else None, rules=r.opt("rules", _object),
             rule_changes=None if changes is None else {k: r.pair(f"rule_changes.{k}", v) for k, v in changes.items()},
         )

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from coordinator.rules.plugin_strategy import PluginStrategy
 from coordinator.rules.strategy import Strategy
-from flexfl.errors import ConfigError
+from flexfl.errors import AggregationError, ConfigError
 from flexfl.plugins import STRATEGY, plugin_forms, resolve
 from flexfl.vocabulary import Scheme
 
@@ -224,17 +225,94 @@ class MIFA(Strategy):
         return 1.0  # never discarded: with no update at all the memories still move w
 
 
+class Staleness(StrEnum):
+    """FedBuff's staleness weight of an update that is `t` server steps old: 1 / sqrt(1 + t), or 1."""
+
+    SQRT = "sqrt"
+    CONSTANT = "constant"
+
+
+@dataclass(frozen=True)
+class FedBuff(Strategy):
+    """Buffered asynchronous aggregation, FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous
+    Aggregation", AISTATS 2022): no rounds. A device pulls the latest model when it is free, trains, and pushes its
+    update delta_i; the server keeps a buffer and, every `buffer` (K) updates, steps
+
+        w <- w + server_lr (1 / K) sum_i g(t_i) delta_i,     t_i = steps the server took since i pulled,
+
+    with g(t) = 1 / sqrt(1 + t) (staleness = "sqrt", the paper's) or 1 ("constant"). At most `concurrency` devices
+    train at once (0: every device present); a freed slot goes to a device drawn uniformly from those idle.
+
+    Partial work inside asynchrony (issue 36): with `budget`, a device's task ends at the round deadline of the run's
+    clock, with the s the deadline rule gives (the sync runs' s); without it a device always does its E updates and
+    takes as long as they take. With `es_factor`, an update of s < E local updates enters at E / s times its weight:
+    Scheme C's unbiasing of incomplete work, which there makes each device's expected contribution that of a full
+    E-update delta at its sample weight; here it makes a cut-short update count as a full one in the buffer's
+    average. Without a budget every s is E and the factor is 1.
+
+    As factors of the interface (Strategy): the buffer step is a "round" over the K buffered updates whose p_i is
+    g(t_i) (staleness_weights); arrival weight p_i (E / s_i with es_factor; 0 at s_i = 0), round scale
+    server_lr / K. FedBuff weighs updates uniformly, not by the device's samples: that is the paper's rule.
+    It runs on the simulated clock (simulator.async_run); a round engine refuses it (asynchronous).
+    """
+
+    name: ClassVar[str] = "fedbuff"
+    label: ClassVar[str] = "fedbuff"
+    title: ClassVar[str] = "FedBuff"
+    buffer: int = 10
+    staleness: Staleness = Staleness.SQRT
+    server_lr: float = 1.0
+    concurrency: int = 0
+    budget: bool = False
+    es_factor: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "staleness", Staleness(self.staleness))
+        if isinstance(self.buffer, bool) or not isinstance(self.buffer, int) or self.buffer < 1:
+            raise ConfigError(f"FedBuff's buffer (K, updates per server step) must be an integer >= 1, got "
+                              f"{self.buffer!r}")
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 0:
+            raise ConfigError(f"FedBuff's concurrency (devices training at once, 0: all) must be an integer >= 0, got "
+                              f"{self.concurrency!r}")
+        if not (np.isfinite(self.server_lr) and self.server_lr > 0):
+            raise ConfigError(f"FedBuff's server_lr must be a number > 0, got {self.server_lr!r}")
+
+    @property
+    def asynchronous(self) -> bool:
+        return True
+
+    def staleness_weights(self, staleness: np.ndarray) -> np.ndarray:
+        """g(t) per update, float64 [K], for staleness t (server steps since the pull, int >= 0)."""
+        t = np.asarray(staleness)
+        if t.size and (not np.issubdtype(t.dtype, np.integer) or t.min() < 0):
+            raise AggregationError(f"staleness must be integers >= 0 (server steps since the pull), got {t.tolist()}")
+        if self.staleness is Staleness.CONSTANT:
+            return np.ones(t.shape, dtype=np.float64)
+        return 1.0 / np.sqrt(1.0 + t.astype(np.float64))
+
+    def arrival_weights(self, *, s: np.ndarray, E: int, p: np.ndarray) -> np.ndarray:
+        if self.es_factor:
+            return _SCHEME_WEIGHT[Scheme.C](s, E, p)
+        return _SCHEME_WEIGHT[Scheme.B](s, E, p)
+
+    def round_scale(self, *, s: np.ndarray, E: int, p: np.ndarray) -> float | None:
+        return self.server_lr / len(s) if len(s) else 1.0
+
+
 STRATEGIES: dict[str, Strategy] = {
     **{SchemeStrategy(scheme).name: SchemeStrategy(scheme) for scheme in Scheme},
     FedNova.name: FedNova(),
     FedProx.name: FedProx(),
     MIFA.name: MIFA(),
 }
+# Strategies without rounds (Strategy.asynchronous): their server steps every K updates (simulator.async_run).
+ASYNC_STRATEGIES: dict[str, Strategy] = {FedBuff.name: FedBuff()}
 
 
-def strategy_names() -> list[str]:
-    """The registered strategies' names ([rules.strategy] names, CLI choices; plug-ins aside)."""
-    return list(STRATEGIES)
+def strategy_names(*, asynchronous: bool = False) -> list[str]:
+    """The registered strategies' names ([rules.strategy] names, CLI choices; plug-ins aside): those of rounds, and
+    with `asynchronous` those without rounds too."""
+    return [*STRATEGIES, *(ASYNC_STRATEGIES if asynchronous else {})]
 
 
 # Strategies with parameters made so far, by name and parameters: RulesConfig.aggregation is read every round.
@@ -266,11 +344,13 @@ def get_strategy(name: str | Scheme | Strategy) -> Strategy:
         return STRATEGIES[f"scheme-{Scheme(name).value.lower()}"]
     if isinstance(name, str) and name in STRATEGIES:
         return STRATEGIES[name]
+    if isinstance(name, str) and name in ASYNC_STRATEGIES:
+        return ASYNC_STRATEGIES[name]
     if isinstance(name, str) and name in _PLUGINS:
         return _PLUGINS[name]
     plugin = resolve(STRATEGY, name) if isinstance(name, str) else None
     if plugin is None:
-        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} "
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(strategy_names(asynchronous=True))} "
                           f"(or a scheme: {', '.join(s.value for s in Scheme)}), {plugin_forms(STRATEGY)}")
     wrapped = PluginStrategy(plugin)
     if wrapped.label in {s.label for s in STRATEGIES.values()}:

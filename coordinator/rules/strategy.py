@@ -62,6 +62,12 @@ class Strategy(ABC):
     title: ClassVar[str]  # how printed lines and plots name it
 
     @property
+    def asynchronous(self) -> bool:
+        """A strategy without rounds (FedBuff): its server steps every K updates on a clock (simulator.async_run),
+        and a round engine (coordinator.rules.round.Federation) refuses it. False (the default): rounds."""
+        return False
+
+    @property
     def proximal_mu(self) -> float:
         """mu of the term mu/2 ||w - w_G||^2 in every device's local objective (0: none)."""
         return 0.0

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flexfl.config import enum_choices, flag_dest
 from flexfl.errors import ConfigError
@@ -42,8 +42,9 @@ def _register_run(sim_sub: argparse._SubParsersAction) -> None:
 
     run = sim_sub.add_parser("run", help="one simulated run per scheme or strategy on the same data and traces")
     _add_config_flags(run, partition=DEFAULT_PARTITION)
-    run.add_argument("--scheme", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
-                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names()) + ", or a plug-in: "
+    run.add_argument("--scheme", "--strategy", dest="schemes", action="append", choices=run_choices(), metavar="NAME",
+                     help="a scheme (A, B, C) or strategy (" + ", ".join(strategy_names(asynchronous=True)) +
+                          ", or a plug-in: "
                           "MODULE:CLASS) to run, repeatable (default: the strategy the --config file's [rules] "
                           "names, else A, B and C); each run's strategy, whatever [rules] says")
     # The old spelling, kept working for scripts: --schemes B,C is --scheme B --scheme C.
@@ -54,7 +55,36 @@ def _register_run(sim_sub: argparse._SubParsersAction) -> None:
                           "and start a new one; without it such a folder is refused")
     run.add_argument("--progress-every", type=int, default=0, help="print progress every N rounds (default: rounds/10)")
     _add_timeline_flags(run)
+    _add_fedbuff_flags(run)
     run.set_defaults(func=cmd_run)
+
+
+# FedBuff's parameters as flags (coordinator.rules.strategies.FedBuff): flag -> (its field, argparse keywords)
+FEDBUFF_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--buffer": ("buffer", {"type": int, "metavar": "K", "help": "updates per server step (default 10)"}),
+    "--staleness": ("staleness", {"help": "staleness weight: sqrt, 1/sqrt(1 + t), or constant, 1 (default sqrt)"}),
+    "--server-lr": ("server_lr", {"type": float, "help": "server learning rate (default 1)"}),
+    "--concurrency": ("concurrency", {"type": int, "help": "devices training at once (default 0: all)"}),
+    "--budget": ("budget", {"action": "store_const", "const": True,
+                            "help": "a task ends at the deadline with the deadline rule's s (default: E updates)"}),
+    "--es-factor": ("es_factor", {"action": "store_const", "const": True,
+                                  "help": "weigh an update of s < E updates by E / s (Scheme C's factor)"}),
+}
+
+
+def _add_fedbuff_flags(p: argparse.ArgumentParser) -> None:
+    from coordinator.rules.strategies import Staleness
+
+    g = p.add_argument_group("FedBuff (--scheme fedbuff: asynchronous, on the simulated clock; simulator/async_run.py)")
+    for flag, (name, kwargs) in FEDBUFF_FLAGS.items():
+        options: dict[str, Any] = {**kwargs, **({"choices": enum_choices(Staleness)} if name == "staleness" else {})}
+        g.add_argument(flag, dest=f"fedbuff_{name}", **options)
+
+
+def _fedbuff_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The FedBuff flags given, as [rules.strategy] parameters."""
+    return {name: getattr(args, f"fedbuff_{name}") for name, _ in FEDBUFF_FLAGS.values()
+            if getattr(args, f"fedbuff_{name}", None) is not None}
 
 
 def _register_schemes(sim_sub: argparse._SubParsersAction) -> None:
@@ -152,7 +182,10 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeline", type=Path, metavar="FILE",
                    help="devices dev-0..dev-N-1 take s from this timeline (traces/README.md) by the agent's deadline "
                         "rule, not from a trace set")
-    g.add_argument("--deadline-s", type=float, help="with --timeline: the round deadline, seconds (required)")
+    g.add_argument("--deadline-s", type=float,
+                   help="with --timeline: the round deadline, seconds (required); with a trace set: the deadline its "
+                        "fractions were completed in, for the simulated clock (rows' clock_s; default: a recorded "
+                        "set's own; [clock] deadline_s; simulator/clock.py)")
     g.add_argument("--update-s", type=float, help="with --timeline: one local update at cpu_share 1, seconds")
     g.add_argument("--sample-s", type=float,
                    help="with --timeline, instead of --update-s: one training sample at cpu_share 1, seconds "
@@ -165,8 +198,9 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
 def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
     """The TimelineRun that --timeline and its flags describe, or None without --timeline."""
     flags = {name: getattr(args, name, None) for name in ("deadline_s", "update_s", "sample_s", "round_s")}
-    if getattr(args, "timeline", None) is None:
-        given = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value is not None]
+    if getattr(args, "timeline", None) is None:  # --deadline-s alone is the trace set's clock (cmd_run)
+        given = [f"--{name.replace('_', '-')}" for name, value in flags.items()
+                 if value is not None and name != "deadline_s"]
         if given:
             raise ConfigError(f"{', '.join(given)} only apply with --timeline FILE")
         return None
@@ -194,7 +228,7 @@ def add_sweep_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run the groups as Ray tasks: a cluster (host:6379, ray://host:10001, auto) or 'local' for a "
                         "fresh local Ray instance (default: $RAY_ADDRESS if set, else local processes; "
-                        "needs pip install 'flexfl[cluster]')")
+                        "needs pip install -e '.[cluster]')")
 
 
 def _add_sweep_flags(p: argparse.ArgumentParser, *, seeds: str) -> None:
@@ -294,7 +328,7 @@ def run_choices() -> list[str]:
     from coordinator.rules.strategies import strategy_names
     from flexfl.plugins import STRATEGY, PluginChoices
 
-    return PluginChoices([*enum_choices(Scheme), *strategy_names()], STRATEGY)
+    return PluginChoices([*enum_choices(Scheme), *strategy_names(asynchronous=True)], STRATEGY)
 
 
 def _schemes(args: argparse.Namespace) -> list[str] | None:
@@ -325,6 +359,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     mu_flag = flag_dest("rules", "mu")
     mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
+    if getattr(args, "timeline", None) is None and getattr(args, "deadline_s", None) is not None:
+        from simulator.clock import ClockConfig
+
+        cfg = replace(cfg, clock=ClockConfig(deadline_s=args.deadline_s))  # the trace set's clock
     mu = mu if mu is not None else cfg.rules.aggregation.parameters.get("mu")
     names = _schemes(args)
     if names is None and names_a_strategy(args.config):
@@ -339,7 +377,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A plug-in is named by its import path and labelled by its own label (its folder's name).
         chosen = [get_strategy(s.upper() if s.upper() in {v.value for v in Scheme} else s)
                   for s in names or enum_choices(Scheme)]
-        configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(s.name, mu=mu if "mu" in s.parameters else None))
+        buffered = _fedbuff_params(args)
+        if buffered and not any(s.name == "fedbuff" for s in chosen):
+            raise ConfigError(f"{', '.join(f'--{k.replace(chr(95), chr(45))}' for k in buffered)}: FedBuff's "
+                              "parameters; run it with --scheme fedbuff")
+        configs = {s.label: replace(cfg, rules=cfg.rules.with_strategy(
+            s.name, mu=mu if "mu" in s.parameters else None, params=buffered if s.name == "fedbuff" else None))
                    for s in chosen}
     simulate(SimRunPlan(base=cfg, configs=configs, out=args.out, timeline=_timeline_run(args),
                         progress_every=args.progress_every, fresh=args.fresh))

@@ -1,4 +1,4 @@
-"""`flexfl traces ...`: make the calibrated paper set, record a set on a fleet, show or validate a set."""
+"""`flexfl traces ...`: make the calibrated paper set, record a set on a fleet or from a run, show or validate a set."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_calibrate(actions)
     _register_record(actions)
     _register_fidelity(actions)
+    _register_from_run(actions)
     _register_inspect(actions)
     timeline_cli.register(actions)  # import-fedscale, import-flash, timeline
 
@@ -91,6 +92,24 @@ def _register_fidelity(actions: argparse._SubParsersAction) -> None:
     fid.add_argument("--subnet", default="10.77.4", help="emulated fleet's /24, first three octets (default 10.77.4)")
     fid.add_argument("--port", type=int, default=50062, help="coordinator port (default 50062)")
     fid.set_defaults(func=_fidelity)
+
+
+def _register_from_run(actions: argparse._SubParsersAction) -> None:
+    """`traces from-run`: a set from a run folder whose rows carry live measurements (FlexFL live, Flower)."""
+    conv = actions.add_parser(
+        "from-run", help="a set from a live or Flower run folder: per device, what it did each round",
+        description="Write a recorded trace set from a run folder whose rows carry live measurements: a FlexFL "
+                    "live run's (flexfl live, a coordinator's output) or a Flower run's (FlexFL's strategy in "
+                    "Flower, written by coordinator.flower_run). One trace per device, named by its device id "
+                    "(node-<id> in Flower): per round, s / E, train_s, upload_s (0 in a Flower run: not measured), "
+                    "upload_bytes, arrived and stop_reason (fleet.proto's number), with E and the deadline from "
+                    "run.json. A device's trace holds only the rounds it was asked to train in (none before it "
+                    "arrived or after it left). See traces/README.md.")
+    conv.add_argument("run", type=Path, metavar="RUN_FOLDER",
+                      help="the run folder (run.json with metrics.jsonl or coordinator/metrics.jsonl)")
+    conv.add_argument("--out", type=Path, required=True, help="trace-set folder to write")
+    conv.add_argument("--name", help="the set's name (default: the --out folder's name)")
+    conv.set_defaults(func=_from_run)
 
 
 def _register_inspect(actions: argparse._SubParsersAction) -> None:
@@ -172,6 +191,19 @@ def _fidelity(args: argparse.Namespace) -> int:
     print("KS distance of s/E, live vs recorded: " + ", ".join(f"{d.device} {d.ks:.3f}" for d in devs)
           + f"; live accuracy inside the simulated band in {100 * acc.inside_share:.0f} % of rounds; "
           f"page {result['files']['page']}")
+    return 0
+
+
+def _from_run(args: argparse.Namespace) -> int:
+    from flexfl.app.run_traces import default_command, run_trace_set
+
+    name = args.name or args.out.resolve().name
+    manifest, traces = run_trace_set(args.run, name=name, command=default_command(args.run, args.out, args.name))
+    write_trace_set(args.out, manifest, traces)
+    print(_table(traces, manifest.conditions))
+    deadline = f"deadline {manifest.deadline_s:g} s" if manifest.deadline_s is not None else "no deadline"
+    print(f"wrote {len(traces)} traces ({manifest.source['rounds']['count']} rounds, {deadline}, "
+          f"E = {manifest.required_updates}) from {args.run} to {args.out}")
     return 0
 
 

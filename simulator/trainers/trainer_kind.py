@@ -27,14 +27,14 @@ ROW_KINDS = frozenset({TrainerKind.CACHE, TrainerKind.FAST})
 
 @functools.cache
 def cache_trainer_available() -> bool:
-    """numba imports (pip install 'flexfl[sim]'); else auto picks the batched torch trainer, and says so.
+    """numba imports (pip install -e '.[sim]'); else auto picks the batched torch trainer, and says so.
 
     An import, not importlib.util.find_spec: a numba that is found but does not load (an llvmlite
     of another build) must fall back too."""
     try:
         import numba  # noqa: F401
     except ImportError as exc:
-        log.warning("numba is not installed (pip install 'flexfl[sim]'): simulating on the batched torch trainer, "
+        log.warning("numba is not installed (pip install -e '.[sim]'): simulating on the batched torch trainer, "
                     "about half the cache trainer's speed on MNIST (%s)", exc)
         return False
     return True

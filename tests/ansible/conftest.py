@@ -17,6 +17,11 @@ the roles render and enable the units without starting them. The target fetches 
 packages from the mirror; torch comes from a CPU wheel for the target's architecture
 and every other Python package from a wheelhouse built here, so the target needs no PyPI.
 
+On an emulated target (arm64 here) its own Python is the slow part, so two things are done natively or
+once instead: pip installs with --no-compile (flexfl_install_pip_extra_args) and this machine byte-compiles
+the venv after each run of testbed.yml, into the same .pyc files pip would have written; and the target's
+system Python keeps the compiled code of Ansible's module payloads (ansiballz_code_cache.py).
+
 Caches, kept between runs under FLEXFL_TEST_CACHE (default /var/cache/flexfl-test): the
 debootstrapped tree per architecture as a tar, the .deb files apt fetched, the torch
 wheels, the wheelhouses, and the logs of recent runs (logs/<run>-<arch>/). Each run works
@@ -198,6 +203,11 @@ AMD64 = Platform("amd64", "x86_64", "torch==2.13.0")
 # PyPI's aarch64 torch wheels are CUDA builds from 2.11.0 on (libtorch_cuda.so, 400+ MiB,
 # requiring the cuda-toolkit and nvidia-* wheels); 2.10.0 is the newest CPU-only one.
 # Everything arm64 runs under qemu here: a local update of the MNIST MLP took 13-16x as long.
+# Under emulation the target's Python is the slow part: it compiled every file that pip installed (torch's
+# install took 261 s under qemu here, 62 s with --no-compile) and, for every Ansible task, the
+# module_utils it imports from the task's payload zip. So an emulated target installs with pip
+# --no-compile and this machine byte-compiles the venv natively after each run of testbed.yml (compile_venv),
+# and the target's system Python keeps the payloads' compiled code (install_ansiballz_code_cache).
 ARM64 = Platform("arm64", "aarch64", "torch==2.10.0",
                  ("--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
                   # pip takes only the tags named: every manylinux that bookworm's glibc 2.36 runs.
@@ -544,6 +554,45 @@ def logs_dir(work: Path, target: Platform) -> Path:
     return folder
 
 
+# ---- emulated targets: compile natively, or once
+
+VENV = "/opt/flexfl/venv"  # common_venv_dir's default, which the checks name too
+BOOKWORM_PYTHON = "3.11"
+ANSIBALLZ_CODE_CACHE = Path(__file__).with_name("ansiballz_code_cache.py")
+NO_COMPILE = {"flexfl_install_pip_extra_args": ["--no-compile"]}
+
+
+def install_ansiballz_code_cache(root: Path) -> None:
+    """ansiballz_code_cache.py and a .pth that imports it into the target's /usr/local site-packages: the
+    system python3 that runs Ansible's modules loads it at start (venvs do not read that folder)."""
+    site = root / f"usr/local/lib/python{BOOKWORM_PYTHON}/dist-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    name = "flexfl_test_ansiballz_code_cache"
+    shutil.copyfile(ANSIBALLZ_CODE_CACHE, site / f"{name}.py")
+    (site / f"{name}.pth").write_text(f"import {name}\n")
+
+
+def compile_venv(root: Path) -> float:
+    """Byte-compile what pip installed into the target's venv with --no-compile, as pip would have compiled
+    it (the same .pyc files: timestamp-checked, the target's paths inside), and return the seconds taken.
+    This machine's Python does it when its version is the target's (bytecode depends on that, not on the
+    CPU); otherwise the target's own Python does, under emulation."""
+    started = time.monotonic()
+    for site in sorted(root.joinpath(VENV.lstrip("/"), "lib").glob("python3.*/site-packages")):
+        version = site.parent.name.removeprefix("python")
+        if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+            argv = [sys.executable, "-m", "compileall", "-qq", "-j", "0", "-s", str(root), "-p", "/", str(site)]
+        else:
+            argv = ["chroot", str(root), f"{VENV}/bin/python", "-m", "compileall", "-qq",
+                    "/" + str(site.relative_to(root))]
+        # Exit status 1: a file that does not compile (pip skips those too); the others are compiled.
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False,
+                              env=None if argv[0] == sys.executable else TARGET_ENV)
+        if proc.returncode not in (0, 1):
+            pytest.fail(f"byte-compiling {site} failed ({proc.returncode}): {proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return time.monotonic() - started
+
+
 # ---- the fixture: provision twice, keep the target for the checks
 
 
@@ -577,11 +626,15 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
             run_checked(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc")
             # torch reads the CPU topology from /sys (its cpuinfo library complains without it).
             run_checked(["mount", "-t", "sysfs", "-o", "ro", "sysfs", str(root / "sys")], "mounting /sys")
+            if plat.emulated:
+                install_ansiballz_code_cache(root)
 
             ansible_dir = copy_ansible_dir(work / "ansible")
             checkout = snapshot_checkout(work / "checkout")
             config = {**CONFIG_VARS, "flexfl_install_checkout_dir": str(checkout),
                       "flexfl_install_torch_wheel": str(torch), "flexfl_install_wheelhouse_dir": str(wheels)}
+            if plat.emulated:
+                config.update(NO_COMPILE)
             plugin = plugin_package(work / "plugin") if plat.with_plugin else None
             if plugin is not None:
                 config["flexfl_install_plugin_dir"] = str(plugin)
@@ -598,7 +651,11 @@ def target(request: pytest.FixtureRequest, ansible_tools, provision_timings: dic
                                       text=True, timeout=plat.playbook_timeout_s, check=False)
                 output = proc.stdout + proc.stderr
                 (logs / log_name).write_text(output)
-                return PlaybookRun(proc.returncode, output, time.monotonic() - begun)
+                seconds = time.monotonic() - begun
+                if plat.emulated and playbook == "testbed.yml":  # the playbook that installs
+                    compiled_s = compile_venv(root)
+                    provision_timings[f"{plat.arch}: byte-compiling the venv here after {log_name}"] = compiled_s
+                return PlaybookRun(proc.returncode, output, seconds)
 
             first = run_playbook("testbed.yml", "testbed-first.log")
             provision_timings[f"{plat.arch}: testbed.yml, first run"] = first.seconds

@@ -35,6 +35,12 @@ SMOKE_RUNS = {
                           r"^after training, over floor 2 \(torch after training\): RSS \+[\d.]+ MiB \(goal"),
     "epoch_speed": Smoke(("--reps", "1", "--epochs", "1"), r"^ragged/equal: min [\d.]+"),
     "flower_compare": Smoke(("--agents", "5", "--rounds", "3", "--repeat", "1"), r"^\s+5\s+on\s+[\d.]+"),
+    # Without root: two SuperNodes on loopback, one round of each variant at a given deadline, no calibration.
+    "flower_side_by_side": Smoke(("--loopback", "--devices", "2", "--seeds", "0", "--rounds", "1", "--deadline-s",
+                                  "30", "--out", "{tmp}"),
+                                 r"^\| FlexFL deadline client \+ Scheme C \| 1 \| [\d.]+ \|"),
+    "population": Smoke(("close", "--devices", "60", "--reps", "1", "--rounds", "2", "--chunk-rows", "16"),
+                        r"^chunked / stacked per repetition: seconds per round [\d.]+"),
     "sweep_speed": Smoke(("--reps", "1", "--workloads", "synthetic", "--rounds", "2", "--schemes", "A,C"),
                          r"^max \|paired - separate\| over final parameters: 0\.0e\+00"),
     "threads": Smoke(("--reps", "1", "--workload", "synthetic"), r"^  2proc x 1thr: min \d+"),
@@ -76,11 +82,12 @@ def test_every_benchmark_module_has_a_smoke_run():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(SMOKE_RUNS))
-def test_every_benchmark_runs_in_its_tiny_mode(module):
+def test_every_benchmark_runs_in_its_tiny_mode(module, tmp_path):
     if module == "flower_compare" and not FLOWER_PYTHON.exists():
         pytest.skip("Flower's virtualenv (.venv-flower) is not set up: `make setup-flower`")
     smoke = SMOKE_RUNS[module]
-    out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *smoke.args], cwd=REPO, capture_output=True,
+    args = [a.replace("{tmp}", str(tmp_path)) for a in smoke.args]  # a fresh folder: a resumable one would skip
+    out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, f"benchmarks.{module} exited {out.returncode}:\n{out.stderr[-3000:]}"
     assert re.search(smoke.expect, out.stdout, re.M), out.stdout[-3000:]

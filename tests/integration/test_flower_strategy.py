@@ -24,11 +24,12 @@ from coordinator.rules.round_record import RoundRecord
 APPS = Path(__file__).with_name("flower_apps.py")
 
 
-def simulate(scenario: str, tmp_path: Path) -> dict:
-    """Run flower_apps.py's `scenario` in its own process; its records, sample counts and final model."""
+def simulate(scenario: str, tmp_path: Path, *, run_dir: Path | None = None) -> dict:
+    """Run flower_apps.py's `scenario` in its own process; its records, sample counts and final model (and, with
+    `run_dir`, its run folder there)."""
     out = tmp_path / f"{scenario}.json"
-    done = subprocess.run([sys.executable, str(APPS), scenario, str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).parents[2])
+    done = subprocess.run([sys.executable, str(APPS), scenario, str(out), *([str(run_dir)] if run_dir else [])],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     result["records"] = [RoundRecord.from_json(r, where=f"{out}:{i}") for i, r in enumerate(result["records"], 1)]

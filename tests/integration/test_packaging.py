@@ -29,7 +29,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO))
     assert built.returncode == 0, built.stderr[-2000:]
-    return next(dist.glob("flexfl-*.whl"))
+    return next(dist.glob("flexfl_testbed-*.whl"))
 
 
 def test_flexfl_and_proto_plus_import_side_by_side(wheel: Path, tmp_path: Path) -> None:

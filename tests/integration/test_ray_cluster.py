@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'flexfl[cluster]' (make setup installs it)")
+pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[cluster]' (make setup installs it)")
 
 RAY = Path(sys.executable).parent / "ray"
 if not RAY.exists():

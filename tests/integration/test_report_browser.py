@@ -50,8 +50,9 @@ def test_live_run_report_renders_cleanly_in_chromium(live_run, tmp_path):
     assert check.broken_images == []
     assert check.outside_requests == []
     assert check.off_right == []
-    # accuracy+loss, participation, why s stopped (the agents now say), coefficients, traffic, durations
-    assert check.images == 6
+    # accuracy+loss, accuracy against the wall clock, participation, why s stopped (the agents now say),
+    # coefficients, traffic, durations
+    assert check.images == 7
     width, height = _png_size(shot)
     assert width == 1280 and height == check.height_px > 2000
     (REPO / "out").mkdir(exist_ok=True)

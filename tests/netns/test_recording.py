@@ -61,7 +61,11 @@ def test_short_recording_is_valid_replayable_and_the_loaded_device_does_less(fle
     devices = [h for h in m.hosts if h["role"] == "device"]
     assert [h["device_id"] for h in devices] == ["T0", "T90"] and all(h["hardware"].get("cpu_model") for h in devices)
     t0, t90 = ts.traces
-    assert set(t0.extra) == {"train_s", "upload_s", "upload_bytes", "arrived"}
+    assert set(t0.extra) == {"train_s", "upload_s", "upload_bytes", "arrived", "stop_reason"}
+    for t in (t0, t90):  # fleet.proto's StopReason: 1 complete (s = E), 2-3 the deadline budget, 0 not arrived
+        came, why = t.extra["arrived"] == 1, t.extra["stop_reason"]
+        assert (why[~came] == 0).all() and (why[came & (t.fraction == 1)] == 1).all(), (t.name, t.fraction, why)
+        assert np.isin(why[came & (t.fraction < 1)], [2, 3]).all(), (t.name, t.fraction, why)
     assert (t0.extra["upload_bytes"][t0.fraction > 0] > 700_000).all()  # the MNIST MLP's delta
     assert t90.fraction.mean() < t0.fraction.mean(), (t0.fraction, t90.fraction)
     assert result["elapsed_s"] > 0

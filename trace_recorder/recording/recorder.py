@@ -31,10 +31,10 @@ import secrets
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flexfl.proto.channel import TlsFiles
@@ -45,12 +45,14 @@ from coordinator.metrics import MetricsTail
 from coordinator.registry import Registry
 from coordinator.rules.round_record import LiveRound, RoundRecord
 from edge_agent.config import AgentConfig
+from edge_agent.transport import wire_stop_reason
 from flexfl import __version__
 from flexfl.config import write_config
 from flexfl.errors import ConfigError, FlexFLError
 from flexfl.files import atomic_file, read_secret
 from flexfl.run_folder import secrets_dir
 from flexfl.signals import sigterm_as_interrupt
+from flexfl.vocabulary import AGENT_REASONS, StopReason
 from loadgen.harness import Harness, HarnessError, connect_address
 from trace_recorder.format import MANIFEST_NAME, Trace, TraceManifest, utc_now_iso, write_trace_set
 from trace_recorder.manifest import SCHEMA_VERSION
@@ -63,11 +65,13 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 COLUMNS = {
-    "train_s": "seconds the agent spent on local updates (0 when its update did not arrive)",
+    "train_s": "seconds the agent spent on local updates (0 when its update did not arrive, or did not say)",
     "upload_s": "seconds the agent's upload took, as it measured and reported in its next update header "
                 "(0 when unknown: that next update did not arrive either)",
     "upload_bytes": "bytes of the update that arrived (0 when none did)",
     "arrived": "1 if the device's update (possibly with s = 0) arrived before the deadline, else 0",
+    "stop_reason": "why s is what it is, as fleet.proto's StopReason number (1 complete, 2 compute, 3 upload, "
+                   "4 trace, 5 stopped); 0 when the device gave none: no update arrived, or it did not say",
 }
 
 
@@ -346,25 +350,43 @@ def select_rounds(rows_by_round: dict[int, RoundRecord], *, segments: list[int],
     return kept[:rounds]
 
 
-def build_traces(rows_by_round: dict[int, RoundRecord], kept: list[int], devices: list[DeviceRun],
+class TracedDevice(Protocol):
+    """A device whose rounds become a trace: its id in the rows, and its trace's name (DeviceRun is one)."""
+
+    @property
+    def device_id(self) -> str: ...
+
+    @property
+    def trace(self) -> str: ...
+
+
+def build_traces(rows_by_round: dict[int, RoundRecord], kept: list[int], devices: Sequence[TracedDevice],
                  E: int) -> list[Trace]:
+    """Per device, its trace over the `kept` rounds of live rows (the columns of COLUMNS, s / E as the fraction).
+
+    A device's upload time of round k is in round k + 1's row (its next update header reports it);
+    a kept round without a next row has it unknown (0)."""
     traces = []
     for d in devices:
-        frac, train, upload, nbytes, arrived = [], [], [], [], []
+        frac, train, upload, nbytes, arrived, why = [], [], [], [], [], []
         for k in kept:
-            r, live, nxt = rows_by_round[k], _measured(rows_by_round[k]), _measured(rows_by_round[k + 1])
-            came = d.device_id in live.train_s
+            r, live = rows_by_round[k], _measured(rows_by_round[k])
+            nxt = _measured(rows_by_round[k + 1]) if k + 1 in rows_by_round else None
+            came = d.device_id in live.bytes_in
             frac.append(int(r.s.get(d.device_id, 0)) / E)
-            train.append(round(float(live.train_s[d.device_id]), 4) if came else 0.0)
+            train.append(round(float(live.train_s.get(d.device_id, 0.0)), 4) if came else 0.0)
             nbytes.append(int(live.bytes_in.get(d.device_id, 0)))
             arrived.append(1 if came else 0)
             # The next header reports the upload of the round before it, if the device took part in k.
-            up = nxt.previous_upload_s.get(d.device_id)
+            up = nxt.previous_upload_s.get(d.device_id) if nxt is not None else None
             upload.append(round(float(up), 4) if up is not None and d.device_id in live.bytes_out else 0.0)
+            reason = (r.stop_reason or {}).get(d.device_id)
+            why.append(wire_stop_reason(StopReason(reason)) if reason in AGENT_REASONS else 0)
         traces.append(Trace(name=d.trace, round=np.array(kept, dtype=np.int64), fraction=np.array(frac),
                             extra={"train_s": np.array(train), "upload_s": np.array(upload),
                                    "upload_bytes": np.array(nbytes, dtype=np.int64),
-                                   "arrived": np.array(arrived, dtype=np.int64)}))
+                                   "arrived": np.array(arrived, dtype=np.int64),
+                                   "stop_reason": np.array(why, dtype=np.int64)}))
     return traces
 
 

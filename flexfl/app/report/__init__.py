@@ -31,7 +31,7 @@ def report_line(path: Path) -> str:
         import jinja2  # noqa: F401
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        return f"report: not written ({exc.name} is missing; pip install 'flexfl[report]', then flexfl report {path})"
+        return f"report: not written ({exc.name} is missing; pip install -e '.[report]', then flexfl report {path})"
     from flexfl.app.report.render import REPORT_NAME
 
     return f"report: {write_report(path, Path(path) / REPORT_NAME)}"

@@ -28,7 +28,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise ReportError(f"flexfl report needs the 'report' extra ({exc.name} is missing): "
-                          "pip install 'flexfl[report]'") from None
+                          "pip install -e '.[report]'") from None
     path = write_report(args.dir, args.out)
     print(path)
     if args.screenshot is not None:

@@ -112,6 +112,11 @@ class RoundRow:
         return self.record.departures if self.record else ()
 
     @property
+    def clock_s(self) -> float | None:
+        """A simulation's simulated seconds at the round's close (simulator.clock); None: no clock, or a live round."""
+        return self.record.clock_s if self.record else None
+
+    @property
     def live(self) -> LiveRound | None:
         """The live part of the record (transfers, times, refusals); None in a simulation."""
         return self.record.live if self.record else None

@@ -119,6 +119,26 @@ def accuracy_loss_figure(series: Series, events: list[tuple[int, str, str]], *,
     return fig
 
 
+def accuracy_time(series: Mapping[str | None, tuple[list[float], list[float | None]]], *, clock: str,
+                  titles: Mapping[str | None, str | None] | None = None) -> str:
+    """Test accuracy (0-100 %) against seconds, one line per variant: {variant: (seconds, accuracy 0..1)}; `clock`
+    "simulated" or "wall" names the axis."""
+    with mpl.rc_context(RC):
+        fig, axes = _figure(6, 3.4)
+        ax = axes[0][0]
+        for scheme, (seconds, acc) in series.items():
+            color, ls = SCHEME_STYLE.get(scheme, (None, "-"))
+            a = np.array([math.nan if v is None else 100 * v for v in acc])
+            ax.plot(seconds, a, color=color, ls=ls, marker="o" if len(a) <= 40 else None, ms=3, lw=1.4,
+                    label=(titles or {}).get(scheme) or scheme or "test")
+        ax.set_ylim(0, 100)
+        what = "simulated seconds (the clock of simulator/clock.py)" if clock == "simulated" else \
+            "seconds since the first round opened (wall clock)"
+        ax.set(xlabel=what, ylabel="test accuracy (%)", title="Test accuracy against time")
+        fig.legend(loc="outside lower center", ncols=max(1, len(series)), fontsize=8, frameon=False)
+    return svg_uri(fig)
+
+
 def _device_axis(ax, devices: list[str], rounds: list[int]) -> None:
     step = max(1, math.ceil(len(devices) / 40))
     ax.set_yticks(range(0, len(devices), step), devices[::step], fontsize=7 if len(devices) > 12 else 8)

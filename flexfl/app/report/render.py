@@ -101,6 +101,12 @@ def _run_context(path: Path) -> dict[str, Any]:
     series = {k: ([r.round for r in rows], [r.test_acc for r in rows], [r.test_loss for r in rows])
               for k, rows in variants.items()}
     all_events = sorted({e for rows in variants.values() for e in _events(rows)})
+    timed = {k: sections.elapsed(rows) for k, rows in variants.items()}
+    clocks = {t[1] for t in timed.values() if t is not None}
+    acc_time_svg = (plots.accuracy_time({k: (t[0], [r.test_acc for r in variants[k]]) for k, t in timed.items()
+                                         if t is not None}, clock=clocks.pop(),
+                                        titles={k: run.strategy_of(k) for k in series})
+                    if len(clocks) == 1 else None)
     blocks: list[dict[str, Any]] = []
     drawn: list[tuple[sections.Participation, list, dict[str, Any]]] = []  # each heatmap once, with its block
     for scheme, rows in variants.items():
@@ -143,6 +149,7 @@ def _run_context(path: Path) -> dict[str, Any]:
         "title": f"{run.kind} run: {path.resolve().name}",
         "run": run,
         "acc_loss_svg": plots.accuracy_loss(series, all_events, titles={k: run.strategy_of(k) for k in series}),
+        "acc_time_svg": acc_time_svg,
         "blocks": blocks,
         "shown": shown,
         "counters": [(key, label) for key, label in COUNTERS if any(b["summary"][key] is not None for b in blocks)],

@@ -289,6 +289,20 @@ def durations(rows: list[RoundRow]) -> dict[str, list] | None:
     }
 
 
+def elapsed(rows: list[RoundRow]) -> tuple[list[float], str] | None:
+    """Seconds at each row's close, and which clock: a simulation's simulated one (clock_s, simulator.clock), or a
+    live run's wall clock since its first round opened (the first row's time less its round and its aggregation
+    and evaluation); None when the rows have neither."""
+    clock = [r.clock_s for r in rows]
+    if rows and all(c is not None for c in clock):
+        return [float(c) for c in clock if c is not None], "simulated"
+    if rows and all(r.live is not None for r in rows):
+        lives = [r.live for r in rows if r.live is not None]
+        start = lives[0].time - lives[0].round_s - lives[0].aggregate_eval_s
+        return [lv.time - start for lv in lives], "wall"
+    return None
+
+
 def run_summary(run: Run, rows: list[RoundRow]) -> dict[str, object]:
     """Headline figures of one variant: rounds, final and best accuracy, inactive and rejected counts."""
     acc = [r.test_acc for r in rows if r.test_acc is not None]

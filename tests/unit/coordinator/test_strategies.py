@@ -151,6 +151,7 @@ def test_a_broken_plug_in_strategy_is_one_line_naming_it_before_any_round(plugin
 
 
 def test_an_unknown_strategy_names_the_built_in_ones_and_the_plug_in_forms() -> None:
-    with pytest.raises(ConfigError, match=r"unknown strategy 'fedfoo'; choose one of scheme-a, .*mifa \(or a scheme: "
+    with pytest.raises(ConfigError, match=r"unknown strategy 'fedfoo'; choose one of scheme-a, .*mifa, fedbuff "
+                                          r"\(or a scheme: "
                                           r"A, B, C\), or a plug-in: MODULE:ATTRIBUTE"):
         get_strategy("fedfoo")

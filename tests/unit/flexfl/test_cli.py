@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.rules.config import RulesConfig
-from coordinator.rules.strategies import strategy_names
+from coordinator.rules.strategies import Staleness, strategy_names
 from flexfl.app.cli import build_parser
 from flexfl.app.live import LiveConfig, load_live_config
 from flexfl.config import FLAG_PREFIX
@@ -35,7 +35,8 @@ ROOTS = {("coordinator",): CoordinatorConfig, ("live",): LiveConfig, ("sim", "ru
 REGISTRY_FIELDS = {"strategy": strategy_names()}
 # Choice lists of flags that set no config field, and their owners.
 OWNERS = {
-    (("sim", "run"), "--scheme"): [*Scheme, *strategy_names()],
+    (("sim", "run"), "--strategy"): [*Scheme, *strategy_names(asynchronous=True)],
+    (("sim", "run"), "--staleness"): list(Staleness),
     (("sim", "table3"), "--dataset"): SWEEP_DATASETS,
     (("sim", "table3"), "--unit"): list(Unit),
     (("sim", "table4"), "--unit"): list(Unit),

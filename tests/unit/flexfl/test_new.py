@@ -9,7 +9,7 @@ import pytest
 
 from flexfl.app.cli import main
 from flexfl.app.live import LiveConfig
-from flexfl.app.new import STARTER, write_starter
+from flexfl.app.new import STARTER, STARTER_FLOWER, write_starter
 from flexfl.config import load_config
 from flexfl.errors import ConfigError
 from simulator.engine import SimConfig
@@ -59,3 +59,37 @@ def test_the_starters_entry_points_name_what_its_configs_import() -> None:
     assert list(points["flexfl.strategies"].values()) == [live["rules"]["strategy"]]
     packages = [p.name for p in STARTER.iterdir() if (p / "__init__.py").is_file()]
     assert project["tool"]["setuptools"]["packages"] == packages
+
+
+FLOWER_FILES = [".flwr/config.toml", ".gitignore", "README.md", "myflower/__init__.py", "myflower/client_app.py",
+                "myflower/server_app.py", "myflower/task.py", "pyproject.toml"]
+
+
+def test_new_flower_writes_a_flower_app_whose_rows_go_to_an_absolute_folder_of_its_own(tmp_path, monkeypatch,
+                                                                                      capsys) -> None:
+    """The Flower starter is a valid Flower app (flwr's own check of pyproject.toml, its components found), its run
+    config's out-dir is absolute (a ServerApp runs in its SuperLink's working folder), and its connections are in
+    Flower 1.42's configuration file, not in the [tool.flwr.federations] table that flwr would move out of it."""
+    import tomllib
+
+    flower = pytest.importorskip("flwr.common.config", reason="Flower is FlexFL's [flower] extra")
+    monkeypatch.chdir(tmp_path)
+    assert main(["new", "--flower", "app"]) == 0
+    app = tmp_path / "app"
+    assert sorted(str(p.relative_to(app)) for p in app.rglob("*") if p.is_file()) == FLOWER_FILES
+    assert "flwr run app --stream --federation-config num-supernodes=5" in capsys.readouterr().out
+    project = tomllib.loads((app / "pyproject.toml").read_text())
+    valid, errors, _ = flower.validate_config(project, check_module=True, project_dir=app)
+    assert valid, errors
+    assert project["tool"]["flwr"]["app"]["config"]["out-dir"] == str(app / "out" / "flower")
+    assert "federations" not in project["tool"]["flwr"] and project["project"]["dependencies"] == []
+    connections = tomllib.loads((app / ".flwr" / "config.toml").read_text())["superlink"]
+    assert connections["local-deployment"] == {"address": "127.0.0.1:8000", "insecure": True}
+    assert connections["local-simulation"] == {"address": ":local:"} and connections["default"] == "local-simulation"
+    # the rest of pyproject.toml is the template's, line for line
+    template = (STARTER_FLOWER / "pyproject.toml").read_text().splitlines()
+    written = (app / "pyproject.toml").read_text().splitlines()
+    assert [a for a, b in zip(template, written) if a != b] == ['out-dir = "out/flower"                 # rows go to '
+                                                                'OUT-DIR/run-<run id>/; `flexfl new` makes it absolute']
+    with pytest.raises(ConfigError, match="exists and is not an empty folder"):
+        write_starter(app, flower=True)

@@ -55,3 +55,38 @@ def test_a_broken_ancestor_is_an_error_not_an_ignored_quota(tmp_path) -> None:
     (proc / "mountinfo").write_text(f"30 25 0:26 / {mnt} rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n")
     with pytest.raises(CgroupError, match=r"fleet/cpu.cfs_period_us"):
         cgroup.cgroup_quota_cpus(proc=proc)
+
+
+def _in_cgroup(tmp_path, cgroup_path: str):
+    """A /proc/self stand-in whose process is in `cgroup_path` of a v1 cpu hierarchy mounted at tmp_path/cpu."""
+    mnt = tmp_path / "cpu"
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text(f"4:cpu:{cgroup_path}\n")
+    (proc / "mountinfo").write_text(f"30 25 0:26 / {mnt} rw,relatime shared:9 - cgroup cgroup rw,cpu\n")
+    return mnt, proc
+
+
+def test_a_quota_while_a_block_runs_is_its_own_cgroups_and_the_earlier_one_comes_back(tmp_path) -> None:
+    mnt, proc = _in_cgroup(tmp_path, "/fflt/node3")
+    v1(mnt / "fflt" / "node3", "-1", "100000")
+    with cgroup.cpu_quota_while(0.02, proc=proc) as folder:
+        assert folder == mnt / "fflt" / "node3"
+        assert read_quota_cpus(folder) == 0.02  # 2 ms of each 100 ms period
+    assert read_quota_cpus(folder) is None and (folder / "cpu.cfs_quota_us").read_text() == "-1"
+    with pytest.raises(RuntimeError), cgroup.cpu_quota_while(0.5, proc=proc):
+        raise RuntimeError("the block failed")
+    assert read_quota_cpus(folder) is None  # lifted on the way out all the same
+
+
+@pytest.mark.parametrize("where, cpus, message", [
+    ("/", 0.5, r"in the root cpu cgroup .* start it in a cgroup of its own"),
+    ("/fflt/node3", 0.005, r"0.005 CPU is below the kernel's minimum at its 100000 us period \(0.01 CPU\)"),
+], ids=["root cgroup", "below the minimum"])
+def test_a_quota_the_kernel_would_refuse_is_an_error_that_says_what_to_do(tmp_path, where, cpus, message) -> None:
+    mnt, proc = _in_cgroup(tmp_path, where)
+    v1(mnt / "fflt" / "node3", "-1", "100000")
+    v1(mnt, "-1", "100000")
+    with pytest.raises(CgroupError, match=message), cgroup.cpu_quota_while(cpus, proc=proc):
+        pass
+    assert read_quota_cpus(mnt / "fflt" / "node3") is None

@@ -64,7 +64,9 @@ def test_live_run_report_has_every_section(live_dir, tmp_path, monkeypatch):
     _assert_self_contained(page)
     assert {"overview", "accuracy", "participation", "stop-reasons", "coefficients", "traffic", "durations",
             "devices", "config", "files"} <= page.ids
-    assert len(page.images) == 6  # accuracy+loss, participation, stop reasons, coefficients, traffic, durations
+    # accuracy+loss, accuracy against the wall clock, participation, stop reasons, coefficients, traffic, durations
+    assert len(page.images) == 7
+    assert any(img["alt"] == "test accuracy against time" for img in page.images)
     assert "n/a:" not in html
     assert "tensor &#39;fc.weight&#39; has shape (3,) not (10, 5)" in html  # the reason, escaped
     assert "update contains NaN" in html and "arrived in round 2" in html and "departed in round 3" in html
@@ -80,7 +82,7 @@ def test_a_live_run_from_before_stop_reasons_loads_and_says_why_it_has_none(live
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     metrics.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "stop_reason"}) + "\n" for r in rows))
     html, page = _page(write_report(live_dir, tmp_path / "old.html"))
-    assert "stop-reasons" not in page.ids and len(page.images) == 5
+    assert "stop-reasons" not in page.ids and len(page.images) == 6
     assert "<b>Why s stopped</b>: this run&#39;s metrics do not record why each device stopped" in html
     assert "participation" in page.ids and "devices" in page.ids  # the rest of the page as before
 
@@ -211,7 +213,7 @@ def test_a_timeline_runs_conditions_are_drawn_under_its_stop_reasons_and_an_olde
         timeline_dir, tmp_path):
     html, page = _page(write_report(timeline_dir, tmp_path / "timeline.html"))
     _assert_self_contained(page)
-    assert "conditions" in page.ids and len(page.images) == 6  # one figure: reasons, then the conditions below
+    assert "conditions" in page.ids and len(page.images) == 7  # one figure: reasons, then the conditions below
     (figure,) = [img for img in page.images if img["alt"].startswith("stop reason and conditions")]
     svg = base64.b64decode(figure["src"][len(SVG_URI):]).decode()
     assert all(title in svg for title in ("Why each device", "applied CPU share", "applied upload", "applied download"))
@@ -219,7 +221,7 @@ def test_a_timeline_runs_conditions_are_drawn_under_its_stop_reasons_and_an_olde
     assert "<b>Device conditions</b>" not in html  # not among the sections left out
     (timeline_dir / "conditions.jsonl").unlink()  # the same run without the record: a run before timelines
     html, page = _page(write_report(timeline_dir, tmp_path / "plain.html"))
-    assert "conditions" not in page.ids and len(page.images) == 6
+    assert "conditions" not in page.ids and len(page.images) == 7
     assert ("<b>Device conditions</b>: this run followed no device timeline (no conditions.jsonl: `flexfl live "
             "--emulate --timeline FILE` records the conditions it applies there)") in html
 

@@ -187,3 +187,12 @@ def test_the_configuration_reads_as_dotted_keys_and_values_without_reprs_or_this
         ("rules.fast_reboot", "true"), ("rules.strategy.mu", "0.1"), ("rules.strategy.name", "fedprox"),
         ("rules.unit", "step"), ("schedule.arrivals", '[{"device": 3, "round": 5}]'),
         ("timeline", "timelines/t.csv"), ("traces.num_traces", "8"), ("traces.set", ".../paper")]
+
+
+def test_elapsed_is_a_live_runs_wall_clock_from_its_first_opening(live_dir):
+    from flexfl.app.report.sections import elapsed
+
+    run = read_run(live_dir)
+    seconds, clock = elapsed(list(run.rounds))  # rows made at 1.7e9 + n; round 1 took 1.5 s and 0.02 s to close
+    assert clock == "wall"
+    assert seconds == pytest.approx([1.52, 2.52, 3.52, 4.52])

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -340,11 +341,11 @@ def test_without_extras_sim_run_trains_on_the_torch_trainer_and_says_so(tmp_path
                            "--devices", "4", "--total-samples", "800", "--rounds", "4", "--scheme", "C",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "numba is not installed (pip install 'flexfl[sim]'): simulating on the batched torch trainer" in done.stderr
+    assert "numba is not installed (pip install -e '.[sim]'): simulating on the batched torch trainer" in done.stderr
     assert "numba imported: False" in done.stdout
     accuracy = [float(r["test_acc"]) for r in csv.DictReader((out / "rounds.csv").open())]
     assert len(accuracy) == 4 and accuracy[-1] > 0.3  # ten classes: chance is 0.1
-    assert "matplotlib is not installed (pip install 'flexfl[plot]'): accuracy.png not drawn" in done.stderr
+    assert "matplotlib is not installed (pip install -e '.[plot]'): accuracy.png not drawn" in done.stderr
     assert (out / "summary.json").is_file() and not (out / "accuracy.png").exists()
     assert "final test accuracy: Scheme C" in done.stdout and "rounds.csv, summary.json" in done.stdout
     # Asking for the kernels by name without numba is a configuration error, not a traceback.
@@ -352,3 +353,27 @@ def test_without_extras_sim_run_trains_on_the_torch_trainer_and_says_so(tmp_path
                            "--rounds", "1", "--scheme", "C", "--trainer", "cache", "--out", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "trainer = 'cache' needs numba" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_runs_set_up_reads_each_devices_size_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set-up linear in the population (issue 36): it counts the work, it times nothing. Reading n_k of every device
+    through a property that rebuilt the N-long array made RunState's set-up read N^2 sizes."""
+    from simulator.engine import RunState
+    from workloads.datasets import ArrayDataset
+
+    n = 400
+    cfg = SimConfig(partition=PartitionSpec(dataset="synthetic", n_devices=n, total_samples=100 * n),
+                    run=RunSpec(rounds=1))
+    data = load_data(cfg)
+    reads = {"n": 0}
+    original = ArrayDataset.__len__
+
+    def counted(self: ArrayDataset) -> int:
+        reads["n"] += 1
+        return original(self)
+
+    monkeypatch.setattr(ArrayDataset, "__len__", counted)
+    run = RunState(cfg, data, TraceParticipation(read_trace_set(Path(cfg.traces.set)), cfg))
+    run.begin(1)
+    assert reads["n"] <= 10 * n, f"{reads['n']} dataset sizes read to set up {n} devices"
+    assert data.sample_counts is data.sample_counts and not data.sample_counts.flags.writeable

@@ -100,7 +100,8 @@ def test_sim_run_help_states_its_partition_defaults_and_names_its_own_flags(caps
     assert (f"--dataset {{mnist,emnist,synthetic}} the dataset to split over the devices (default {default.dataset})"
             in text)
     assert f"--devices N number of devices (shards) (default {default.n_devices})" in text
-    assert "--mu MU --scheme fedprox: mu" in text and "--strategy" not in text
+    # --strategy is sim run's own spelling of --scheme (one or more runs), not the rules' flag of `flexfl live`
+    assert "--mu MU --scheme fedprox: mu" in text and "--scheme NAME, --strategy NAME" in text
 
 
 def test_rounds_csv_reads_back_as_typed_rows_with_a_field_per_column(tmp_path: Path) -> None:

@@ -161,16 +161,16 @@ def test_groups_and_names_are_checked(tmp_path):
 
 def test_without_ray_a_ray_address_is_one_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails as if it were not installed
-    with pytest.raises(ConfigError, match=r"pip install 'flexfl\[cluster\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[cluster\]'"):
         RayExecutor("local")
     args = ["sim", "schemes", "--dataset", "synthetic", "--devices", "6", "--rounds", "2", "--seeds", "0",
             "--settings", "niid", "--num-traces-list", "2", "--out", str(tmp_path)]
     assert main([*args, "--ray-address", "10.0.0.1:6379"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Ray is not installed: pip install 'flexfl[cluster]'" in err
+    assert err.count("\n") == 1 and "Ray is not installed: pip install -e '.[cluster]'" in err
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # Ray's own variable asks for Ray too
     assert main(args) == 2
-    assert "flexfl[cluster]" in capsys.readouterr().err
+    assert "-e '.[cluster]'" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.json"))
 
 

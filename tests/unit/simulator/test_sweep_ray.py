@@ -5,7 +5,7 @@ import signal
 import pytest
 
 ray = pytest.importorskip("ray",
-                          reason="Ray is an optional extra: pip install 'flexfl[cluster]' (make setup installs it)")
+                          reason="Ray is an optional extra: pip install -e '.[cluster]' (make setup installs it)")
 
 from simulator.executors import LocalExecutor, RayExecutor  # noqa: E402
 from simulator.sweep import run_sweep  # noqa: E402

@@ -128,13 +128,14 @@ def test_cli_run_from_a_timeline_writes_the_s_it_computes(tmp_path: Path, capsys
     assert f"timeline {tmp_path / 'timeline.csv'} (deadline 1 s)" in printed.splitlines()[0]
     rows = [json.loads(line) for line in (out / "C" / "metrics.jsonl").read_text().splitlines()]
     assert {d: [r["s"][d] for r in rows] for d in EXPECTED_S} == EXPECTED_S
+    assert [r["clock_s"] for r in rows] == [1.0, 2.0, 3.0, 4.0]  # back-to-back rounds of the deadline
     run_info = json.loads((out / "C" / "run.json").read_text())
     assert run_info["deadline_s"] == 1.0 and run_info["devices"]["dev-1"]["trace"] == "timeline dev-1"
     assert json.loads((out / "summary.json").read_text())["timeline"]["update_s"] == 0.1
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--deadline-s", "1"], "--deadline-s only apply with --timeline FILE"),
+    (["--update-s", "0.1"], "--update-s only apply with --timeline FILE"),
     (["--timeline", "t.csv", "--update-s", "0.1"], "--timeline needs --deadline-s"),
     (["--timeline", "t.csv", "--deadline-s", "1", "--update-s", "0.1", "--trace-set", "traces/paper"],
      "--timeline replaces the trace set"),

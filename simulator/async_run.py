@@ -1,0 +1,253 @@
+"""Asynchronous runs on the simulated clock: a strategy without rounds (FedBuff) as an event loop (issue 36).
+
+The rule is the strategy's (coordinator.rules.strategies.FedBuff: staleness weights, the E / s
+factor, the server step as factors of the strategy interface); the times are the clock's
+(simulator.clock: a timeline's conditions, or a trace's fraction of its deadline). This module
+is the loop between them:
+
+- At time 0 up to `concurrency` devices (0: all) drawn uniformly from the run's devices pull the
+  model (server step 0) and start a task. A device's j-th task (j = 1, 2, ...) is:
+  - from a trace set: its draw s_j for "round" j, as a synchronous run draws round j. With
+    `budget`, the task ends at the deadline D with s_j updates; without, it does E updates in
+    D E / s_j (its speed: simulator.clock). s_j = 0: the device is unavailable for D and tries
+    again with task j + 1.
+  - from a timeline in seconds: the conditions at the task's start. With `budget`, the deadline
+    rule's s within D (trace_recorder.deadline.updates_before_deadline) and the time those s take
+    (download, s updates, upload); without, E updates. Offline (or s = 0 within the budget, or
+    a CPU share of 0): unavailable until the clock's next round start (round_s) and tries again.
+- The task's local training starts from the model it pulled, at the rate the synchronous
+  schedule has after as many accepted updates: eta_0 / (1 + floor(accepted / N)), N the
+  devices (a synchronous round accepts one update per device), and its minibatches are
+  edge_agent.trainer.device_rng(seed, j, k), as round j's of device k. The update is trained
+  when the task starts and held until it arrives.
+- When a task's update arrives, it enters the buffer with its staleness t = server steps since
+  its pull; at K updates the server steps (FedBuff's formula, the strategy's factors), evaluates
+  and records a row; the device then pulls the newest model and starts its next task, or, if
+  a slot is short (concurrency), a device drawn from the idle ones takes the slot.
+- Ties in time are broken by the order the tasks started (a heap of (time, sequence)).
+- The run ends after `rounds` server steps ([run] rounds counts server steps here).
+
+A row (coordinator.rules.round_record.RoundRecord) per server step: round = the step, s and
+coefficients per device summed over its updates in the buffer (a fast device can push twice
+into one buffer), p its staleness weights summed, staleness the oldest of its updates,
+clock_s the step's time, lr the rate of the buffer's last update. Arrivals and departures
+are not supported yet (a ConfigError says so).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from coordinator.rules.objective import LearningRate
+from coordinator.rules.round_record import RoundRecord, rules_record
+from coordinator.rules.strategies import FedBuff
+from edge_agent.trainer import steps_per_update
+from flexfl.errors import ConfigError, DivergenceError
+from simulator.clock import RoundClock, TaskPlan, clock_of, times_from_fraction
+from simulator.evaluation import evaluate_round
+from simulator.local_training import RunTrainer
+from simulator.participation import Participation
+from simulator.sim_config import SimConfig
+from simulator.sim_rows import SimResult
+from workloads.federated import FederatedData, initial_model, model_spec
+from workloads.partition_spec import device_id
+
+OnRound = Callable[[RoundRecord], None]
+
+# Consecutive starts without a task (every device offline or idle) before the run is declared stuck.
+_MAX_IDLE_TRIES = 1000
+
+
+@dataclass(frozen=True)
+class _Pending:
+    shard: int
+    ordinal: int
+    pulled: int  # server steps at the pull
+    s: int
+    lr: float
+    delta: dict[str, torch.Tensor]
+    loss: float
+
+
+def plan_task(participation: Participation, clock: RoundClock, *, shard: int, ordinal: int, at_s: float, E: int,
+              budget: bool) -> TaskPlan | None:
+    """Device `shard`'s task number `ordinal` started at `at_s` (the module docstring), or None: unavailable."""
+    from simulator.timeline_source import TimelineParticipation
+
+    if isinstance(participation, TimelineParticipation):
+        return participation.task_at(shard, at_s, budget=budget)
+    s = participation.draw(shard, ordinal)
+    times = times_from_fraction(s, deadline_s=clock.deadline_s)  # the clock's reading of a fraction
+    if times is None:
+        return None
+    done = s if budget else E
+    return TaskPlan(s=done, duration_s=times.finish_s(done))
+
+
+def run_async(cfg: SimConfig, *, data: FederatedData, participation: Participation,
+              on_round: OnRound | None = None) -> SimResult:
+    """Run `cfg.rounds` server steps of cfg's asynchronous strategy on the clock of `participation`."""
+    return AsyncRun(cfg, data, participation).run(on_round)
+
+
+class AsyncRun:
+    """One asynchronous run: the server's model and buffer, the devices' tasks, the event heap."""
+
+    def __init__(self, cfg: SimConfig, data: FederatedData, participation: Participation) -> None:
+        rule = cfg.rules.aggregation
+        if not isinstance(rule, FedBuff):
+            raise ConfigError(f"{rule.title} is not an asynchronous strategy (run it with rounds: run_simulation)")
+        clock = clock_of(participation)
+        if clock is None:
+            raise ConfigError(f"{rule.title} runs on the simulated clock, and this source of s gives none: a trace "
+                              "set needs a deadline (a recorded set's own, or --deadline-s SECONDS) or use a timeline "
+                              "(--timeline FILE --deadline-s SECONDS)")
+        if cfg.schedule.arrivals or cfg.schedule.departures:
+            raise ConfigError(f"{rule.title}: arrivals and departures in asynchronous simulations are not supported "
+                              "yet (drop [schedule])")
+        n = cfg.partition.n_devices
+        if len(data.train) != n:
+            raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
+        self.cfg, self.data, self.participation, self.rule, self.clock = cfg, data, participation, rule, clock
+        self.E = cfg.rules.required_updates
+        self.model, self.params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model),
+                                                seed=cfg.seed)
+        self.trainer = RunTrainer(cfg, self.model, data)
+        batch = cfg.rules.batch_size_for(cfg.partition.dataset)
+        self.steps_per_update = [steps_per_update(len(d), batch_size=batch, unit=cfg.rules.unit) for d in data.train]
+        self.rate = LearningRate(cfg.rules.eta0_for(cfg.partition.dataset))
+        self.rng = np.random.default_rng([cfg.seed, 0xFB])  # who takes a free slot
+        self.concurrency = rule.concurrency or n
+        self.result = SimResult(config=cfg, trace_assignment=list(participation.trace_names))
+        self.rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
+        self.steps = 0  # server steps taken
+        self.accepted = 0  # updates accepted into a buffer
+        self.ordinal = [0] * n
+        self.idle = list(range(n))
+        self.heap: list[tuple[float, int, _Pending | int]] = []  # (time, sequence, an update or a waiting device)
+        self.seq = 0
+        self.buffer: list[_Pending] = []
+        self.busy = 0
+        self.idle_tries = 0
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self, on_round: OnRound | None = None) -> SimResult:
+        started = time.perf_counter()
+        self._fill(0.0)
+        while self.steps < self.cfg.rounds:
+            if not self.heap:
+                raise ConfigError("asynchronous run: no device is training and none is waiting to (the source of s "
+                                  "has no device at all)")
+            now, _, payload = heapq.heappop(self.heap)
+            if isinstance(payload, _Pending):  # an update arrives
+                self.busy -= 1
+                self._arrive(payload, now, on_round)
+                self.idle.append(payload.shard)
+            else:  # a device that was unavailable tries again
+                self.idle.append(payload)
+            self._fill(now)
+        self.result.final_params = self.params
+        self.result.wall_s = time.perf_counter() - started
+        return self.result
+
+    def _push(self, at_s: float, payload: _Pending | int) -> None:
+        heapq.heappush(self.heap, (at_s, self.seq, payload))
+        self.seq += 1
+
+    def _fill(self, now: float) -> None:
+        """Idle devices drawn uniformly take the free slots; one unavailable waits for the clock's next round start."""
+        while self.busy < self.concurrency and self.idle:
+            shard = self.idle.pop(int(self.rng.integers(len(self.idle))))
+            self.ordinal[shard] += 1
+            plan = plan_task(self.participation, self.clock, shard=shard, ordinal=self.ordinal[shard], at_s=now,
+                             E=self.E, budget=self.rule.budget)
+            if plan is None or not math.isfinite(plan.duration_s):
+                self.idle_tries += 1
+                if self.idle_tries > _MAX_IDLE_TRIES * self.cfg.partition.n_devices:
+                    raise ConfigError(f"asynchronous run: no device could start a task for {self.idle_tries} tries "
+                                      f"(clock {now:g} s, after {self.steps} server steps): the source of s has every "
+                                      "device unavailable (a timeline that has ended?)")
+                self._push(self._next_start(now), shard)
+                continue
+            self.idle_tries = 0
+            self.busy += 1
+            self._push(now + plan.duration_s, self._train(shard, plan.s))
+
+    def _next_start(self, now: float) -> float:
+        every = self.clock.every_s
+        return (math.floor(now / every + 1e-9) + 1) * every
+
+    def _train(self, shard: int, s: int) -> _Pending:
+        lr = self.rate.at(round_index=1 + self.accepted // self.cfg.partition.n_devices)
+        ordinal = self.ordinal[shard]
+        deltas, losses = self.trainer.train(self.params, [shard], [s * self.steps_per_update[shard]], lr=lr,
+                                            round_index=ordinal)
+        delta = {name: d[0].clone() for name, d in deltas.items()}  # the row trainer reuses its buffers
+        self.result.device_updates += s * self.steps_per_update[shard]
+        return _Pending(shard=shard, ordinal=ordinal, pulled=self.steps, s=s, lr=lr, delta=delta,
+                        loss=float(losses[0]))
+
+    def _arrive(self, update: _Pending, now: float, on_round: OnRound | None) -> None:
+        self.buffer.append(update)
+        self.accepted += 1
+        if len(self.buffer) == self.rule.buffer:
+            record = self._step(now)
+            if on_round is not None:
+                on_round(record)
+
+    # -- the server step ---------------------------------------------------------------------------
+
+    def _step(self, now: float) -> RoundRecord:
+        t0 = time.perf_counter()
+        buf, self.buffer = self.buffer, []
+        s = np.array([u.s for u in buf], dtype=np.int64)
+        staleness = np.array([self.steps - u.pulled for u in buf], dtype=np.int64)
+        p = self.rule.staleness_weights(staleness)
+        devices = [device_id(u.shard) for u in buf]
+        weights = self.rule.weights_for(s=s, E=self.E, p=p, devices=devices)
+        scale = self.rule.round_scale(s=s, E=self.E, p=p)
+        c = weights * (1.0 if scale is None else scale)
+        for name in self.params:
+            step = sum(float(ck) * u.delta[name] for ck, u in zip(c, buf))
+            self.params[name] = self.params[name] + step
+        self.steps += 1
+        n = self.cfg.partition.n_devices
+        acc, loss, _ = evaluate_round(self.model, self.params, self.data, members=list(range(n)), extra={})
+        if not math.isfinite(loss):
+            raise DivergenceError(f"server step {self.steps} of the {self.cfg.partition.dataset} run "
+                                  f"({self.rule.description}, seed {self.cfg.seed}): test loss became {loss}; the "
+                                  f"learning rate {buf[-1].lr:g} (or server_lr {self.rule.server_lr:g}) is too high")
+        record = _step_record(self.steps, buf, devices, s=s, p=p, c=c, staleness=staleness, acc=acc, loss=loss,
+                              clock_s=now, rules=self.rules, members=n)
+        record = replace(record, seconds=time.perf_counter() - t0)
+        self.result.records.append(record)
+        return record
+
+
+def _step_record(step: int, buf: list[_Pending], devices: list[str], *, s: np.ndarray, p: np.ndarray, c: np.ndarray,
+                 staleness: np.ndarray, acc: float, loss: float, clock_s: float, rules: Mapping,
+                 members: int) -> RoundRecord:
+    """A server step's row (the module docstring: per device, sums over its updates in the buffer)."""
+    order = list(dict.fromkeys(devices))
+    s_of = dict.fromkeys(order, 0)
+    p_of = dict.fromkeys(order, 0.0)
+    c_of = dict.fromkeys(order, 0.0)
+    stale_of = dict.fromkeys(order, 0)
+    for d, sk, pk, ck, tk in zip(devices, s, p, c, staleness):
+        s_of[d] += int(sk)
+        p_of[d] += float(pk)
+        c_of[d] += float(ck)
+        stale_of[d] = max(stale_of[d], int(tk))
+    total = float(c.sum())
+    train_loss = float(np.dot(c, [u.loss for u in buf]) / total) if total > 0 else float("nan")
+    return RoundRecord(round=step, lr=buf[-1].lr, participants=tuple(order), devices=tuple(order), s=s_of, p=p_of,
+                       coefficients=c_of, discarded=False, test_acc=acc, test_loss=loss, train_loss=train_loss,
+                       members=members, rules=rules, clock_s=clock_s, staleness=stale_of)
