@@ -50,7 +50,7 @@ from coordinator.rules.round_record import RoundRecord, rules_record
 from coordinator.rules.strategies import FedBuff
 from edge_agent.trainer import steps_per_update
 from flexfl.errors import ConfigError, DivergenceError
-from simulator.clock import RoundClock, TaskPlan, clock_of, times_from_fraction
+from simulator.clock import clock_of, plan_task
 from simulator.evaluation import evaluate_round
 from simulator.local_training import RunTrainer
 from simulator.participation import Participation
@@ -76,21 +76,6 @@ class _Pending:
     loss: float
 
 
-def plan_task(participation: Participation, clock: RoundClock, *, shard: int, ordinal: int, at_s: float, E: int,
-              budget: bool) -> TaskPlan | None:
-    """Device `shard`'s task number `ordinal` started at `at_s` (the module docstring), or None: unavailable."""
-    from simulator.timeline_source import TimelineParticipation
-
-    if isinstance(participation, TimelineParticipation):
-        return participation.task_at(shard, at_s, budget=budget)
-    s = participation.draw(shard, ordinal)
-    times = times_from_fraction(s, deadline_s=clock.deadline_s)  # the clock's reading of a fraction
-    if times is None:
-        return None
-    done = s if budget else E
-    return TaskPlan(s=done, duration_s=times.finish_s(done))
-
-
 def run_async(cfg: SimConfig, *, data: FederatedData, participation: Participation,
               on_round: OnRound | None = None) -> SimResult:
     """Run `cfg.rounds` server steps of cfg's asynchronous strategy on the clock of `participation`."""
@@ -109,6 +94,8 @@ class AsyncRun:
             raise ConfigError(f"{rule.title} runs on the simulated clock, and this source of s gives none: a trace "
                               "set needs a deadline (a recorded set's own, or --deadline-s SECONDS) or use a timeline "
                               "(--timeline FILE --deadline-s SECONDS)")
+        if cfg.clock is not None and cfg.clock.wait_all:
+            raise ConfigError(f"{rule.title} has no rounds to wait in: drop --wait-all ([clock] wait_all)")
         if cfg.schedule.arrivals or cfg.schedule.departures:
             raise ConfigError(f"{rule.title}: arrivals and departures in asynchronous simulations are not supported "
                               "yet (drop [schedule])")

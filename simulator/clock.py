@@ -18,6 +18,10 @@ seconds. Two things give a simulation seconds, both from what a device's work co
 - **Round times** (RoundClock): a synchronous round lasts its deadline. Round tau opens at
   (tau - 1) x round_s and closes deadline_s later; round_s, the time between round starts, is the
   deadline unless a timeline run says otherwise (`--round-s`). The close is the record's clock_s.
+  Under [clock] wait_all (FedAvg waiting for everyone, `--wait-all`: simulator.participation.WaitForAll)
+  a round has no deadline: it opens when the one before it closed, every participant that can work
+  does E updates, and it closes when the last of them arrives (plan_task: a timeline's conditions
+  at the opening second, or E updates at the speed of the trace's round-tau fraction).
   The server's aggregation and evaluation take no simulated time (as the timeline's rounds
   assume: simulator.timeline_source).
 
@@ -27,7 +31,7 @@ Without a deadline there is no clock: records have clock_s None.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from flexfl.errors import ConfigError
@@ -36,14 +40,18 @@ from trace_recorder.deadline import WorkTimes
 
 @dataclass(frozen=True)
 class ClockConfig:
-    """[clock]: the deadline a trace set's fractions were completed in, for the simulated clock, in seconds (a
-    SimConfig without [clock] takes the set's own recorded deadline, or has no clock). A timeline run's deadline is
-    its own (--deadline-s)."""
+    """[clock]: the deadline a trace set's fractions were completed in, for the simulated clock, in seconds (None, or a
+    SimConfig without [clock]: the set's own recorded deadline, or no clock; a timeline run's deadline is its own,
+    --deadline-s), and whether rounds wait for all their participants instead of closing at the deadline."""
 
-    deadline_s: float
+    deadline_s: float | None = None
+    # FedAvg waiting for everyone (simulator.participation.WaitForAll): every participant that can work does all E
+    # local updates, and a round lasts until the last one's update arrives; the deadline only says what a trace's
+    # fraction took (D / s per update) and how long an offline device waits before trying again.
+    wait_all: bool = False
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.deadline_s) or self.deadline_s <= 0:
+        if self.deadline_s is not None and (not math.isfinite(self.deadline_s) or self.deadline_s <= 0):
             raise ConfigError(f"clock.deadline_s must be a finite number of seconds > 0, got {self.deadline_s}")
 
 
@@ -74,6 +82,26 @@ class RoundClock:
 
 
 @dataclass(frozen=True)
+class WaitAllClock(RoundClock):
+    """Rounds without a deadline ([clock] wait_all): round 1 opens at 0, each later one when the one before it closed,
+    and a round closes when its last participant's update arrives. The closes are set as rounds are drawn
+    (simulator.participation.WaitForAll); deadline_s and every_s stay the base clock's (a trace's fraction, an
+    offline device's wait)."""
+
+    closes: dict[int, float] = field(default_factory=dict, compare=False)
+
+    def opens_s(self, round_index: int) -> float:
+        return 0.0 if round_index == 1 else self.closes_s(round_index - 1)
+
+    def closes_s(self, round_index: int) -> float:
+        try:
+            return self.closes[round_index]
+        except KeyError:
+            raise ConfigError(f"round {round_index} has not been drawn yet: a round that waits for all its "
+                              "participants closes when they arrive, and the next one opens then") from None
+
+
+@dataclass(frozen=True)
 class TaskPlan:
     """What one task of an asynchronous run's device does: s local updates, arriving `duration_s` after its pull."""
 
@@ -95,9 +123,35 @@ class TimedParticipation(Protocol):
         ...
 
 
+@runtime_checkable
+class TaskSource(Protocol):
+    """A source of s that plans a device's work from any second, not only from a round's start (a timeline in
+    seconds: simulator.timeline_source.TimelineParticipation.task_at)."""
+
+    def task_at(self, shard: int, at_s: float, *, budget: bool) -> TaskPlan | None:
+        """Device `shard`'s work started at `at_s`: E updates, or with `budget` what fits the deadline."""
+        ...
+
+
 def clock_of(participation: object) -> RoundClock | None:
     """The round clock of a run's source of s, or None (a source without times: a fixed table)."""
     return participation.clock if isinstance(participation, TimedParticipation) else None
+
+
+def plan_task(participation: object, clock: RoundClock, *, shard: int, ordinal: int, at_s: float, E: int,
+              budget: bool) -> TaskPlan | None:
+    """Device `shard`'s task number `ordinal` started at second `at_s`: E updates (with `budget`: what fits the
+    deadline) and the time until they arrive; None: unavailable. A TaskSource plans it from the second; any other
+    source of s draws the task's s as its round `ordinal` (`participation.draw`) and times it as a fraction of the
+    clock's deadline (times_from_fraction)."""
+    if isinstance(participation, TaskSource):
+        return participation.task_at(shard, at_s, budget=budget)
+    s = participation.draw(shard, ordinal)  # type: ignore[attr-defined]
+    times = times_from_fraction(s, deadline_s=clock.deadline_s)
+    if times is None:
+        return None
+    done = s if budget else E
+    return TaskPlan(s=done, duration_s=times.finish_s(done))
 
 
 def times_from_fraction(s: int, *, deadline_s: float) -> WorkTimes | None:

@@ -3,11 +3,13 @@
 Sources: FixedParticipation (a given table, e.g. a live run's s), TraceParticipation (each
 device draws from a trace, as live agents do), SharedDraws (one TraceParticipation that paired
 runs share) and simulator.timeline_source.TimelineParticipation (the deadline rule over a device
-timeline, which also knows why each s is what it is).
+timeline, which also knows why each s is what it is); WaitForAll turns any source with a clock
+into rounds without a deadline (FedAvg waiting for everyone).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -15,7 +17,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from flexfl.errors import ConfigError
-from simulator.clock import RoundClock, times_from_fraction
+from flexfl.vocabulary import StopReason
+from simulator.clock import RoundClock, TaskSource, WaitAllClock, clock_of, plan_task, times_from_fraction
 from simulator.sim_config import SimConfig
 from trace_recorder.deadline import WorkTimes
 from trace_recorder.format import TraceSet
@@ -96,7 +99,8 @@ class TraceParticipation:
                                       sampling=cfg.rules.trace_sampling, s_rule=cfg.rules.s_rule)
                          for k, j in enumerate(assignment)]
         self.trace_names = [s.trace.name for s in self.samplers]
-        deadline_s = cfg.clock.deadline_s if cfg.clock else traces.manifest.deadline_s  # [clock], else the set's
+        # [clock] deadline_s, or the set's own
+        deadline_s = (cfg.clock.deadline_s if cfg.clock else None) or traces.manifest.deadline_s
         self.clock = RoundClock(deadline_s) if deadline_s else None
 
     def draw(self, shard: int, round_index: int) -> int:
@@ -129,3 +133,56 @@ class SharedDraws:
         if self.clock is None:
             return None
         return times_from_fraction(self.draw(shard, round_index), deadline_s=self.clock.deadline_s)
+
+
+class WaitForAll:
+    """Rounds without a deadline over a source with a clock: FedAvg waiting for everyone ([clock] wait_all,
+    `flexfl sim run --wait-all`).
+
+    In round tau every participant the source lets work at all does E local updates (s = E, stop
+    reason complete); one it does not (offline in its timeline, s = 0 in its trace's round-tau
+    draw, a CPU share or link of 0) has s = 0 (offline, or trace). The round opens when round
+    tau - 1 closed and closes when its last update arrives: the opening plus the longest of the
+    participants' times for E updates (simulator.clock.plan_task: a timeline's conditions at the
+    opening second; a trace's round-tau fraction s_tau of the deadline D read as D / s_tau per
+    update, so E updates take D E / s_tau). A round where nobody can work lasts the base clock's
+    every_s. Any strategy then aggregates complete updates only, which is FedAvg for Schemes A, B
+    and C alike.
+    """
+
+    def __init__(self, inner: Participation, *, E: int) -> None:
+        base = clock_of(inner)
+        if base is None:
+            raise ConfigError("rounds that wait for all their participants (--wait-all) need the simulated clock, and "
+                              "this source of s gives none: a trace set needs a deadline (a recorded set's own, or "
+                              "--deadline-s SECONDS) or use a timeline (--timeline FILE --deadline-s SECONDS)")
+        self.inner, self.E, self.base = inner, E, base
+        self.trace_names = inner.trace_names
+        self.clock = WaitAllClock(deadline_s=base.deadline_s, round_s=base.round_s)
+
+    def round_draws(self, shards: Sequence[int], round_index: int) -> RoundDraws:
+        """s (E or 0) of devices `shards` in round `round_index`; sets the round's close on the clock."""
+        at = self.clock.opens_s(round_index)
+        plans = [plan_task(self.inner, self.base, shard=k, ordinal=round_index, at_s=at, E=self.E, budget=False)
+                 for k in shards]
+        works = [p is not None and p.s > 0 and math.isfinite(p.duration_s) for p in plans]
+        absent = StopReason.OFFLINE if isinstance(self.inner, TaskSource) else StopReason.TRACE
+        durations = [p.duration_s for p, w in zip(plans, works) if w and p is not None]
+        self.clock.closes[round_index] = at + (max(durations) if durations else self.base.every_s)
+        return RoundDraws(s=[self.E if w else 0 for w in works],
+                          why=[str(StopReason.COMPLETE if w else absent) for w in works])
+
+    def draw(self, shard: int, round_index: int) -> int:
+        """Device `shard`'s s in round `round_index` (E or 0), without setting the round's close."""
+        plan = plan_task(self.inner, self.base, shard=shard, ordinal=round_index,
+                         at_s=self.clock.opens_s(round_index), E=self.E, budget=False)
+        return self.E if plan is not None and plan.s > 0 and math.isfinite(plan.duration_s) else 0
+
+    def work_times(self, shard: int, round_index: int) -> WorkTimes | None:
+        """What E updates of device `shard` take from round `round_index`'s opening, folded into one time per update
+        (the transfers included); None: it cannot work that round."""
+        plan = plan_task(self.inner, self.base, shard=shard, ordinal=round_index,
+                         at_s=self.clock.opens_s(round_index), E=self.E, budget=False)
+        if plan is None or plan.s <= 0 or not math.isfinite(plan.duration_s):
+            return None
+        return WorkTimes(download_s=0.0, per_update_s=plan.duration_s / self.E, upload_s=0.0)

@@ -21,7 +21,7 @@ from edge_agent.trainer import steps_per_update
 from flexfl.errors import ConfigError, DivergenceError
 from simulator.clock import clock_of
 from simulator.evaluation import evaluate_round
-from simulator.participation import Participation, round_draws
+from simulator.participation import Participation, WaitForAll, round_draws
 from simulator.sim_config import ExtraTest, SimConfig
 from simulator.sim_rows import SimResult, round_record
 from workloads.federated import FederatedData, initial_model, model_spec
@@ -48,6 +48,8 @@ class RunState:
         n = cfg.partition.n_devices
         if len(data.train) != n:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
+        if cfg.clock is not None and cfg.clock.wait_all:  # FedAvg waiting for everyone: no deadline
+            participation = WaitForAll(participation, E=cfg.rules.required_updates)
         self.cfg, self.data, self.participation = cfg, data, participation
         self.model, params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model), seed=cfg.seed)
         self.fed = Federation(rules=cfg.rules, dataset=cfg.partition.dataset, params=params, horizon=cfg.rounds,
@@ -87,14 +89,14 @@ class RunState:
         """
         t0 = time.perf_counter()
         cfg, fed, tau = self.cfg, self.fed, work.opening.round_index
-        events = {"arrivals": [Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
-                               for a in cfg.schedule.arrivals if a.round == tau],
-                  "departures": [Departure(device_id(d.device), d.policy)
-                                 for d in cfg.schedule.departures if d.round == tau]}
+        arrivals = [Arrival(device_id(a.device), int(self.data.sample_counts[a.device]))
+                    for a in cfg.schedule.arrivals if a.round == tau]
+        departures = [Departure(device_id(d.device), d.policy) for d in cfg.schedule.departures if d.round == tau]
         if isinstance(deltas, RoundSum):
-            outcome = fed.close_summed(work.weighing, summed=deltas, **events)
+            outcome = fed.close_summed(work.weighing, summed=deltas, arrivals=arrivals, departures=departures)
         else:
-            outcome = fed.close_stacked(work.weighing, deltas=deltas, rows=work.rows, **events)
+            outcome = fed.close_stacked(work.weighing, deltas=deltas, rows=work.rows, arrivals=arrivals,
+                                        departures=departures)
         acc, loss, extra = evaluate_round(self.model, fed.params, self.data,
                                           members=[self.shard[d] for d in fed.objective.members()],
                                           extra={str(name): self._extra_shards(name) for name in cfg.extra_tests})

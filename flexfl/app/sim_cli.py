@@ -193,6 +193,10 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--round-s", type=float,
                    help="with a timeline in seconds: seconds from one round's start to the next "
                         "(default: the deadline)")
+    g.add_argument("--wait-all", action="store_true",
+                   help="rounds without a deadline (FedAvg waiting for everyone): every participant that can work "
+                        "does all E updates and a round lasts until the last one arrives, on the simulated clock "
+                        "([clock] wait_all; simulator/participation.py WaitForAll)")
 
 
 def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
@@ -359,10 +363,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     mu_flag = flag_dest("rules", "mu")
     mu, args = getattr(args, mu_flag, None), argparse.Namespace(**{**vars(args), mu_flag: None})
     cfg = config_from_args(args)
-    if getattr(args, "timeline", None) is None and getattr(args, "deadline_s", None) is not None:
+    # --deadline-s without --timeline is the trace set's clock
+    trace_deadline = getattr(args, "deadline_s", None) if getattr(args, "timeline", None) is None else None
+    if trace_deadline is not None or getattr(args, "wait_all", False):
         from simulator.clock import ClockConfig
 
-        cfg = replace(cfg, clock=ClockConfig(deadline_s=args.deadline_s))  # the trace set's clock
+        cfg = replace(cfg, clock=ClockConfig(deadline_s=trace_deadline, wait_all=getattr(args, "wait_all", False)))
     mu = mu if mu is not None else cfg.rules.aggregation.parameters.get("mu")
     names = _schemes(args)
     if names is None and names_a_strategy(args.config):

@@ -129,3 +129,57 @@ def test_clock_s_is_in_the_rows_and_reads_back(tmp_path: Path) -> None:
                  "--rounds", "2", "--scheme", "C", "--out", str(tmp_path / "no-clock")]) == 0
     assert main(["report", str(tmp_path / "no-clock" / "C"), "--out", str(page)]) == 0
     assert 'alt="test accuracy against time"' not in page.read_text()
+
+
+def test_rounds_that_wait_for_all_close_when_the_last_participant_arrives(tmp_path: Path) -> None:
+    """FedAvg waiting for everyone: s is E or 0, a round opens at the last close and lasts its slowest device."""
+    cfg = replace(CFG, traces=replace(CFG.traces, num_traces=2), clock=ClockConfig(wait_all=True))
+    recorded = read_trace_set(_recorded_set(tmp_path, deadline_s=0.75))
+    plain = TraceParticipation(recorded, replace(cfg, clock=None))
+    result = run_simulation(cfg, traces=recorded)
+    opened = 0.0
+    for r in result.records:
+        draws = {k: plain.draw(k, r.round) for k in range(3)}
+        assert {d: r.s[d] for d in r.s} == {f"dev-{k}": E if s else 0 for k, s in draws.items()}
+        assert all(r.coefficients[f"dev-{k}"] == 0 for k, s in draws.items() if s == 0)
+        longest = max((0.75 * E / s for s in draws.values() if s), default=0.75)  # E updates at D / s each
+        assert r.clock_s == pytest.approx(opened + longest)
+        opened = r.clock_s
+    # The same draws closed at the deadline: every round 0.75 s, partial work kept.
+    assert [r.clock_s for r in run_simulation(replace(cfg, clock=None), traces=recorded).records] == \
+        [0.75, 1.5, 2.25, 3.0]
+
+
+def test_waiting_for_all_on_a_timeline_reads_the_conditions_at_each_opening(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(TIMELINE)
+    run = TimelineRun(path=str(path), deadline_s=2.0, update_s=0.1)
+    cfg = replace(CFG, clock=ClockConfig(wait_all=True))
+    data = load_data(cfg)
+    source = timeline_participation(cfg, run, sample_counts=list(data.sample_counts))
+    result = run_simulation(cfg, data=data, participation=source)
+    kbit = 8 * source.model_bytes / 1000
+    fast = kbit / 1000 + E * 0.1 + kbit / 1000  # dev-0 before second 2; dev-1 the same at cpu 0.5: 2x per update
+    dev1 = kbit / 1000 + E * 0.2 + kbit / 1000
+    first = result.records[0]
+    assert first.s == {"dev-0": E, "dev-1": E, "dev-2": 0}  # dev-2 has no CPU: it never finishes, nobody waits
+    assert first.clock_s == pytest.approx(max(fast, dev1))
+    later = result.records[1]  # opens after second 1: dev-1 offline, dev-0 still fast until second 2
+    assert later.s == {"dev-0": E, "dev-1": 0, "dev-2": 0}
+    assert later.clock_s == pytest.approx(first.clock_s + fast)
+    reasons = [json.loads(json.dumps(row)).get("stop_reason") for row in result.rows]
+    assert reasons[0] == {"dev-0": "complete", "dev-1": "complete", "dev-2": "offline"}
+    with pytest.raises(ConfigError, match=r"--wait-all.*need the simulated clock"):
+        run_simulation(replace(cfg, traces=replace(CFG.traces, num_traces=2)),
+                       traces=read_trace_set(_recorded_set(tmp_path, deadline_s=None)))
+
+
+def test_sim_run_wait_all_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["sim", "run", "--dataset", "synthetic", "--devices", "3", "--total-samples", "600", "--E", "5",
+                 "--rounds", "3", "--scheme", "C", "--deadline-s", "4", "--wait-all", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "C" / "metrics.jsonl").read_text().splitlines()]
+    assert all(set(row["s"].values()) <= {0, E} for row in rows)
+    clocks = [row["clock_s"] for row in rows]
+    assert clocks == sorted(clocks) and clocks[0] > 0
+    assert "wait_all = true" in (out / "C" / "sim.toml").read_text()
