@@ -25,7 +25,8 @@ is the loop between them:
   and records a row; the device then pulls the newest model and starts its next task, or, if
   a slot is short (concurrency), a device drawn from the idle ones takes the slot.
 - Ties in time are broken by the order the tasks started (a heap of (time, sequence)).
-- The run ends after `rounds` server steps ([run] rounds counts server steps here).
+- The run ends after `rounds` server steps ([run] rounds counts server steps here), or at the
+  first step at or after [clock] until_s.
 
 A row (coordinator.rules.round_record.RoundRecord) per server step: round = the step, s and
 coefficients per device summed over its updates in the buffer (a fast device can push twice
@@ -129,7 +130,9 @@ class AsyncRun:
     def run(self, on_round: OnRound | None = None) -> SimResult:
         started = time.perf_counter()
         self._fill(0.0)
-        while self.steps < self.cfg.rounds:
+        clock = self.cfg.clock
+        while self.steps < self.cfg.rounds and not (clock is not None and self.result.records
+                                                   and clock.ended(self.result.records[-1].clock_s)):
             if not self.heap:
                 raise ConfigError("asynchronous run: no device is training and none is waiting to (the source of s "
                                   "has no device at all)")

@@ -49,10 +49,19 @@ class ClockConfig:
     # local updates, and a round lasts until the last one's update arrives; the deadline only says what a trace's
     # fraction took (D / s per update) and how long an offline device waits before trying again.
     wait_all: bool = False
+    # The run ends at its first round (server step) that closes at or after this simulated second; [run] rounds
+    # stays the cap. None: rounds alone. Runs compared on time (sync against async) get the same horizon so.
+    until_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.deadline_s is not None and (not math.isfinite(self.deadline_s) or self.deadline_s <= 0):
-            raise ConfigError(f"clock.deadline_s must be a finite number of seconds > 0, got {self.deadline_s}")
+        for name in ("deadline_s", "until_s"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"clock.{name} must be a finite number of seconds > 0, got {value}")
+
+    def ended(self, clock_s: float | None) -> bool:
+        """Whether a run whose last row closed at `clock_s` has reached until_s (never without a clock or a horizon)."""
+        return self.until_s is not None and clock_s is not None and clock_s >= self.until_s
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,9 @@ def _lockstep(runs: Sequence[RunState], trainer: RoundTrainer, *, first_round: i
     """Rounds first_round.. of every run, each round trained in one trainer call for the runs still going."""
     for tau in range(first_round, max(run.cfg.rounds for run in runs) + 1):
         t0 = time.perf_counter()
-        going = [run for run in runs if tau <= run.cfg.rounds]
+        going = [run for run in runs if run.going(tau)]
+        if not going:
+            break
         works = [run.begin(tau) for run in going]
         trained = trainer.train_round(going, works, round_index=tau)
         # The shared training is split evenly; each run's close and evaluation is its own.

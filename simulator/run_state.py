@@ -67,6 +67,13 @@ class RunState:
         self.rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
         self.clock = clock_of(participation)  # the simulated clock (simulator.clock); None: the rows have no clock_s
 
+    def going(self, tau: int) -> bool:
+        """Whether round tau is run: within [run] rounds and before the clock's horizon ([clock] until_s)."""
+        if tau > self.cfg.rounds:
+            return False
+        records, clock = self.result.records, self.cfg.clock
+        return not (records and clock is not None and clock.ended(records[-1].clock_s))
+
     def begin(self, tau: int) -> RoundWork:
         opening = self.fed.open(tau)
         devices = list(opening.participants)

@@ -197,6 +197,9 @@ def _add_timeline_flags(p: argparse.ArgumentParser) -> None:
                    help="rounds without a deadline (FedAvg waiting for everyone): every participant that can work "
                         "does all E updates and a round lasts until the last one arrives, on the simulated clock "
                         "([clock] wait_all; simulator/participation.py WaitForAll)")
+    g.add_argument("--until-s", type=float, metavar="SECONDS",
+                   help="end the run at its first round (or FedBuff server step) closing at or after this simulated "
+                        "second; --rounds stays the cap ([clock] until_s)")
 
 
 def _timeline_run(args: argparse.Namespace) -> TimelineRun | None:
@@ -365,10 +368,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     # --deadline-s without --timeline is the trace set's clock
     trace_deadline = getattr(args, "deadline_s", None) if getattr(args, "timeline", None) is None else None
-    if trace_deadline is not None or getattr(args, "wait_all", False):
+    wait_all, until_s = getattr(args, "wait_all", False), getattr(args, "until_s", None)
+    if trace_deadline is not None or wait_all or until_s is not None:
         from simulator.clock import ClockConfig
 
-        cfg = replace(cfg, clock=ClockConfig(deadline_s=trace_deadline, wait_all=getattr(args, "wait_all", False)))
+        cfg = replace(cfg, clock=ClockConfig(deadline_s=trace_deadline, wait_all=wait_all, until_s=until_s))
     mu = mu if mu is not None else cfg.rules.aggregation.parameters.get("mu")
     names = _schemes(args)
     if names is None and names_a_strategy(args.config):

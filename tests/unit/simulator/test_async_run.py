@@ -18,7 +18,7 @@ from edge_agent.trainer import device_rng, train_local
 from flexfl.app.cli import main
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.run_spec import RunSpec
-from simulator.clock import RoundClock
+from simulator.clock import ClockConfig, RoundClock
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, load_data, run_simulation
 from simulator.timeline_source import TimelineRun, timeline_participation
 from simulator.trainers.trainer_kind import TrainerKind
@@ -100,6 +100,15 @@ def test_the_clock_orders_arrivals_and_staleness_counts_server_steps_since_the_p
     assert [dict(r.s) for r in rows] == [{"dev-0": E}, {"dev-1": E}, {"dev-0": E}]
     assert [r.coefficients[d] for r, d in zip(rows, ("dev-0", "dev-1", "dev-0"))] == \
         pytest.approx([1.0, 1 / math.sqrt(2), 1 / math.sqrt(2)])
+
+
+def test_an_asynchronous_run_ends_at_its_first_step_at_or_after_until_s() -> None:
+    cfg = replace(fedbuff_cfg(rounds=100, buffer=1), clock=ClockConfig(until_s=2.5 * D))
+    rows = run_simulation(cfg, data=load_data(cfg), participation=Speeds([E, E // 2])).records
+    assert [r.clock_s for r in rows] == [D, 2 * D, 2 * D, 3 * D]  # 3D is the first step at or after 2.5 D
+    with pytest.raises(ConfigError, match="FedBuff has no rounds to wait in"):
+        run_simulation(replace(cfg, clock=ClockConfig(wait_all=True)), data=load_data(cfg),
+                       participation=Speeds([E, E]))
 
 
 def test_one_device_at_a_time_without_staleness_is_sequential_local_sgd() -> None:

@@ -183,3 +183,18 @@ def test_sim_run_wait_all_from_the_command_line(tmp_path: Path) -> None:
     clocks = [row["clock_s"] for row in rows]
     assert clocks == sorted(clocks) and clocks[0] > 0
     assert "wait_all = true" in (out / "C" / "sim.toml").read_text()
+
+
+def test_a_run_ends_at_its_first_close_at_or_after_until_s(tmp_path: Path) -> None:
+    cfg = replace(CFG, traces=replace(CFG.traces, num_traces=2), run=RunSpec(rounds=50))
+    recorded = read_trace_set(_recorded_set(tmp_path, deadline_s=0.75))
+    timed = run_simulation(replace(cfg, clock=ClockConfig(until_s=2.0)), traces=recorded).records
+    assert [r.clock_s for r in timed] == [0.75, 1.5, 2.25]  # 2.25 is the first close at or after 2.0
+    waiting = run_simulation(replace(cfg, clock=ClockConfig(wait_all=True, until_s=6.0)), traces=recorded).records
+    assert waiting[-1].clock_s is not None and waiting[-1].clock_s >= 6.0
+    assert all(r.clock_s is not None and r.clock_s < 6.0 for r in waiting[:-1])
+    untimed = run_simulation(replace(cfg, run=RunSpec(rounds=4), clock=ClockConfig(until_s=1.0)),
+                             traces=read_trace_set(_recorded_set(tmp_path, deadline_s=None))).records
+    assert len(untimed) == 4  # no clock: rounds alone end it
+    with pytest.raises(ConfigError, match=r"clock.until_s must be a finite number"):
+        ClockConfig(until_s=0.0)
