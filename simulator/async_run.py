@@ -31,8 +31,14 @@ is the loop between them:
 A row (coordinator.rules.round_record.RoundRecord) per server step: round = the step, s and
 coefficients per device summed over its updates in the buffer (a fast device can push twice
 into one buffer), p its staleness weights summed, staleness the oldest of its updates,
-clock_s the step's time, lr the rate of the buffer's last update. Arrivals and departures
-are not supported yet (a ConfigError says so).
+clock_s the step's time, lr the rate of the buffer's last update.
+
+Arrivals and departures ([schedule]; their `round` counts server steps): a device arriving at
+step r is absent until step r is taken, then joins the idle devices and the objective the model
+is tested on (no fast-reboot boost: that is a rule of rounds). A device departing at step r
+starts no task after step r, and an update of its still on the way is not taken; under exclude
+it leaves the tested objective, under include it stays in it (auto and threshold decide from
+the rounds left, and are refused). The step's row lists them as a round's close does.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from coordinator.rules.round_record import RoundRecord, rules_record
 from coordinator.rules.strategies import FedBuff
 from edge_agent.trainer import steps_per_update
 from flexfl.errors import ConfigError, DivergenceError
+from flexfl.vocabulary import DeparturePolicy
 from simulator.clock import clock_of, plan_task
 from simulator.evaluation import evaluate_round
 from simulator.local_training import RunTrainer
@@ -97,9 +104,11 @@ class AsyncRun:
                               "(--timeline FILE --deadline-s SECONDS)")
         if cfg.clock is not None and cfg.clock.wait_all:
             raise ConfigError(f"{rule.title} has no rounds to wait in: drop --wait-all ([clock] wait_all)")
-        if cfg.schedule.arrivals or cfg.schedule.departures:
-            raise ConfigError(f"{rule.title}: arrivals and departures in asynchronous simulations are not supported "
-                              "yet (drop [schedule])")
+        for d in cfg.schedule.departures:
+            policy = d.policy or cfg.rules.departure_policy
+            if policy not in (DeparturePolicy.INCLUDE, DeparturePolicy.EXCLUDE):
+                raise ConfigError(f"{rule.title}: device {d.device} departs under {policy}, which decides from the "
+                                  "rounds left; an asynchronous run takes include or exclude")
         n = cfg.partition.n_devices
         if len(data.train) != n:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
@@ -118,7 +127,10 @@ class AsyncRun:
         self.steps = 0  # server steps taken
         self.accepted = 0  # updates accepted into a buffer
         self.ordinal = [0] * n
-        self.idle = list(range(n))
+        late = {a.device for a in cfg.schedule.arrivals}
+        self.idle = [k for k in range(n) if k not in late]
+        self.members = [k for k in range(n) if k not in late]  # the objective the model is tested on
+        self.gone: set[int] = set()  # departed: no more tasks, an update still on its way is dropped
         self.heap: list[tuple[float, int, _Pending | int]] = []  # (time, sequence, an update or a waiting device)
         self.seq = 0
         self.buffer: list[_Pending] = []
@@ -139,9 +151,12 @@ class AsyncRun:
             now, _, payload = heapq.heappop(self.heap)
             if isinstance(payload, _Pending):  # an update arrives
                 self.busy -= 1
+                if payload.shard in self.gone:
+                    continue  # it left while training: its update is not taken
                 self._arrive(payload, now, on_round)
-                self.idle.append(payload.shard)
-            else:  # a device that was unavailable tries again
+                if payload.shard not in self.gone:  # (it may leave at the step its own update completed)
+                    self.idle.append(payload.shard)
+            elif payload not in self.gone:  # a device that was unavailable tries again
                 self.idle.append(payload)
             self._fill(now)
         self.result.final_params = self.params
@@ -193,6 +208,24 @@ class AsyncRun:
             if on_round is not None:
                 on_round(record)
 
+    def _events(self) -> tuple[list[str], list[str], dict[str, str]]:
+        """The arrivals and departures scheduled at the server step just taken (the module docstring)."""
+        cfg, step = self.cfg, self.steps
+        arrived = [a.device for a in cfg.schedule.arrivals if a.round == step]
+        for k in arrived:
+            self.idle.append(k)
+            self.members.append(k)
+        policies = {}
+        for d in (d for d in cfg.schedule.departures if d.round == step):
+            self.gone.add(d.device)
+            if d.device in self.idle:
+                self.idle.remove(d.device)
+            policy = d.policy or cfg.rules.departure_policy
+            if policy is DeparturePolicy.EXCLUDE and d.device in self.members:
+                self.members.remove(d.device)
+            policies[device_id(d.device)] = str(policy)
+        return [device_id(k) for k in arrived], list(policies), policies
+
     # -- the server step ---------------------------------------------------------------------------
 
     def _step(self, now: float) -> RoundRecord:
@@ -209,15 +242,16 @@ class AsyncRun:
             step = sum(float(ck) * u.delta[name] for ck, u in zip(c, buf))
             self.params[name] = self.params[name] + step
         self.steps += 1
-        n = self.cfg.partition.n_devices
-        acc, loss, _ = evaluate_round(self.model, self.params, self.data, members=list(range(n)), extra={})
+        arrivals, departures, policies = self._events()
+        acc, loss, _ = evaluate_round(self.model, self.params, self.data, members=sorted(self.members), extra={})
         if not math.isfinite(loss):
             raise DivergenceError(f"server step {self.steps} of the {self.cfg.partition.dataset} run "
                                   f"({self.rule.description}, seed {self.cfg.seed}): test loss became {loss}; the "
                                   f"learning rate {buf[-1].lr:g} (or server_lr {self.rule.server_lr:g}) is too high")
         record = _step_record(self.steps, buf, devices, s=s, p=p, c=c, staleness=staleness, acc=acc, loss=loss,
-                              clock_s=now, rules=self.rules, members=n)
-        record = replace(record, seconds=time.perf_counter() - t0)
+                              clock_s=now, rules=self.rules, members=len(self.members))
+        record = replace(record, seconds=time.perf_counter() - t0, arrivals=tuple(arrivals),
+                         departures=tuple(departures), departure_policies=policies)
         self.result.records.append(record)
         return record
 

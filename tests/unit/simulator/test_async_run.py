@@ -18,8 +18,10 @@ from edge_agent.trainer import device_rng, train_local
 from flexfl.app.cli import main
 from flexfl.errors import AggregationError, ConfigError
 from flexfl.run_spec import RunSpec
+from flexfl.vocabulary import DeparturePolicy
 from simulator.clock import ClockConfig, RoundClock
 from simulator.engine import ArrivalEvent, ScheduleConfig, SimConfig, load_data, run_simulation
+from simulator.sim_config import DepartureEvent
 from simulator.timeline_source import TimelineRun, timeline_participation
 from simulator.trainers.trainer_kind import TrainerKind
 from workloads.federated import initial_model
@@ -111,6 +113,27 @@ def test_an_asynchronous_run_ends_at_its_first_step_at_or_after_until_s() -> Non
                        participation=Speeds([E, E]))
 
 
+def test_arrivals_and_departures_count_server_steps() -> None:
+    """dev-2 arrives once step 2 is taken; dev-0 departs at step 3: no task of its after that, an update on its way
+    dropped; exclude takes it out of the tested objective, include keeps it there."""
+    three = PartitionSpec(dataset="synthetic", n_devices=3, total_samples=600)
+    events = ScheduleConfig(arrivals=(ArrivalEvent(device=2, round=2),),
+                            departures=(DepartureEvent(device=0, round=3),))
+    for policy, members_after in ((DeparturePolicy.EXCLUDE, 2), (DeparturePolicy.INCLUDE, 3)):
+        cfg = replace(fedbuff_cfg(rounds=9, buffer=1), partition=three, schedule=events,
+                      rules=replace(fedbuff_cfg().rules, departure_policy=policy))
+        rows = run_simulation(cfg, data=load_data(cfg), participation=Speeds([E, E, E])).records
+        assert [r.members for r in rows] == [2, 3] + [members_after] * 7
+        assert [r.arrivals for r in rows][:3] == [(), ("dev-2",), ()]
+        assert rows[2].departures == ("dev-0",) and rows[2].departure_policies == {"dev-0": str(policy)}
+        assert all("dev-2" not in r.participants for r in rows[:2])
+        assert any("dev-2" in r.participants for r in rows[2:])
+        assert all("dev-0" not in r.participants for r in rows[3:])
+    auto = replace(cfg, rules=replace(cfg.rules, departure_policy=DeparturePolicy.AUTO))
+    with pytest.raises(ConfigError, match=r"departs under auto.*include or exclude"):
+        run_simulation(auto, data=load_data(auto), participation=Speeds([E, E, E]))
+
+
 def test_one_device_at_a_time_without_staleness_is_sequential_local_sgd() -> None:
     """concurrency 1, K = 1, server_lr 1: every server step is w <- w + delta of one device trained from w, at the
     rate eta_0 / (1 + floor(accepted / N)), with device k's j-th task's minibatches device_rng(seed, j, k)."""
@@ -162,9 +185,6 @@ def test_what_an_asynchronous_run_refuses() -> None:
     no_clock.clock = None  # type: ignore[assignment]
     with pytest.raises(ConfigError, match="runs on the simulated clock"):
         run_simulation(cfg, data=data, participation=no_clock)
-    late = replace(cfg, schedule=ScheduleConfig(arrivals=(ArrivalEvent(device=1, round=2),)))
-    with pytest.raises(ConfigError, match="arrivals and departures in asynchronous simulations"):
-        run_simulation(late, data=data, participation=Speeds([E, E]))
     with pytest.raises(ConfigError, match="no device could start a task"):
         run_simulation(cfg, data=data, participation=Speeds([0, 0]))
 
