@@ -41,6 +41,10 @@ SMOKE_RUNS = {
                                  r"^\| FlexFL deadline client \+ Scheme C \| 1 \| [\d.]+ \|"),
     "population": Smoke(("close", "--devices", "60", "--reps", "1", "--rounds", "2", "--chunk-rows", "16"),
                         r"^chunked / stacked per repetition: seconds per round [\d.]+"),
+    # One seed of SYNTHETIC on the paper's traces, two rules (the protocol's sizes: ~7 s here).
+    "sync_vs_async": Smoke(("--datasets", "synthetic", "--sources", "paper", "--seeds", "0", "--variants",
+                            "scheme-c,fedbuff-k5", "--out", "{tmp}"),
+                           r"^- FedBuff K = 5 / Scheme C: [\d.]+ \([\d.]+-[\d.]+\) over 1 seeds"),
     "sweep_speed": Smoke(("--reps", "1", "--workloads", "synthetic", "--rounds", "2", "--schemes", "A,C"),
                          r"^max \|paired - separate\| over final parameters: 0\.0e\+00"),
     "threads": Smoke(("--reps", "1", "--workload", "synthetic"), r"^  2proc x 1thr: min \d+"),
