@@ -112,6 +112,11 @@ class RoundRow:
         return self.record.departures if self.record else ()
 
     @property
+    def server_step(self) -> bool:
+        """An asynchronous run's server step (its row has each update's staleness), not a round."""
+        return self.record is not None and self.record.staleness is not None
+
+    @property
     def clock_s(self) -> float | None:
         """A simulation's simulated seconds at the round's close (simulator.clock); None: no clock, or a live round."""
         return self.record.clock_s if self.record else None

@@ -309,6 +309,7 @@ def run_summary(run: Run, rows: list[RoundRow]) -> dict[str, object]:
     per_device = has_per_device(rows)
     return {
         "rounds": len(rows),
+        "rounds_label": "server steps" if rows and all(r.server_step for r in rows) else "rounds",
         "final_acc": rows[-1].test_acc if rows else None,
         "final_loss": rows[-1].test_loss if rows else None,
         "best_acc": max(acc) if acc else None,

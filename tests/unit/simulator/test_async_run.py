@@ -233,5 +233,7 @@ def test_sim_run_fedbuff_from_the_command_line(tmp_path: Path, capsys: pytest.Ca
     clocks = [r["clock_s"] for r in rows]
     assert clocks == sorted(clocks) and clocks[0] >= 10.0  # a task takes at least the deadline (s <= E in D)
     assert rows[0]["rules"]["strategy"] == {"name": "fedbuff", "buffer": 3}
+    page = (out / "fedbuff" / "report.html").read_text()  # the report counts server steps, not rounds
+    assert "<b>4</b><span>server steps</span>" in page and 'alt="test accuracy against time"' in page
     assert main(["sim", "run", "--buffer", "3", "--scheme", "C", "--out", str(tmp_path / "x")]) == 2
     assert "--buffer: FedBuff's parameters; run it with --scheme fedbuff" in capsys.readouterr().err

@@ -125,6 +125,7 @@ def test_clock_s_is_in_the_rows_and_reads_back(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     assert main(["report", str(out / "C"), "--out", str(page)]) == 0
     assert 'alt="test accuracy against time"' in page.read_text()
+    assert "<b>3</b><span>rounds</span>" in page.read_text()
     assert main(["sim", "run", "--dataset", "synthetic", "--devices", "3", "--total-samples", "600", "--E", "5",
                  "--rounds", "2", "--scheme", "C", "--out", str(tmp_path / "no-clock")]) == 0
     assert main(["report", str(tmp_path / "no-clock" / "C"), "--out", str(page)]) == 0
