@@ -36,8 +36,9 @@ The protocol, written before any run under it (2026-12-02) and not changed after
    and the share of the local steps computed that entered the model with a weight > 0.
 
 `python -m benchmarks.sync_vs_async [--datasets synthetic,mnist] [--sources paper,fedscale] [--seeds 0-4]
-[--markdown results/sync_vs_async.md]`: resumable (a finished run's rows are kept under --out and not run again);
---markdown puts the tables between the page's markers, and the figure beside it.
+[--markdown results/sync_vs_async.md] [--kept-only]`: resumable (a finished run's rows are kept under --out and not
+run again; --kept-only runs nothing and tabulates what is kept); --markdown puts the tables between the page's
+markers, and the figure beside it.
 """
 
 from __future__ import annotations
@@ -139,14 +140,18 @@ def fedscale_timeline(n: int, folder: Path) -> Path:
     return timeline
 
 
-def simulate(dataset: str, source: str, variant: Variant, seed: int, *, out: Path) -> list[RoundRecord]:
-    """Run one (dataset, source, rule, seed) of the protocol and keep its rows; a kept run is read back."""
+def simulate(dataset: str, source: str, variant: Variant, seed: int, *, out: Path,
+             run: bool = True) -> list[RoundRecord] | None:
+    """Run one (dataset, source, rule, seed) of the protocol and keep its rows; a kept run is read back (and with
+    run=False, one not kept is None)."""
     from simulator.engine import load_data, run_simulation
     from simulator.report import write_jsonl_atomic
 
     path = out / f"{dataset}-{source}" / variant.name / f"seed-{seed}.jsonl"
     if path.exists():
         return read_rows(path)
+    if not run:
+        return None
     cfg = run_config(dataset, source, variant, seed)
     data = load_data(cfg)
     participation = None
@@ -212,8 +217,12 @@ def _spread(values: Sequence[float], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(float(np.median(values)))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+def label(dataset: str) -> str:
+    return dataset.upper()
+
+
 def table(dataset: str, source: str, outcomes: dict[str, list[Outcome]], *, target: float) -> list[str]:
-    lines = [f"#### {dataset.upper() if dataset == 'mnist' else 'SYNTHETIC'}, {source} devices: horizon "
+    lines = [f"#### {label(dataset)}, {source} devices: horizon "
              f"{horizon_s(source):,.0f} s, target {100 * target:.1f} %", "",
              "| rule | seeds | accuracy at the horizon, % | seconds to target | rows | updates per device | "
              "MB per device | work used |", "|---|---|---|---|---|---|---|---|"]
@@ -258,7 +267,8 @@ def plot(curves: dict[tuple[str, str], dict[str, list[Outcome]]], path: Path) ->
             ys = [np.interp(grid, [0.0] + [c[0] for c in o.curve], [np.nan] + [c[1] for c in o.curve],
                             left=np.nan) for o in runs]
             ax.plot(grid, 100 * np.nanmedian(np.array(ys), axis=0), label=v.title)
-        ax.set_title(f"{dataset}, {source} devices (median of seeds)")
+        ax.set_title(f"{label(dataset)}, {source} devices (median of {len(next(iter(outcomes.values())))} seeds)",
+                     fontsize=9)
         ax.set_xlabel("simulated seconds")
         ax.set_ylabel("test accuracy, %")
         ax.grid(alpha=0.3)
@@ -300,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
     p.add_argument("--out", type=Path, default=Path("out/sync-vs-async"))
     p.add_argument("--markdown", type=Path, help="the page whose sync-vs-async markers get the tables")
+    p.add_argument("--kept-only", action="store_true",
+                   help="run nothing: tabulate the runs already kept under --out (a sweep still going, or stopped)")
     args = p.parse_args(argv)
     wanted = args.variants.split(",")
     unknown = [w for w in wanted if w not in {v.name for v in VARIANTS}]
@@ -309,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (f"`python -m benchmarks.sync_vs_async`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"{cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at the start")
     print(header, flush=True)
-    body, curves = [header, ""], {}
+    body, curves, left = [header, ""], {}, 0
     for dataset in args.datasets.split(","):
         target = target_accuracy(dataset)
         for source in args.sources.split(","):
@@ -318,14 +330,23 @@ def main(argv: list[str] | None = None) -> None:
                 for v in VARIANTS:
                     if v.name not in wanted:
                         continue
-                    records = simulate(dataset, source, v, seed, out=args.out)
+                    records = simulate(dataset, source, v, seed, out=args.out, run=not args.kept_only)
+                    if records is None:
+                        left += 1
+                        continue
                     cfg = run_config(dataset, source, v, seed)
                     from simulator.timeline_source import model_bytes
 
                     outcomes.setdefault(v.name, []).append(outcome(
                         records, target=target, devices=cfg.partition.n_devices, model_bytes=model_bytes(cfg)))
+            if not outcomes:
+                body += [f"#### {label(dataset)}, {source} devices: no run kept yet", ""]
+                continue
             body += [*table(dataset, source, outcomes, target=target), "", *ratios(outcomes), ""]
             curves[(dataset, source)] = outcomes
+    if left:
+        body.append(f"**Partial**: {left} of the runs asked for are not kept yet (--kept-only tabulates what is); "
+                    "the same command without --kept-only runs them and keeps the rest.")
     body.append(f"Wall time {(time.time() - started) / 60:.1f} min (runs kept under {args.out} are read back).")
     print("\n".join(body))
     if args.markdown:
