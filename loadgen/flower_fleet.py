@@ -44,7 +44,7 @@ import psutil
 from flexfl.config import write_toml
 from flexfl.errors import FlexFLError
 from loadgen.cgroup import terminate
-from loadgen.harness import free_port
+from loadgen.harness import free_port, stop_in_waves
 
 log = logging.getLogger(__name__)
 
@@ -262,19 +262,12 @@ class FlowerFleet:
         """SIGTERM to each process group, SIGKILL after `grace_s`, then to what they started; SuperNodes first."""
         chosen = [self.procs[n] for n in names] if names is not None else list(self.procs.values())
         self._note_descendants()
-        for group in ([p for p in chosen if p.name != "superlink"], [p for p in chosen if p.name == "superlink"]):
-            for p in group:
-                _signal_group(p.proc, signal.SIGTERM)
-            limit = time.monotonic() + grace_s
-            for p in group:
-                try:
-                    p.proc.wait(timeout=max(0.1, limit - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    log.info("%s had not exited %.0f s after SIGTERM; killing it", p.name, grace_s)
-                    _signal_group(p.proc, signal.SIGKILL)
-                    p.proc.wait()
-                _signal_group(p.proc, signal.SIGKILL)  # its group's stragglers
-            terminate(sorted({pid for p in group for pid in p.descendants}), grace_s=grace_s)
+        stop_in_waves([[p for p in chosen if p.name != "superlink"], [p for p in chosen if p.name == "superlink"]],
+                      grace_s=grace_s, term=lambda p: _signal_group(p.proc, signal.SIGTERM),
+                      kill=lambda p: _signal_group(p.proc, signal.SIGKILL),
+                      after=lambda p: _signal_group(p.proc, signal.SIGKILL),  # its group's stragglers
+                      after_wave=lambda wave: terminate(sorted({pid for p in wave for pid in p.descendants}),
+                                                        grace_s=grace_s))
 
     def leftovers(self) -> list[str]:
         """The processes this fleet started (and theirs, as last seen) that are still alive: "pid name"."""

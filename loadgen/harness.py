@@ -17,10 +17,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from flexfl.errors import ERROR_PREFIX, FlexFLError
 from flexfl.signals import DIE_WITH_PARENT_ENV
@@ -45,6 +45,38 @@ class Managed:
     device: int | None = None  # emulated device index, if it runs in one
     reported: bool = False  # its exit has been returned by exits()
     own_group: bool = False  # its process group (its pid is the group id) is signalled and killed with it
+
+
+
+class _Stoppable(Protocol):
+    name: str
+    proc: subprocess.Popen
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+def stop_in_waves(waves: Sequence[Sequence[S]], *, grace_s: float, term: Callable[[S], None],
+                  kill: Callable[[S], None], after: Callable[[S], None] | None = None,
+                  after_wave: Callable[[Sequence[S]], None] | None = None) -> None:
+    """Stop processes wave by wave (a fleet's clients before its server): term(p) for every process of a wave, a
+    wait of up to `grace_s` for the wave as a whole, kill(p) (and a wait) for any still running; after(p) once
+    each has exited, after_wave(wave) once the wave is over. The next wave starts only then."""
+    for wave in waves:
+        for p in wave:
+            term(p)
+        limit = time.monotonic() + grace_s
+        for p in wave:
+            try:
+                p.proc.wait(timeout=max(0.1, limit - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s had not exited %.0f s after SIGTERM; killing it", p.name, grace_s)
+                kill(p)
+                p.proc.wait()
+            if after is not None:
+                after(p)
+        if after_wave is not None:
+            after_wave(wave)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -244,25 +276,21 @@ class Harness:
     def stop(self, names: Iterable[str] | None = None, *, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`; agents before the coordinator(s)."""
         chosen = [self.procs[n] for n in names] if names is not None else list(self.procs.values())
-        chosen.sort(key=lambda m: m.name.startswith("coordinator"))
-        for group in ([m for m in chosen if not m.name.startswith("coordinator")],
-                      [m for m in chosen if m.name.startswith("coordinator")]):
-            for m in group:
-                if m.proc.poll() is None:
-                    m.proc.send_signal(signal.SIGTERM)
-            limit = time.monotonic() + timeout_s
-            for m in group:
+
+        def term(m: Managed) -> None:
+            if m.proc.poll() is None:
+                m.proc.send_signal(signal.SIGTERM)
+
+        def reap(m: Managed) -> None:
+            if m.own_group:  # its children (a sweep's workers) never outlive it
                 try:
-                    m.proc.wait(timeout=max(0.1, limit - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    log.warning("%s ignored SIGTERM for %.0f s; killing it", m.name, timeout_s)
-                    m.proc.kill()
-                    m.proc.wait()
-                if m.own_group:  # its children (a sweep's workers) never outlive it
-                    try:
-                        os.killpg(m.proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    os.killpg(m.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+        stop_in_waves([[m for m in chosen if not m.name.startswith("coordinator")],
+                       [m for m in chosen if m.name.startswith("coordinator")]],
+                      grace_s=timeout_s, term=term, kill=lambda m: m.proc.kill(), after=reap)
 
     def close(self) -> None:
         self.stop()
