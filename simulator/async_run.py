@@ -1,7 +1,9 @@
 """Asynchronous runs on the simulated clock: a strategy without rounds (FedBuff) as an event loop (issue 36).
 
 The rule is the strategy's (coordinator.rules.strategies.FedBuff: staleness weights, the E / s
-factor, the server step as factors of the strategy interface); the times are the clock's
+factor, the server step as factors of the strategy interface), its state the server's buffer
+(coordinator.rules.buffer.ServerBuffer: each update summed at its coefficient on arrival, the
+live coordinator's summed form); the times are the clock's
 (simulator.clock: a timeline's conditions, or a trace's fraction of its deadline). This module
 is the loop between them:
 
@@ -52,6 +54,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from coordinator.rules.buffer import ServerBuffer, ServerStep
 from coordinator.rules.objective import LearningRate
 from coordinator.rules.round_record import RoundRecord, rules_record
 from coordinator.rules.strategies import FedBuff
@@ -114,8 +117,8 @@ class AsyncRun:
             raise ConfigError(f"data has {len(data.train)} devices, config asks for {n}")
         self.cfg, self.data, self.participation, self.rule, self.clock = cfg, data, participation, rule, clock
         self.E = cfg.rules.required_updates
-        self.model, self.params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model),
-                                                seed=cfg.seed)
+        self.model, params = initial_model(model_spec(cfg.partition.dataset, model=cfg.rules.model), seed=cfg.seed)
+        self.server = ServerBuffer(rule, params=params, E=self.E)  # the model, the steps taken, the buffer's sum
         self.trainer = RunTrainer(cfg, self.model, data)
         batch = cfg.rules.batch_size_for(cfg.partition.dataset)
         self.steps_per_update = [steps_per_update(len(d), batch_size=batch, unit=cfg.rules.unit) for d in data.train]
@@ -124,7 +127,6 @@ class AsyncRun:
         self.concurrency = rule.concurrency or n
         self.result = SimResult(config=cfg, trace_assignment=list(participation.trace_names))
         self.rules = rules_record(cfg.rules, dataset=cfg.partition.dataset)
-        self.steps = 0  # server steps taken
         self.accepted = 0  # updates accepted into a buffer
         self.ordinal = [0] * n
         late = {a.device for a in cfg.schedule.arrivals}
@@ -133,9 +135,17 @@ class AsyncRun:
         self.gone: set[int] = set()  # departed: no more tasks, an update still on its way is dropped
         self.heap: list[tuple[float, int, _Pending | int]] = []  # (time, sequence, an update or a waiting device)
         self.seq = 0
-        self.buffer: list[_Pending] = []
+        self.buffered: list[_Pending] = []  # the buffer's updates (their deltas are in the server's sum)
         self.busy = 0
         self.idle_tries = 0
+
+    @property
+    def steps(self) -> int:
+        return self.server.steps
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return self.server.params
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -201,9 +211,10 @@ class AsyncRun:
                         loss=float(losses[0]))
 
     def _arrive(self, update: _Pending, now: float, on_round: OnRound | None) -> None:
-        self.buffer.append(update)
+        self.server.take(device_id(update.shard), s=update.s, pulled=update.pulled, delta=update.delta)
+        self.buffered.append(replace(update, delta={}))  # summed: its delta is not kept
         self.accepted += 1
-        if len(self.buffer) == self.rule.buffer:
+        if self.server.full:
             record = self._step(now)
             if on_round is not None:
                 on_round(record)
@@ -230,48 +241,39 @@ class AsyncRun:
 
     def _step(self, now: float) -> RoundRecord:
         t0 = time.perf_counter()
-        buf, self.buffer = self.buffer, []
-        s = np.array([u.s for u in buf], dtype=np.int64)
-        staleness = np.array([self.steps - u.pulled for u in buf], dtype=np.int64)
-        p = self.rule.staleness_weights(staleness)
-        devices = [device_id(u.shard) for u in buf]
-        weights = self.rule.weights_for(s=s, E=self.E, p=p, devices=devices)
-        scale = self.rule.round_scale(s=s, E=self.E, p=p)
-        c = weights * (1.0 if scale is None else scale)
-        for name in self.params:
-            step = sum(float(ck) * u.delta[name] for ck, u in zip(c, buf))
-            self.params[name] = self.params[name] + step
-        self.steps += 1
+        buf, self.buffered = self.buffered, []
+        step = self.server.step()
         arrivals, departures, policies = self._events()
         acc, loss, _ = evaluate_round(self.model, self.params, self.data, members=sorted(self.members), extra={})
         if not math.isfinite(loss):
             raise DivergenceError(f"server step {self.steps} of the {self.cfg.partition.dataset} run "
                                   f"({self.rule.description}, seed {self.cfg.seed}): test loss became {loss}; the "
                                   f"learning rate {buf[-1].lr:g} (or server_lr {self.rule.server_lr:g}) is too high")
-        record = _step_record(self.steps, buf, devices, s=s, p=p, c=c, staleness=staleness, acc=acc, loss=loss,
-                              clock_s=now, rules=self.rules, members=len(self.members))
+        record = _step_record(step, buf, acc=acc, loss=loss, clock_s=now, rules=self.rules,
+                              members=len(self.members))
         record = replace(record, seconds=time.perf_counter() - t0, arrivals=tuple(arrivals),
                          departures=tuple(departures), departure_policies=policies)
         self.result.records.append(record)
         return record
 
 
-def _step_record(step: int, buf: list[_Pending], devices: list[str], *, s: np.ndarray, p: np.ndarray, c: np.ndarray,
-                 staleness: np.ndarray, acc: float, loss: float, clock_s: float, rules: Mapping,
+def _step_record(step: ServerStep, buf: list[_Pending], *, acc: float, loss: float, clock_s: float, rules: Mapping,
                  members: int) -> RoundRecord:
     """A server step's row (the module docstring: per device, sums over its updates in the buffer)."""
-    order = list(dict.fromkeys(devices))
+    updates = step.updates
+    order = list(dict.fromkeys(u.device for u in updates))
     s_of = dict.fromkeys(order, 0)
     p_of = dict.fromkeys(order, 0.0)
     c_of = dict.fromkeys(order, 0.0)
     stale_of = dict.fromkeys(order, 0)
-    for d, sk, pk, ck, tk in zip(devices, s, p, c, staleness):
-        s_of[d] += int(sk)
-        p_of[d] += float(pk)
-        c_of[d] += float(ck)
-        stale_of[d] = max(stale_of[d], int(tk))
+    for u in updates:
+        s_of[u.device] += u.s
+        p_of[u.device] += u.p
+        c_of[u.device] += u.coefficient
+        stale_of[u.device] = max(stale_of[u.device], u.staleness)
+    c = np.array([u.coefficient for u in updates], dtype=np.float64)
     total = float(c.sum())
-    train_loss = float(np.dot(c, [u.loss for u in buf]) / total) if total > 0 else float("nan")
-    return RoundRecord(round=step, lr=buf[-1].lr, participants=tuple(order), devices=tuple(order), s=s_of, p=p_of,
-                       coefficients=c_of, discarded=False, test_acc=acc, test_loss=loss, train_loss=train_loss,
+    train_loss = float(np.dot(c, [b.loss for b in buf]) / total) if total > 0 else float("nan")
+    return RoundRecord(round=step.step, lr=buf[-1].lr, participants=tuple(order), devices=tuple(order), s=s_of,
+                       p=p_of, coefficients=c_of, discarded=False, test_acc=acc, test_loss=loss, train_loss=train_loss,
                        members=members, rules=rules, clock_s=clock_s, staleness=stale_of)
