@@ -36,9 +36,9 @@ The protocol, written before any run under it (2026-12-02) and not changed after
    and the share of the local steps computed that entered the model with a weight > 0.
 
 `python -m benchmarks.sync_vs_async [--datasets synthetic,mnist] [--sources paper,fedscale] [--seeds 0-4]
-[--markdown results/sync_vs_async.md] [--kept-only]`: resumable (a finished run's rows are kept under --out and not
-run again; --kept-only runs nothing and tabulates what is kept); --markdown puts the tables between the page's
-markers, and the figure beside it.
+[--markdown results/sync_vs_async.md] [--jobs N] [--kept-only]`: resumable (a finished run's rows are kept under
+--out and not run again; --kept-only runs nothing and tabulates what is kept; --jobs runs that many at once);
+--markdown puts the tables between the page's markers, and the figure beside it.
 """
 
 from __future__ import annotations
@@ -171,6 +171,29 @@ def simulate(dataset: str, source: str, variant: Variant, seed: int, *, out: Pat
     return list(result.records)
 
 
+def run_missing(cells: Sequence[tuple[str, str, Variant, int]], *, out: Path, jobs: int) -> None:
+    """Run the cells not kept yet, `jobs` at a time (each in a process of its own with one torch thread)."""
+    missing = [c for c in cells if not (out / f"{c[0]}-{c[1]}" / c[2].name / f"seed-{c[3]}.jsonl").exists()]
+    for dataset in sorted({c[0] for c in missing if c[1] == "fedscale"}):  # made once, before workers read it
+        fedscale_timeline(run_config(dataset, "fedscale", VARIANTS[0], 0).partition.n_devices, out / "timelines")
+    if jobs <= 1:
+        for dataset, source, v, seed in missing:
+            simulate(dataset, source, v, seed, out=out)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_one_thread) as pool:
+        for future in [pool.submit(simulate, dataset, source, v, seed, out=out)
+                       for dataset, source, v, seed in missing]:
+            future.result()
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def read_rows(path: Path) -> list[RoundRecord]:
     lines = path.read_text().splitlines()
     return [RoundRecord.from_json(json.loads(line), where=f"{path}:{i}") for i, line in enumerate(lines, 1)]
@@ -221,13 +244,13 @@ def label(dataset: str) -> str:
     return dataset.upper()
 
 
-def table(dataset: str, source: str, outcomes: dict[str, list[Outcome]], *, target: float) -> list[str]:
+def table(dataset: str, source: str, outcomes: dict[str, dict[int, Outcome]], *, target: float) -> list[str]:
     lines = [f"#### {label(dataset)}, {source} devices: horizon "
              f"{horizon_s(source):,.0f} s, target {100 * target:.1f} %", "",
              "| rule | seeds | accuracy at the horizon, % | seconds to target | rows | updates per device | "
              "MB per device | work used |", "|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
-        runs = outcomes.get(v.name, [])
+        runs = list(outcomes.get(v.name, {}).values())
         if not runs:
             continue
         times = [o.to_target_s for o in runs if o.to_target_s is not None]
@@ -239,19 +262,19 @@ def table(dataset: str, source: str, outcomes: dict[str, list[Outcome]], *, targ
     return lines
 
 
-def ratios(outcomes: dict[str, list[Outcome]]) -> list[str]:
+def ratios(outcomes: dict[str, dict[int, Outcome]]) -> list[str]:
     """Per rule, seconds to target over Scheme C's on the same seed (seeds where both reach it)."""
-    base = outcomes.get("scheme-c", [])
+    base = outcomes.get("scheme-c", {})
     lines = []
     for v in VARIANTS[1:]:
-        pairs = [o.to_target_s / b.to_target_s for o, b in zip(outcomes.get(v.name, []), base)
-                 if o.to_target_s is not None and b.to_target_s is not None]
+        pairs = [o.to_target_s / base[seed].to_target_s for seed, o in outcomes.get(v.name, {}).items()
+                 if seed in base and o.to_target_s is not None and base[seed].to_target_s is not None]
         if pairs:
             lines.append(f"- {v.title} / Scheme C: {_spread(pairs, '{:.2f}')} over {len(pairs)} seeds")
     return lines
 
 
-def plot(curves: dict[tuple[str, str], dict[str, list[Outcome]]], path: Path) -> None:
+def plot(curves: dict[tuple[str, str], dict[str, dict[int, Outcome]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,13 +284,14 @@ def plot(curves: dict[tuple[str, str], dict[str, list[Outcome]]], path: Path) ->
     for ax, ((dataset, source), outcomes) in zip(axes[0], curves.items()):
         grid = np.linspace(0, horizon_s(source), 201)
         for v in VARIANTS:
-            runs = outcomes.get(v.name, [])
+            runs = list(outcomes.get(v.name, {}).values())
             if not runs:
                 continue
             ys = [np.interp(grid, [0.0] + [c[0] for c in o.curve], [np.nan] + [c[1] for c in o.curve],
                             left=np.nan) for o in runs]
             ax.plot(grid, 100 * np.nanmedian(np.array(ys), axis=0), label=v.title)
-        ax.set_title(f"{label(dataset)}, {source} devices (median of {len(next(iter(outcomes.values())))} seeds)",
+        seeds = max(len(runs) for runs in outcomes.values())
+        ax.set_title(f"{label(dataset)}, {source} devices (median of up to {seeds} seeds)",
                      fontsize=9)
         ax.set_xlabel("simulated seconds")
         ax.set_ylabel("test accuracy, %")
@@ -310,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
     p.add_argument("--out", type=Path, default=Path("out/sync-vs-async"))
     p.add_argument("--markdown", type=Path, help="the page whose sync-vs-async markers get the tables")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in a process of its own with one torch "
+                                                       "thread (default 1: in this process, one after another)")
     p.add_argument("--kept-only", action="store_true",
                    help="run nothing: tabulate the runs already kept under --out (a sweep still going, or stopped)")
     args = p.parse_args(argv)
@@ -321,24 +347,28 @@ def main(argv: list[str] | None = None) -> None:
     header = (f"`python -m benchmarks.sync_vs_async`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"{cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at the start")
     print(header, flush=True)
+    # seeds outermost: a stopped sweep has whole seeds of every rule
+    cells = [(dataset, source, v, seed) for dataset in args.datasets.split(",") for source in args.sources.split(",")
+             for seed in _seeds(args.seeds) for v in VARIANTS if v.name in wanted]
+    if not args.kept_only:
+        run_missing(cells, out=args.out, jobs=args.jobs)
+    from simulator.timeline_source import model_bytes
+
     body, curves, left = [header, ""], {}, 0
     for dataset in args.datasets.split(","):
         target = target_accuracy(dataset)
         for source in args.sources.split(","):
-            outcomes: dict[str, list[Outcome]] = {}
-            for seed in _seeds(args.seeds):  # seeds outermost: a stopped sweep has whole seeds of every rule
-                for v in VARIANTS:
-                    if v.name not in wanted:
-                        continue
-                    records = simulate(dataset, source, v, seed, out=args.out, run=not args.kept_only)
-                    if records is None:
-                        left += 1
-                        continue
-                    cfg = run_config(dataset, source, v, seed)
-                    from simulator.timeline_source import model_bytes
-
-                    outcomes.setdefault(v.name, []).append(outcome(
-                        records, target=target, devices=cfg.partition.n_devices, model_bytes=model_bytes(cfg)))
+            outcomes: dict[str, dict[int, Outcome]] = {}
+            for d, src, v, seed in cells:
+                if (d, src) != (dataset, source):
+                    continue
+                records = simulate(dataset, source, v, seed, out=args.out, run=False)
+                if records is None:
+                    left += 1
+                    continue
+                cfg = run_config(dataset, source, v, seed)
+                outcomes.setdefault(v.name, {})[seed] = outcome(
+                    records, target=target, devices=cfg.partition.n_devices, model_bytes=model_bytes(cfg))
             if not outcomes:
                 body += [f"#### {label(dataset)}, {source} devices: no run kept yet", ""]
                 continue
