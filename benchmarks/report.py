@@ -52,9 +52,11 @@ class Output:
         write_section(path, name, title=title, intro=f"`{command}`, {self.started}; {machine()}.", lines=self.lines)
 
 
-def write_section(path: Path, name: str, *, title: str, intro: str, lines: list[str]) -> None:
-    """Replace (or append) section `name` of the Markdown file `path`: title, intro, then `lines` verbatim."""
-    body = "\n".join([f"<!-- BEGIN {name} -->", f"### {title}", "", intro, "", "```", *lines, "```",
+def write_section(path: Path, name: str, *, title: str, intro: str, lines: list[str], fenced: bool = True) -> None:
+    """Replace (or append) section `name` of the Markdown file `path`: title, intro, then `lines` verbatim (in a
+    code block; fenced=False: as Markdown, for lines that are tables and prose)."""
+    fence = ["```"] if fenced else []
+    body = "\n".join([f"<!-- BEGIN {name} -->", f"### {title}", "", intro, "", *fence, *lines, *fence,
                       f"<!-- END {name} -->"])
     path = Path(path)
     text = path.read_text(encoding="utf-8") if path.exists() else ""

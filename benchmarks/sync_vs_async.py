@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -57,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import machine, write_section
 from coordinator.rules.round_record import RoundRecord
 from flexfl.vocabulary import Unit
 from simulator.clock import ClockConfig
@@ -302,23 +301,6 @@ def plot(curves: dict[tuple[str, str], dict[str, dict[int, Outcome]]], path: Pat
     plt.close(fig)
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
-def put_between_markers(page: Path, body: str) -> None:
-    begin, end = "<!-- BEGIN sync-vs-async -->", "<!-- END sync-vs-async -->"
-    text = page.read_text() if page.exists() else f"{begin}\n{end}\n"
-    if begin not in text or end not in text:
-        raise SystemExit(f"{page} has no {begin} ... {end} markers")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    page.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
-
-
 def _seeds(spec: str) -> list[int]:
     if "-" in spec:
         lo, hi = spec.split("-")
@@ -345,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(v.name for v in VARIANTS)}")
     started = time.time()
     header = (f"`python -m benchmarks.sync_vs_async`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-              f"{cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at the start")
+              f"{machine()}")
     print(header, flush=True)
     # seeds outermost: a stopped sweep has whole seeds of every rule
     cells = [(dataset, source, v, seed) for dataset in args.datasets.split(",") for source in args.sources.split(",")
@@ -380,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     body.append(f"Wall time {(time.time() - started) / 60:.1f} min (runs kept under {args.out} are read back).")
     print("\n".join(body))
     if args.markdown:
-        put_between_markers(args.markdown, "\n".join(body))
+        write_section(args.markdown, "sync-vs-async", title="Sync and async rules on the same devices",
+                      intro=header, lines=body[2:], fenced=False)
         plot(curves, args.markdown.with_name("sync_vs_async.png"))
 
 
